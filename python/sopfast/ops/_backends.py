@@ -1,0 +1,137 @@
+"""Backend discovery and selection for the fused ops.
+
+Every op has up to four implementations that share one name:
+
+* ``torch``  – the pure-PyTorch reference (always available, the oracle),
+* ``cpp``    – the C++ CPU kernel in the compiled extension ``sopfast._C``,
+* ``triton`` – the Triton kernel in ``sop_kernels`` (CUDA tensors, or the interpreter),
+* ``cuda``   – the CUDA C++ kernel in ``sopfast._C`` (built only against a CUDA torch).
+
+:func:`select_backend` picks one for a tensor: CUDA tensors → ``triton`` (else ``cuda``),
+CPU tensors → ``cpp``, anything else → ``torch``.  ``SOPFAST_BACKEND=torch|cpp|triton|cuda``
+overrides the choice (an unavailable backend is an error, never a silent fallback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from functools import lru_cache
+from types import ModuleType
+
+import torch
+
+BACKENDS = ("torch", "cpp", "triton", "cuda")
+_warned = False
+
+
+@lru_cache(maxsize=None)
+def native_extension() -> ModuleType | None:
+    """The compiled ``sopfast._C`` module, or ``None`` when it is not built."""
+    try:
+        return importlib.import_module("sopfast._C")
+    except ImportError:
+        return None
+
+
+def has_cpp() -> bool:
+    return native_extension() is not None
+
+
+def has_cuda_kernels() -> bool:
+    ext = native_extension()
+    return bool(ext is not None and getattr(ext, "has_cuda", lambda: False)())
+
+
+def _triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@lru_cache(maxsize=None)
+def triton_kernels() -> ModuleType | None:
+    """The ``sop_kernels`` package when Triton can run (a GPU, or the interpreter)."""
+    if not (torch.cuda.is_available() or _triton_interpreting()):
+        return None
+    try:
+        return importlib.import_module("sop_kernels")
+    except ImportError:
+        return None
+
+
+def available_backends() -> dict[str, bool]:
+    """Which implementations can run on this machine."""
+    return {
+        "torch": True,
+        "cpp": has_cpp(),
+        "triton": triton_kernels() is not None,
+        "cuda": has_cuda_kernels() and torch.cuda.is_available(),
+    }
+
+
+def _warn_missing_extension() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            "sopfast: the compiled extension sopfast._C is not available; ops use their "
+            "pure-PyTorch reference (slower). Build it with "
+            "`pip install --no-build-isolation -e .`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def requested_backend() -> str | None:
+    """The backend forced through ``SOPFAST_BACKEND``, if any (validated)."""
+    name = os.environ.get("SOPFAST_BACKEND", "").strip().lower()
+    if not name:
+        return None
+    if name not in BACKENDS:
+        raise ValueError(f"SOPFAST_BACKEND={name!r} is not a backend; allowed: {', '.join(BACKENDS)}")
+    return name
+
+
+def select_backend(tensor: torch.Tensor) -> str:
+    """The implementation to run for ``tensor`` (see module docstring)."""
+    forced = requested_backend()
+    if forced is not None:
+        if not available_backends()[forced]:
+            raise RuntimeError(
+                f"SOPFAST_BACKEND={forced!r} was requested but is not available here "
+                f"(available: {[k for k, v in available_backends().items() if v]})"
+            )
+        if forced in ("triton", "cuda") and tensor.device.type != "cuda" and not (
+            forced == "triton" and _triton_interpreting()
+        ):
+            raise RuntimeError(f"SOPFAST_BACKEND={forced!r} needs CUDA tensors, got {tensor.device}")
+        if forced == "cpp" and tensor.device.type != "cpu":
+            raise RuntimeError(f"SOPFAST_BACKEND='cpp' needs CPU tensors, got {tensor.device}")
+        return forced
+    if tensor.device.type == "cuda":
+        if triton_kernels() is not None:
+            return "triton"
+        if has_cuda_kernels():
+            return "cuda"
+        return "torch"
+    if tensor.device.type == "cpu":
+        if has_cpp():
+            return "cpp"
+        _warn_missing_extension()
+    return "torch"
+
+
+def backends() -> dict[str, object]:
+    """What is active: available implementations and the choice for CPU / CUDA tensors."""
+    avail = available_backends()
+    cpu_choice = "cpp" if avail["cpp"] else "torch"
+    cuda_choice = "triton" if avail["triton"] and torch.cuda.is_available() else (
+        "cuda" if avail["cuda"] else "torch"
+    )
+    forced = requested_backend()
+    return {
+        "available": avail,
+        "cpu": forced or cpu_choice,
+        "cuda": forced or cuda_choice,
+        "forced": forced,
+    }

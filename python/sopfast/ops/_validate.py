@@ -1,0 +1,46 @@
+"""Argument checks shared by the ops: each raises an error that names the argument,
+the offending value and what is allowed."""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    check_tensor(name, t)
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
+
+
+def check_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    present = {k: v for k, v in tensors.items() if v is not None}
+    devices = {v.device for v in present.values()}
+    if len(devices) > 1:
+        listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
+        raise ValueError(f"all tensors must be on one device, got {listing}")
+
+
+def check_tau(tau: float) -> float:
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        raise TypeError(f"tau must be a float in (0, 1], got {type(tau).__name__}")
+    if not (0.0 < float(tau) <= 1.0):
+        raise ValueError(f"tau must lie in (0, 1], got {tau}")
+    return float(tau)
+
+
+def num_kept(tau: float, d: int) -> int:
+    """``k = max(1, floor(tau * d))``: how many of ``d`` features a group keeps."""
+    return max(1, int(tau * d))

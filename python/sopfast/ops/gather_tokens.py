@@ -1,0 +1,137 @@
+"""Token gather for group execution: ``[B, T, E]`` → ``[B·m, p + k, E]``.
+
+Row ``b·m + i`` of the output holds the ``p`` always-kept prefix tokens ``x[b, :p]``
+(e.g. CLS) followed by the tokens ``x[b, indices[b, i]]``; an index of ``-1`` is padding
+and gives a zero row.  Never materialises ``[B, m, T, E]``.  Backward is a scatter-add into
+``[B, T, E]`` accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _backends
+from ._validate import check_float, check_rank, check_same_device, check_tensor
+
+
+def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``."""
+    b, t, e = x.shape
+    _, m, k = indices.shape
+    pad = indices < 0
+    flat = (indices.clamp_min(0) + torch.arange(b, device=x.device).view(b, 1, 1) * t).reshape(-1)
+    picked = x.reshape(b * t, e).index_select(0, flat).reshape(b * m, k, e)
+    picked = picked.masked_fill(pad.reshape(b * m, k, 1), 0)
+    if prefix == 0:
+        return picked
+    head = x[:, :prefix].unsqueeze(1).expand(b, m, prefix, e).reshape(b * m, prefix, e)
+    return torch.cat([head, picked], dim=1)
+
+
+def gather_tokens_backward_reference(
+    grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int
+) -> torch.Tensor:
+    """Scatter-add of ``grad [B·m, p+k, E]`` back to ``[B, T, E]`` (fp32 accumulation)."""
+    b, m, k = indices.shape
+    e = grad.shape[-1]
+    acc = torch.zeros(b, num_tokens, e, dtype=torch.float32, device=grad.device)
+    g = grad.reshape(b, m, prefix + k, e).float()
+    if prefix:
+        acc[:, :prefix] += g[:, :, :prefix].sum(dim=1)
+    body = g[:, :, prefix:].masked_fill((indices < 0).unsqueeze(-1), 0).reshape(b, m * k, e)
+    acc.scatter_add_(1, indices.clamp_min(0).reshape(b, m * k, 1).expand(b, m * k, e), body)
+    return acc.to(grad.dtype)
+
+
+def _forward_impl(x, indices, prefix):
+    backend = _backends.select_backend(x)
+    if backend == "cpp":
+        return _backends.native_extension().gather_tokens_forward(x, indices, prefix)
+    if backend == "cuda":
+        return _backends.native_extension().gather_tokens_forward_cuda(x, indices, prefix)
+    if backend == "triton":
+        return _backends.triton_kernels().gather_tokens_forward(x, indices, prefix)
+    return gather_tokens_reference(x, indices, prefix)
+
+
+def _backward_impl(grad, indices, prefix, num_tokens):
+    backend = _backends.select_backend(grad)
+    if backend == "cpp":
+        return _backends.native_extension().gather_tokens_backward(grad, indices, prefix, num_tokens)
+    if backend == "cuda":
+        return _backends.native_extension().gather_tokens_backward_cuda(grad, indices, prefix, num_tokens)
+    if backend == "triton":
+        return _backends.triton_kernels().gather_tokens_backward(grad, indices, prefix, num_tokens)
+    return gather_tokens_backward_reference(grad, indices, prefix, num_tokens)
+
+
+@torch.library.custom_op("sopfast::gather_tokens_forward", mutates_args=())
+def gather_tokens_forward(x: torch.Tensor, indices: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Gather on contiguous ``x [B, T, E]`` and int64 ``indices [B, m, k]`` on the active backend."""
+    return _forward_impl(x, indices, prefix)
+
+
+@gather_tokens_forward.register_fake
+def _(x, indices, prefix):
+    b, m, k = indices.shape
+    return x.new_empty(b * m, prefix + k, x.shape[-1])
+
+
+@torch.library.custom_op("sopfast::gather_tokens_backward", mutates_args=())
+def gather_tokens_backward(grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int) -> torch.Tensor:
+    """Scatter-add backward on the active backend."""
+    return _backward_impl(grad, indices, prefix, num_tokens)
+
+
+@gather_tokens_backward.register_fake
+def _(grad, indices, prefix, num_tokens):
+    b = indices.shape[0]
+    return grad.new_empty(b, num_tokens, grad.shape[-1])
+
+
+class GatherTokensFunction(torch.autograd.Function):
+    """Autograd wrapper over the gather / scatter-add custom ops."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, indices: torch.Tensor, prefix: int) -> torch.Tensor:
+        ctx.save_for_backward(indices)
+        ctx.prefix = prefix
+        ctx.num_tokens = x.shape[1]
+        return torch.ops.sopfast.gather_tokens_forward(x, indices, prefix)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (indices,) = ctx.saved_tensors
+        grad_x = torch.ops.sopfast.gather_tokens_backward(grad.contiguous(), indices, ctx.prefix, ctx.num_tokens)
+        return grad_x, None, None
+
+
+def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    """Gather each group's tokens.
+
+    Args:
+        x: ``[B, T, E]`` token embeddings.
+        indices: ``[B, m, k]`` integer token positions in ``[0, T)``, or ``-1`` for padding.
+        prefix: number of leading tokens of ``x`` every group keeps (e.g. 1 for CLS).
+
+    Returns:
+        ``[B·m, prefix + k, E]`` in ``x``'s dtype.
+    """
+    check_tensor("x", x)
+    check_float("x", x)
+    check_rank("x", x, 3, "[B, T, E]")
+    check_tensor("indices", indices)
+    check_rank("indices", indices, 3, "[B, m, k]")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
+    check_same_device(x=x, indices=indices)
+    if indices.shape[0] != x.shape[0]:
+        raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
+    if not 0 <= prefix <= x.shape[1]:
+        raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
+    if indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= x.shape[1]):
+        raise ValueError(
+            f"indices must lie in [0, T={x.shape[1]}) or be -1 (padding), "
+            f"got values in [{int(indices.min())}, {int(indices.max())}]"
+        )
+    return GatherTokensFunction.apply(x.contiguous(), indices.to(torch.int64).contiguous(), int(prefix))

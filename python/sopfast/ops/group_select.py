@@ -1,0 +1,58 @@
+"""Group selector and aggregation (SPEC §2.9–2.10).
+
+``c[b, :, :] = sparsemax_i(β · (C W_Qᵀ) (z[b] W_Kᵀ)ᵀ)`` over the ``m`` groups, per class, in
+fp32; ``ŷ[b, c] = Σ_i c[b, c, i] · λ[b, i] · y[b, i, c]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validate import check_rank
+from .sparsemax import sparsemax, sparsemax_reference
+
+
+def _scores(class_queries, z, w_q, w_k, beta) -> torch.Tensor:
+    q = class_queries.float() @ w_q.float().t()
+    keys = z.float() @ w_k.float().t()
+    return beta * torch.matmul(keys, q.t()).transpose(1, 2)
+
+
+def group_select_reference(
+    class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """Pure-PyTorch selector: ``C [Cls, H]``, ``z [B, m, H]`` → ``c [B, Cls, m]`` (fp32)."""
+    return sparsemax_reference(_scores(class_queries, z, w_q, w_k, beta))
+
+
+def group_select(
+    class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """Group scores ``c [B, Cls, m]`` (fp32) from class queries ``[Cls, H]`` and keys ``z [B, m, H]``."""
+    check_rank("class_queries", class_queries, 2, "[Cls, H]")
+    check_rank("z", z, 3, "[B, m, H]")
+    if class_queries.shape[1] != z.shape[2]:
+        raise ValueError(
+            f"class_queries hidden size {class_queries.shape[1]} does not match z hidden size {z.shape[2]}"
+        )
+    with torch.autocast(device_type=z.device.type, enabled=False):
+        return sparsemax(_scores(class_queries, z, w_q, w_k, beta), dim=-1)
+
+
+def aggregate_reference(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``ŷ [B, Cls]`` from ``c [B, Cls, m]``, ``lam [B, m]`` and ``y [B, m, Cls]``."""
+    return (c * lam.unsqueeze(1) * y.transpose(1, 2)).sum(dim=-1)
+
+
+def aggregate(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sparse weighted sum of the group logits, in fp32 (see module docstring)."""
+    check_rank("c", c, 3, "[B, Cls, m]")
+    check_rank("lam", lam, 2, "[B, m]")
+    check_rank("y", y, 3, "[B, m, Cls]")
+    if not (c.shape[0] == lam.shape[0] == y.shape[0] and c.shape[2] == lam.shape[1] == y.shape[1]
+            and c.shape[1] == y.shape[2]):
+        raise ValueError(
+            f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
+            f"y {tuple(y.shape)} [B, m, Cls]"
+        )
+    return torch.einsum("bcm,bm,bmc->bc", c.float(), lam.float(), y.float())

@@ -1,0 +1,122 @@
+"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection onto the simplex.
+
+``p = sparsemax(x)`` solves ``argmin_{p ∈ Δ} ||p − x||²`` along one dimension.  Math in
+fp32 (fp64 stays fp64), output in the input dtype.  Rows holding ``+inf`` put uniform mass
+on their ``+inf`` entries; rows of all ``−inf`` (and rows with NaN) give NaN.
+Backward on the support ``S = {p > 0}``: ``∂x = (g − mean_S(g)) · 1_S``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _backends
+from ._validate import check_float, check_tensor
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def sparsemax_reference(x: torch.Tensor) -> torch.Tensor:
+    """Sort-based sparsemax over the last dim of ``x [..., n]`` (the oracle)."""
+    xf = x.to(_compute_dtype(x.dtype))
+    n = xf.shape[-1]
+    if xf.numel() == 0:
+        return x.clone()
+    posinf = torch.isposinf(xf)
+    shifted = xf - xf.amax(dim=-1, keepdim=True)
+    z, _ = torch.sort(shifted, dim=-1, descending=True)
+    rank = torch.arange(1, n + 1, device=x.device, dtype=xf.dtype)
+    cumsum = z.cumsum(dim=-1)
+    support = (1 + rank * z) > cumsum
+    k = support.sum(dim=-1, keepdim=True).clamp_min(1)
+    threshold = (cumsum.gather(-1, k - 1) - 1) / k.to(xf.dtype)
+    p = torch.clamp(shifted - threshold, min=0)
+    n_inf = posinf.sum(dim=-1, keepdim=True)
+    p = torch.where(n_inf > 0, posinf.to(xf.dtype) / n_inf.clamp_min(1), p)
+    return p.to(x.dtype)
+
+
+def sparsemax_backward_reference(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Gradient of sparsemax w.r.t. its input, given the output ``p`` and ``grad`` (same shape)."""
+    gf = grad.to(_compute_dtype(grad.dtype))
+    support = (p > 0).to(gf.dtype)
+    size = support.sum(dim=-1, keepdim=True).clamp_min(1)
+    mean = (gf * support).sum(dim=-1, keepdim=True) / size
+    return ((gf - mean) * support).to(grad.dtype)
+
+
+def _forward_impl(x: torch.Tensor) -> torch.Tensor:
+    backend = _backends.select_backend(x)
+    if backend == "cpp":
+        return _backends.native_extension().sparsemax_forward(x)
+    if backend == "cuda":
+        return _backends.native_extension().sparsemax_forward_cuda(x)
+    if backend == "triton":
+        return _backends.triton_kernels().sparsemax_forward(x)
+    return sparsemax_reference(x)
+
+
+def _backward_impl(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    backend = _backends.select_backend(p)
+    if backend == "cpp":
+        return _backends.native_extension().sparsemax_backward(p, grad)
+    if backend == "cuda":
+        return _backends.native_extension().sparsemax_backward_cuda(p, grad)
+    if backend == "triton":
+        return _backends.triton_kernels().sparsemax_backward(p, grad)
+    return sparsemax_backward_reference(p, grad)
+
+
+@torch.library.custom_op("sopfast::sparsemax_forward", mutates_args=())
+def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
+    """Sparsemax over the last dim of a contiguous 2-D ``x [N, n]`` on the active backend."""
+    return _forward_impl(x)
+
+
+@sparsemax_forward.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("sopfast::sparsemax_backward", mutates_args=())
+def sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Input gradient of sparsemax for 2-D ``p, grad [N, n]`` on the active backend."""
+    return _backward_impl(p, grad)
+
+
+@sparsemax_backward.register_fake
+def _(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+class SparsemaxFunction(torch.autograd.Function):
+    """Autograd wrapper over the 2-D forward/backward custom ops."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        p = torch.ops.sopfast.sparsemax_forward(x)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (p,) = ctx.saved_tensors
+        return torch.ops.sopfast.sparsemax_backward(p, grad.contiguous())
+
+
+def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sparsemax of ``x`` along ``dim``; same shape and dtype as ``x``."""
+    check_tensor("x", x)
+    check_float("x", x)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension, got a scalar")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
+    if x.shape[dim] == 0:
+        raise ValueError(f"sparsemax needs at least one entry along dim {dim}, got shape {tuple(x.shape)}")
+    moved = x.movedim(dim, -1)
+    flat = moved.reshape(-1, moved.shape[-1]).contiguous()
+    p = SparsemaxFunction.apply(flat)
+    return p.reshape(moved.shape).movedim(-1, dim)

@@ -1,0 +1,282 @@
+"""Fused top-τ group binarisation: blur → softmax → top-k → mask, indices and λ.
+
+For each logit row ``s [d]`` (one group's attention logits over the ``d`` features):
+
+1. optional Gaussian blur on the key grid (:mod:`sopfast.ops.blur`);
+2. ``a = softmax(s)`` over the valid keys (invalid keys get ``a = 0``; ``+inf`` logits
+   share the mass uniformly);
+3. the group keeps the ``k`` valid features with the largest (``largest=False``: smallest)
+   blurred logit — equivalently the largest ``a``; ties go to the lower feature index;
+4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
+
+Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ)`` with
+``σ_j = ±1`` inside/outside the group, plus the softmax backward when the attention output
+is used, through the adjoint of the blur.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _backends
+from ._validate import check_float, check_rank, check_same_device, check_tau, check_tensor, num_kept
+from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
+
+
+class TopTauResult(NamedTuple):
+    """``indices [N, k_max]`` int64 ascending (``-1``-padded when rows keep fewer),
+    ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 input)."""
+
+    indices: torch.Tensor
+    mask: torch.Tensor
+    lam: torch.Tensor
+    attention: torch.Tensor
+
+
+def _grid_or_none(grid_h: int, grid_w: int) -> tuple[int, int] | None:
+    return (grid_h, grid_w) if grid_h > 0 and grid_w > 0 else None
+
+
+def _softmax_with_inf(s: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim where rows holding +inf spread mass over their +inf entries."""
+    posinf = torch.isposinf(s)
+    n_inf = posinf.sum(dim=-1, keepdim=True)
+    a = torch.softmax(torch.where(posinf, torch.zeros_like(s), s), dim=-1)
+    return torch.where(n_inf > 0, posinf.to(s.dtype) / n_inf.clamp_min(1), a)
+
+
+def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
+    """Feature order per row: valid first, then by score, ties to the lower index."""
+    order = torch.sort(scores, dim=-1, descending=largest, stable=True).indices
+    invalid_in_order = (~valid).gather(-1, order).to(torch.uint8)
+    return order.gather(-1, torch.sort(invalid_in_order, dim=-1, stable=True).indices)
+
+
+def top_tau_reference(
+    logits: torch.Tensor,
+    k: torch.Tensor,
+    k_max: int,
+    valid: torch.Tensor | None = None,
+    largest: bool = True,
+    blur_kernel: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+) -> TopTauResult:
+    """Pure-PyTorch top-τ on ``logits [N, d]`` with per-row ``k [N]``; differentiable in ``lam``
+    and ``attention`` through autograd (the oracle for the kernels' backward)."""
+    n, d = logits.shape
+    compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    s = logits.to(compute)
+    if blur_kernel is not None:
+        s = blur_reference(s, blur_kernel, _grid_or_none(grid_h, grid_w))
+    if valid is None:
+        valid = torch.ones(n, d, dtype=torch.bool, device=logits.device)
+    a = _softmax_with_inf(s.masked_fill(~valid, float("-inf")))
+    order = _ranking(s.detach(), valid, largest)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(d, device=logits.device).expand(n, d))
+    mask = rank < k.view(-1, 1)
+    lam = 2 * (a * mask).sum(dim=-1) - 1
+    positions = torch.arange(d, device=logits.device).expand(n, d)
+    keyed = torch.where(mask, positions, d + positions)
+    indices = torch.sort(keyed, dim=-1).values[:, :k_max]
+    indices = torch.where(indices < d, indices, torch.full_like(indices, -1))
+    return TopTauResult(indices, mask, lam, a)
+
+
+def top_tau_backward_reference(
+    attention: torch.Tensor,
+    mask: torch.Tensor,
+    lam: torch.Tensor,
+    grad_lam: torch.Tensor,
+    grad_attention: torch.Tensor | None,
+    blur_kernel: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+) -> torch.Tensor:
+    """Closed-form gradient w.r.t. the un-blurred logits ``[N, d]`` (fp32/fp64)."""
+    a = attention
+    sign = mask.to(a.dtype) * 2 - 1
+    g = a * (grad_lam.to(a.dtype).view(-1, 1) * (sign - lam.view(-1, 1)))
+    if grad_attention is not None:
+        ga = grad_attention.to(a.dtype)
+        g = g + a * (ga - (a * ga).sum(dim=-1, keepdim=True))
+    if blur_kernel is not None:
+        g = blur_adjoint_reference(g, blur_kernel, _grid_or_none(grid_h, grid_w))
+    return g
+
+
+def _forward_impl(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
+    backend = _backends.select_backend(logits)
+    args = (logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+    if backend == "cpp":
+        return tuple(_backends.native_extension().top_tau_forward(*args))
+    if backend == "cuda":
+        return tuple(_backends.native_extension().top_tau_forward_cuda(*args))
+    if backend == "triton":
+        return tuple(_backends.triton_kernels().top_tau_forward(*args))
+    with torch.no_grad():
+        return tuple(top_tau_reference(*args))
+
+
+def _backward_impl(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w):
+    backend = _backends.select_backend(attention)
+    args = (attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
+    if backend == "cpp":
+        return _backends.native_extension().top_tau_backward(*args)
+    if backend == "cuda":
+        return _backends.native_extension().top_tau_backward_cuda(*args)
+    if backend == "triton":
+        return _backends.triton_kernels().top_tau_backward(*args)
+    return top_tau_backward_reference(*args)
+
+
+@torch.library.custom_op("sopfast::top_tau_forward", mutates_args=())
+def top_tau_forward(
+    logits: torch.Tensor,
+    k: torch.Tensor,
+    k_max: int,
+    valid: torch.Tensor | None,
+    largest: bool,
+    blur_kernel: torch.Tensor | None,
+    grid_h: int,
+    grid_w: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-τ forward on contiguous ``logits [N, d]`` on the active backend."""
+    indices, mask, lam, attention = _forward_impl(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+    return indices, mask, lam, attention
+
+
+@top_tau_forward.register_fake
+def _(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
+    n, d = logits.shape
+    compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return (
+        logits.new_empty(n, k_max, dtype=torch.int64),
+        logits.new_empty(n, d, dtype=torch.bool),
+        logits.new_empty(n, dtype=compute),
+        logits.new_empty(n, d, dtype=compute),
+    )
+
+
+@torch.library.custom_op("sopfast::top_tau_backward", mutates_args=())
+def top_tau_backward(
+    attention: torch.Tensor,
+    mask: torch.Tensor,
+    lam: torch.Tensor,
+    grad_lam: torch.Tensor,
+    grad_attention: torch.Tensor | None,
+    blur_kernel: torch.Tensor | None,
+    grid_h: int,
+    grid_w: int,
+) -> torch.Tensor:
+    """Gradient w.r.t. the logits ``[N, d]`` on the active backend."""
+    return _backward_impl(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
+
+
+@top_tau_backward.register_fake
+def _(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w):
+    return torch.empty_like(attention)
+
+
+class TopTauFunction(torch.autograd.Function):
+    """Autograd wrapper: ``lam`` and ``attention`` are differentiable, ``indices``/``mask`` not."""
+
+    @staticmethod
+    def forward(ctx, logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
+        indices, mask, lam, attention = torch.ops.sopfast.top_tau_forward(
+            logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w
+        )
+        ctx.save_for_backward(attention, mask, lam, blur_kernel)
+        ctx.grid = (grid_h, grid_w)
+        ctx.logits_dtype = logits.dtype
+        ctx.mark_non_differentiable(indices, mask)
+        return indices, mask, lam, attention
+
+    @staticmethod
+    def backward(ctx, _gi, _gm, grad_lam, grad_attention):
+        attention, mask, lam, blur_kernel = ctx.saved_tensors
+        if grad_lam is None:
+            grad_lam = torch.zeros_like(lam)
+        grad = torch.ops.sopfast.top_tau_backward(
+            attention, mask, lam, grad_lam.contiguous(),
+            None if grad_attention is None else grad_attention.contiguous(),
+            blur_kernel, *ctx.grid,
+        )
+        return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None
+
+
+def _resolve_k(
+    tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
+) -> torch.Tensor:
+    if (tau is None) == (k is None):
+        raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
+    counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
+    if tau is not None:
+        tau = check_tau(tau)
+        if valid is None:
+            return torch.full((n,), num_kept(tau, d), dtype=torch.int64, device=device)
+        return torch.clamp((tau * counts.double()).floor().to(torch.int64), min=1)
+    k_t = torch.as_tensor(k, dtype=torch.int64, device=device).expand(n).contiguous()
+    if n and (bool((k_t < 1).any()) or bool((k_t > counts).any())):
+        raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")
+    return k_t
+
+
+def top_tau(
+    logits: torch.Tensor,
+    tau: float | None = None,
+    *,
+    k: int | torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    largest: bool = True,
+    blur_kernel_size: int = 0,
+    blur_sigma: float = 1.0,
+    grid: tuple[int, int] | None = None,
+) -> TopTauResult:
+    """Binarise attention rows into groups.
+
+    Args:
+        logits: ``[N, d]`` attention logits (one row per group), any float dtype.
+        tau: keep ``k = max(1, floor(tau · d))`` features per row (``d`` = valid count).
+        k: or an explicit count (int or ``[N]``), instead of ``tau``.
+        valid: optional ``[N, d]`` bool; invalid features are never kept and get ``a = 0``.
+        largest: keep the highest-attention features (``False``: the lowest, for deletion).
+        blur_kernel_size, blur_sigma: Gaussian blur of each row before the softmax
+            (``kernel_size <= 1`` disables it).
+        grid: ``(h, w)`` with ``h · w = d`` to blur on a 2-D grid; ``None`` blurs along ``d``.
+    """
+    check_tensor("logits", logits)
+    check_float("logits", logits)
+    check_rank("logits", logits, 2, "[N, d]")
+    n, d = logits.shape
+    if d == 0:
+        raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
+    if valid is not None:
+        check_tensor("valid", valid)
+        if valid.dtype != torch.bool or valid.shape != logits.shape:
+            raise ValueError(
+                f"valid must be a bool tensor of the logits' shape {tuple(logits.shape)}, "
+                f"got {valid.dtype} {tuple(valid.shape)}"
+            )
+        check_same_device(logits=logits, valid=valid)
+        if n and not bool(valid.any(dim=-1).all()):
+            raise ValueError("every row of valid must allow at least one feature")
+        valid = valid.contiguous()
+    k_rows = _resolve_k(tau, k, n, d, valid, logits.device)
+    k_max = int(k_rows.max()) if n else (num_kept(tau, d) if tau is not None else int(k))
+    blur_kernel = None
+    grid_h = grid_w = 0
+    if grid is not None:
+        grid_h, grid_w = (int(g) for g in grid)
+        if grid_h * grid_w != d:
+            raise ValueError(f"grid {tuple(grid)} has {grid_h * grid_w} cells but logits have d={d} features")
+    if blur_kernel_size > 1:
+        check_blur_fits(blur_kernel_size, (grid_h, grid_w) if grid is not None else (d,))
+        blur_kernel = gaussian_kernel1d(blur_kernel_size, blur_sigma, logits.device)
+        if logits.dtype == torch.float64:
+            blur_kernel = blur_kernel.double()
+    return TopTauResult(
+        *TopTauFunction.apply(logits.contiguous(), k_rows, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+    )

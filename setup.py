@@ -1,0 +1,103 @@
+"""Build sopfast and its native extension ``sopfast._C``.
+
+The C++ CPU kernels in ``csrc/cpu`` are always compiled.  The CUDA kernels in ``csrc/cuda``
+are added when the installed torch is a CUDA build and ``nvcc`` is found, unless
+``SOPFAST_BUILD_CUDA=0`` (``=1`` forces them).  ``SOPFAST_NO_EXTENSION=1`` skips the
+extension entirely (ops then use their PyTorch references).  Install with
+``pip install --no-build-isolation -e .`` so the build sees the installed torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cuda_wanted(torch_module) -> bool:
+    flag = os.environ.get("SOPFAST_BUILD_CUDA", "auto").lower()
+    if flag in ("0", "false", "no"):
+        return False
+    has_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    wanted = torch_module.version.cuda is not None and has_nvcc
+    if flag in ("1", "true", "yes") and not wanted:
+        sys.exit("SOPFAST_BUILD_CUDA=1 but torch has no CUDA or nvcc is missing")
+    return wanted
+
+
+def _cuda_paths() -> tuple[list[str], list[str]]:
+    """Headers and libraries of the pip-installed CUDA toolkit (torch looks only in CUDA_HOME)."""
+    import site
+
+    includes, libs = [], []
+    for sp in site.getsitepackages():
+        for sub in ("nvidia/cu13", "nvidia/cu12", "nvidia/cuda_runtime"):
+            base = os.path.join(sp, sub)
+            if os.path.isdir(os.path.join(base, "include")):
+                includes.append(os.path.join(base, "include"))
+            if os.path.isdir(os.path.join(base, "lib")):
+                libs.append(os.path.join(base, "lib"))
+    return includes, libs
+
+
+def _extensions():
+    if os.environ.get("SOPFAST_NO_EXTENSION") == "1":
+        return [], {}
+    import torch
+    from torch.utils import cpp_extension
+
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
+    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    common = dict(include_dirs=[os.path.join(ROOT, "csrc")], extra_link_args=["-fopenmp"])
+    if _cuda_wanted(torch):
+        os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
+        includes, libs = _cuda_paths()
+        ext = cpp_extension.CUDAExtension(
+            "sopfast._C",
+            sources + sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu"))),
+            define_macros=[("SOPFAST_WITH_CUDA", "1")],
+            extra_compile_args={
+                "cxx": cxx_flags,
+                "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                         "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"],
+            },
+            include_dirs=common["include_dirs"] + includes,
+            library_dirs=libs,
+            extra_link_args=common["extra_link_args"],
+        )
+    else:
+        ext = cpp_extension.CppExtension("sopfast._C", sources, extra_compile_args={"cxx": cxx_flags}, **common)
+    return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="sopfast",
+    version="0.1.0",
+    description="Fast Sum-of-Parts self-attributing models: fused kernels and token-dropping execution",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    package_dir={"sopfast": "python/sopfast", "sop_kernels": "sop_kernels"},
+    packages=["sopfast"] + [f"sopfast.{p}" for p in find_packages("python/sopfast")] + ["sop_kernels"],
+    package_data={"sopfast": ["data/*"]},
+    install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "pyyaml", "matplotlib"],
+    extras_require={
+        "models": ["transformers>=4.40", "timm>=1.0"],
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "transformers>=4.40", "timm>=1.0",
+                 "scikit-learn", "scipy", "ruff"],
+        "bench": ["pytest-benchmark", "entmax"],
+        "triton": ["triton"],
+        "baselines": ["captum"],
+    },
+    entry_points={"console_scripts": ["sopfast=sopfast.cli:main"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    zip_safe=False,
+)
