@@ -1,5 +1,10 @@
 """sopfast: fast Sum-of-Parts self-attributing models."""
 
 from . import ops
+from .adapters import BackboneAdapter, get_adapter, register_adapter
+from .model import SOP
+from .output import SOPOutput
 
 __version__ = "0.1.0"
+
+__all__ = ["SOP", "BackboneAdapter", "SOPOutput", "__version__", "get_adapter", "ops", "register_adapter"]

@@ -1,0 +1,81 @@
+"""Backbone adapters, found by model type (see :mod:`sopfast.adapters.base` for the protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .base import BackboneAdapter
+from .cnn import CNNAdapter
+from .hf_bert import HFBertAdapter
+from .hf_vit import HFViTAdapter
+from .timm_vit import TimmViTAdapter
+
+Matcher = Callable[[nn.Module], bool]
+_REGISTRY: list[tuple[Matcher, type[BackboneAdapter]]] = []
+
+
+def register_adapter(matcher: Matcher, adapter_cls: type[BackboneAdapter]) -> None:
+    """Make :func:`get_adapter` use ``adapter_cls`` for backbones where ``matcher(backbone)`` holds.
+
+    Registered adapters are tried before the built-in ones, newest first.
+    """
+    _REGISTRY.insert(0, (matcher, adapter_cls))
+
+
+def _class_names(model: nn.Module) -> set[str]:
+    return {cls.__name__ for cls in type(model).__mro__}
+
+
+def _is_hf_vit(model: nn.Module) -> bool:
+    return "ViTForImageClassification" in _class_names(model)
+
+
+def _is_hf_bert(model: nn.Module) -> bool:
+    return hasattr(model, "bert") and hasattr(model, "classifier") and "PreTrainedModel" in _class_names(model)
+
+
+def _is_timm_vit(model: nn.Module) -> bool:
+    return "VisionTransformer" in _class_names(model) and type(model).__module__.startswith("timm")
+
+
+def _is_cnn(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules()) and any(
+        isinstance(m, nn.Linear) for m in model.modules()
+    )
+
+
+_BUILTIN: list[tuple[Matcher, type[BackboneAdapter]]] = [
+    (_is_hf_vit, HFViTAdapter),
+    (_is_hf_bert, HFBertAdapter),
+    (_is_timm_vit, TimmViTAdapter),
+    (_is_cnn, CNNAdapter),
+]
+
+
+def get_adapter(backbone: nn.Module, **kwargs) -> BackboneAdapter:
+    """The adapter for ``backbone`` (``kwargs`` go to its constructor, e.g. ``feature_layer`` for CNNs)."""
+    if not isinstance(backbone, nn.Module):
+        raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+    for matcher, adapter_cls in _REGISTRY + _BUILTIN:
+        if matcher(backbone):
+            return adapter_cls(backbone, **kwargs) if kwargs else adapter_cls(backbone)
+    raise TypeError(
+        f"no sopfast adapter for backbone type {type(backbone).__name__}: supported are HF "
+        "ViTForImageClassification, HF BertForSequenceClassification, timm VisionTransformer and "
+        "CNNs (Conv2d features + Linear classifier). For another model, subclass "
+        "sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
+        "or register it with sopfast.adapters.register_adapter."
+    )
+
+
+__all__ = [
+    "BackboneAdapter",
+    "CNNAdapter",
+    "HFBertAdapter",
+    "HFViTAdapter",
+    "TimmViTAdapter",
+    "get_adapter",
+    "register_adapter",
+]

@@ -1,0 +1,131 @@
+"""The backbone adapter protocol.
+
+sopfast talks to a backbone only through a :class:`BackboneAdapter`.  To use SOP with a
+model family sopfast does not know, subclass it and implement the abstract methods, then
+pass ``adapter=MyAdapter(backbone)`` to :class:`sopfast.SOP` (or register it with
+:func:`sopfast.adapters.register_adapter`).
+
+The four duties (SPEC §2):
+
+* **generator embedding** – :meth:`make_projection` returns the trainable copy and
+  :meth:`embed` runs it on the *unmasked* input, returning ``[B, d, E]`` feature embeddings
+  (no CLS) read at the second-to-last hidden layer;
+* **run groups** – :meth:`run_groups` runs the frozen backbone once per group in a mode
+  (``"exact"`` or ``"drop"``) and returns logits ``y [B, m, C]`` and keys ``z [B, m, H]``;
+  :meth:`full_forward` is the plain masked full forward used by :mod:`sopfast.reference`;
+* **classifier weights** – :meth:`classifier_weight` ``[C, H]`` initialises the selector's queries;
+* **feature grid** – :meth:`feature_grid` gives ``(h, w)`` for grid-shaped features (blur, pictures)
+  or ``None`` for sequences; :meth:`candidates` marks which of the ``d`` features may join a group.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from ..types import FeatureInputs, GroupPredictions, Groups
+
+MODES = ("exact", "drop")
+
+
+class BackboneAdapter(ABC):
+    """Connects one backbone family to SOP (see the module docstring)."""
+
+    modality: str = "image"
+    supported_modes: tuple[str, ...] = ("exact",)
+
+    def __init__(self, backbone: nn.Module):
+        self.backbone = backbone
+
+    # -- inputs ---------------------------------------------------------------------------
+    @abstractmethod
+    def prepare(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> FeatureInputs:
+        """Validate one batch and wrap it (raise ValueError/TypeError on bad input)."""
+
+    @abstractmethod
+    def num_features(self, inputs: FeatureInputs) -> int:
+        """``d``: the length of the feature axis groups live on."""
+
+    def candidates(self, inputs: FeatureInputs) -> torch.Tensor | None:
+        """``[B, d]`` bool of the features that may join a group, or ``None`` for all."""
+        return None
+
+    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int] | None:
+        """``(h, w)`` when features lie on a 2-D grid (``h · w = d``), else ``None``."""
+        return None
+
+    # -- generator ------------------------------------------------------------------------
+    def make_projection(self) -> nn.Module:
+        """A trainable deep copy of what :meth:`embed` runs (the generator's encoder)."""
+        projection = copy.deepcopy(self.backbone)
+        for p in projection.parameters():
+            p.requires_grad_(True)
+        return projection
+
+    @abstractmethod
+    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        """Feature embeddings ``[B, d, E]`` from ``projection`` on the unmasked input (with grad)."""
+
+    @property
+    @abstractmethod
+    def embed_dim(self) -> int:
+        """``E``, the width of :meth:`embed`'s output."""
+
+    # -- group passes ---------------------------------------------------------------------
+    @abstractmethod
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        """Run the frozen backbone on every group (no autograd), ``chunk_size`` groups at a time."""
+
+    @abstractmethod
+    def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plain forward of the backbone on (already masked) inputs: logits ``[N, C]``, keys ``[N, H]``."""
+
+    # -- selector -------------------------------------------------------------------------
+    @abstractmethod
+    def classifier_weight(self) -> torch.Tensor:
+        """The backbone classifier's weight ``[C, H]``."""
+
+
+def check_mode(adapter: BackboneAdapter, mode: str) -> str:
+    """Validate ``mode`` for ``adapter`` (ValueError naming what is allowed)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in adapter.supported_modes:
+        raise ValueError(
+            f"mode={mode!r} is not supported by {type(adapter).__name__}; "
+            f"supported: {adapter.supported_modes}"
+        )
+    return mode
+
+
+def chunks(total: int, size: int):
+    """Yield ``slice`` objects covering ``range(total)`` in steps of ``size``."""
+    for start in range(0, total, size):
+        yield slice(start, min(start + size, total))
+
+
+def freeze_(*modules: nn.Module | None) -> None:
+    """Mark the parameters of ``modules`` as not trainable (parts of a projection it never uses)."""
+    for module in modules:
+        if module is not None:
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+
+def group_batch_index(groups: Groups) -> torch.Tensor:
+    """``[B·m]`` example index of each flattened group."""
+    b, m = groups.mask.shape[:2]
+    return torch.arange(b, device=groups.mask.device).repeat_interleave(m)
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")

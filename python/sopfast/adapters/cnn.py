@@ -1,0 +1,146 @@
+"""Adapter for convolutional classifiers (any ``nn.Module`` with a conv feature map and a final
+``nn.Linear``).
+
+The feature grid is the spatial grid of a named layer's output (``feature_layer``); the
+generator reads that layer from its trainable copy.  Groups mask pixels with the grid mask
+upsampled (nearest) to the image, chunk by chunk — no ``[B, m, H, W]`` mask is built.  Keys
+are the classifier's input (the penultimate dense activation).  CNNs have no token axis, so
+only ``exact`` runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..types import FeatureInputs, GroupPredictions, Groups
+from .base import BackboneAdapter, chunks, freeze_, group_batch_index
+from .images import pixel_grid_mask, prepare_pixels
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass once the wanted activation is captured."""
+
+
+def _last_linear(model: nn.Module) -> str | None:
+    names = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    return names[-1] if names else None
+
+
+def _channels_of(module: nn.Module) -> int | None:
+    for mod in reversed(list(module.modules())):
+        if isinstance(mod, nn.Conv2d):
+            return int(mod.out_channels)
+        if isinstance(mod, nn.BatchNorm2d):
+            return int(mod.num_features)
+    return None
+
+
+class CNNAdapter(BackboneAdapter):
+    modality = "image"
+    supported_modes = ("exact",)
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        feature_layer: str | None = None,
+        classifier: str | None = None,
+        embed_dim: int | None = None,
+    ):
+        super().__init__(backbone)
+        modules = dict(backbone.named_modules())
+        if feature_layer is None:
+            raise ValueError(
+                "CNN backbones need feature_layer=<module name> whose output [B, E, h, w] defines the "
+                f"feature grid; candidates: {[n for n, m in modules.items() if isinstance(m, nn.Conv2d)][-5:]}"
+            )
+        if feature_layer not in modules:
+            raise ValueError(f"feature_layer={feature_layer!r} is not a module of the backbone")
+        self.feature_layer = feature_layer
+        classifier = classifier or _last_linear(backbone)
+        if classifier is None or classifier not in modules or not isinstance(modules[classifier], nn.Linear):
+            raise ValueError(
+                "the CNN backbone needs a final nn.Linear classifier (pass classifier=<name>) "
+                "or give class_weights to SOP"
+            )
+        self.classifier_name = classifier
+        self.classifier = modules[classifier]
+        dim = embed_dim if embed_dim is not None else _channels_of(modules[feature_layer])
+        if dim is None:
+            raise ValueError(f"cannot infer the channel count of {feature_layer!r}; pass embed_dim=")
+        self._embed_dim = dim
+        first_conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
+        self.channels = int(first_conv.in_channels) if first_conv is not None else None
+        self._grids: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
+        return prepare_pixels(x, self.channels, None)
+
+    @property
+    def embed_dim(self) -> int:
+        return self._embed_dim
+
+    def _feature_map(self, model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        captured: list[torch.Tensor] = []
+
+        def hook(_module, _inputs, output):
+            captured.append(output)
+            raise _Stop
+
+        handle = dict(model.named_modules())[self.feature_layer].register_forward_hook(hook)
+        try:
+            model(pixels)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+        fmap = captured[0]
+        if fmap.dim() != 4:
+            raise ValueError(f"feature_layer {self.feature_layer!r} must output [B, E, h, w], got {tuple(fmap.shape)}")
+        return fmap
+
+    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
+        size = tuple(inputs.pixels.shape[-2:])
+        if size not in self._grids:
+            with torch.no_grad():
+                fmap = self._feature_map(self.backbone, inputs.pixels[:1])
+            self._grids[size] = (int(fmap.shape[-2]), int(fmap.shape[-1]))
+        return self._grids[size]
+
+    def num_features(self, inputs: FeatureInputs) -> int:
+        h, w = self.feature_grid(inputs)
+        return h * w
+
+    def make_projection(self) -> nn.Module:
+        projection = super().make_projection()
+        freeze_(dict(projection.named_modules())[self.classifier_name])
+        return projection
+
+    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        return self._feature_map(projection, inputs.pixels).flatten(2).transpose(1, 2)
+
+    def classifier_weight(self) -> torch.Tensor:
+        return self.classifier.weight
+
+    def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        captured: list[torch.Tensor] = []
+        handle = self.classifier.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+        try:
+            logits = self.backbone(inputs.pixels)
+        finally:
+            handle.remove()
+        return logits, captured[0].flatten(1)
+
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        b, m, d = groups.mask.shape
+        grid = self.feature_grid(inputs)
+        size = tuple(inputs.pixels.shape[-2:])
+        flat_mask = groups.mask.reshape(b * m, d)
+        example = group_batch_index(groups)
+        logits, keys = [], []
+        for sl in chunks(b * m, chunk_size):
+            masked = inputs.pixels[example[sl]] * pixel_grid_mask(flat_mask[sl], grid, size)
+            y, z = self.full_forward(FeatureInputs(pixels=masked))
+            logits.append(y)
+            keys.append(z)
+        return GroupPredictions(torch.cat(logits).reshape(b, m, -1), torch.cat(keys).reshape(b, m, -1))

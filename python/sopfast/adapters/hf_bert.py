@@ -1,0 +1,139 @@
+"""Adapter for Hugging Face BERT-style sequence classifiers (``BertForSequenceClassification``).
+
+Features are the token positions; a group masks a token by ``input_id → [PAD]`` and
+``attention_mask → 0``.  The second segment (``token_type_ids == 1``) is always kept; the
+candidate pool is ``attention_mask · (1 − token_type_ids)``.  Keys are the last layer's CLS
+state; logits go through the pooler and classifier as usual.
+
+``drop`` runs, per group, only the kept tokens plus position 0 (the CLS query, with its key
+masked and its id set to [PAD] when the group does not hold it), with the original position
+and token-type ids — exact, since masked keys receive zero attention.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..types import FeatureInputs, GroupPredictions, Groups
+from .base import BackboneAdapter, chunks, freeze_, group_batch_index
+
+
+class HFBertAdapter(BackboneAdapter):
+    modality = "text"
+    supported_modes = ("exact", "drop")
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__(backbone)
+        self.encoder_model = backbone.bert
+        pad = backbone.config.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else 0
+
+    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"input_ids must be a [B, T] tensor, got {shape}")
+        if x.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be int64 or int32 token ids, got {x.dtype}")
+        if attention_mask is None:
+            raise ValueError("text backbones need attention_mask ([B, T], 1 for real tokens, 0 for padding)")
+        if attention_mask.shape != x.shape:
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(x.shape)}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(x)
+        elif token_type_ids.shape != x.shape:
+            raise ValueError(
+                f"token_type_ids shape {tuple(token_type_ids.shape)} must equal input_ids shape {tuple(x.shape)}"
+            )
+        return FeatureInputs(
+            input_ids=x.long(), attention_mask=attention_mask.long(), token_type_ids=token_type_ids.long()
+        )
+
+    def num_features(self, inputs: FeatureInputs) -> int:
+        return int(inputs.input_ids.shape[1])
+
+    def candidates(self, inputs: FeatureInputs) -> torch.Tensor:
+        return inputs.attention_mask.bool() & (inputs.token_type_ids == 0)
+
+    def always_kept(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, T]`` bool: the second segment, never masked."""
+        return inputs.attention_mask.bool() & (inputs.token_type_ids == 1)
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    def make_projection(self) -> nn.Module:
+        projection = copy.deepcopy(self.encoder_model)
+        for p in projection.parameters():
+            p.requires_grad_(True)
+        freeze_(projection.encoder.layer[-1], getattr(projection, "pooler", None))
+        return projection
+
+    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        from transformers.masking_utils import create_bidirectional_mask
+
+        h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
+        mask = create_bidirectional_mask(config=projection.config, inputs_embeds=h, attention_mask=inputs.attention_mask)
+        for layer in projection.encoder.layer[:-1]:
+            out = layer(h, mask)
+            h = out[0] if isinstance(out, tuple) else out
+        return h
+
+    def classifier_weight(self) -> torch.Tensor:
+        return self.backbone.classifier.weight
+
+    def _encode(self, **batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.encoder_model(**batch)
+        pooled = out.pooler_output
+        logits = self.backbone.classifier(self.backbone.dropout(pooled))
+        return logits, out.last_hidden_state[:, 0]
+
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        b, m, t = groups.mask.shape
+        keep = (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
+        example = group_batch_index(groups)
+        run = self._exact_batch if mode == "exact" else self._drop_batch
+        logits, keys = [], []
+        for sl in chunks(b * m, chunk_size):
+            y, z = self._encode(**run(inputs, example[sl], keep[sl]))
+            logits.append(y)
+            keys.append(z)
+        return GroupPredictions(torch.cat(logits).reshape(b, m, -1), torch.cat(keys).reshape(b, m, -1))
+
+    def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
+        ids = inputs.input_ids[example]
+        return {
+            "input_ids": torch.where(keep, ids, torch.full_like(ids, self.pad_token_id)),
+            "attention_mask": inputs.attention_mask[example] * keep,
+            "token_type_ids": inputs.token_type_ids[example],
+        }
+
+    def _drop_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
+        n, t = keep.shape
+        runs = keep.clone()
+        runs[:, 0] = True
+        length = int(runs.sum(dim=1).max())
+        positions = torch.arange(t, device=keep.device).expand(n, t)
+        order = torch.sort(torch.where(runs, positions, positions + t), dim=1).values[:, :length]
+        slot_used = order < t
+        pos = torch.where(slot_used, order, torch.zeros_like(order))
+        ids = inputs.input_ids[example].gather(1, pos)
+        kept_here = keep.gather(1, pos) & slot_used
+        return {
+            "input_ids": torch.where(kept_here, ids, torch.full_like(ids, self.pad_token_id)),
+            "attention_mask": (inputs.attention_mask[example].gather(1, pos).bool() & kept_here).long(),
+            "token_type_ids": inputs.token_type_ids[example].gather(1, pos),
+            "position_ids": pos,
+        }
+
+    def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.backbone(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            token_type_ids=inputs.token_type_ids,
+            output_hidden_states=True,
+        )
+        return out.logits, out.hidden_states[-1][:, 0]

@@ -1,0 +1,90 @@
+"""Adapter for Hugging Face ``ViTForImageClassification`` (transformers 5.x layout)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..types import FeatureInputs, GroupPredictions, Groups
+from .base import BackboneAdapter, freeze_
+from .images import prepare_pixels
+from .vit_common import run_vit_groups_drop, run_vit_groups_exact
+
+
+def _layer_out(out) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+class HFViTAdapter(BackboneAdapter):
+    """HF ViT: features are the ``(H/p)·(W/p)`` patches; keys are the pre-LayerNorm CLS state."""
+
+    modality = "image"
+    supported_modes = ("exact", "drop")
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__(backbone)
+        self.vit = backbone.vit
+        cfg = backbone.config
+        size = cfg.image_size if isinstance(cfg.image_size, (tuple, list)) else (cfg.image_size, cfg.image_size)
+        patch = cfg.patch_size if isinstance(cfg.patch_size, (tuple, list)) else (cfg.patch_size, cfg.patch_size)
+        self.image_size = (int(size[0]), int(size[1]))
+        self.grid = (self.image_size[0] // patch[0], self.image_size[1] // patch[1])
+        self.channels = int(cfg.num_channels)
+
+    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
+        return prepare_pixels(x, self.channels, self.image_size)
+
+    def num_features(self, inputs: FeatureInputs) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
+        return self.grid
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    def make_projection(self) -> nn.Module:
+        projection = copy.deepcopy(self.vit)
+        for p in projection.parameters():
+            p.requires_grad_(True)
+        freeze_(projection.layers[-1], projection.layernorm, getattr(projection, "pooler", None))
+        return projection
+
+    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        h = projection.embeddings(inputs.pixels.to(projection.embeddings.cls_token.dtype))
+        for layer in projection.layers[:-1]:
+            h = _layer_out(layer(h, None))
+        return h[:, 1:]
+
+    def classifier_weight(self) -> torch.Tensor:
+        return self.backbone.classifier.weight
+
+    def _encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = tokens
+        for layer in self.vit.layers:
+            h = _layer_out(layer(h, None))
+        cls = h[:, 0]
+        return self.backbone.classifier(self.vit.layernorm(cls)), cls
+
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        emb = self.vit.embeddings
+        pixels = inputs.pixels.to(emb.cls_token.dtype)
+        patches = emb.patch_embeddings(pixels)
+        cls = (emb.cls_token + emb.position_embeddings[:, :1])
+        positions = emb.position_embeddings[:, 1:]
+        if mode == "exact":
+            blank = emb.patch_embeddings(torch.zeros_like(pixels[:1]))
+
+            def add_positions(tokens: torch.Tensor) -> torch.Tensor:
+                return torch.cat([cls.expand(tokens.shape[0], -1, -1), tokens + positions], dim=1)
+
+            return run_vit_groups_exact(patches, blank, add_positions, self._encode, groups, chunk_size)
+        positioned = torch.cat([cls.expand(patches.shape[0], -1, -1), patches + positions], dim=1)
+        return run_vit_groups_drop(positioned, 1, self._encode, groups, chunk_size)
+
+    def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.backbone(pixel_values=inputs.pixels, output_hidden_states=True)
+        return out.logits, out.hidden_states[-1][:, 0]

@@ -1,0 +1,91 @@
+"""Adapter for timm ``VisionTransformer`` (class-token or average pooling)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..types import FeatureInputs, GroupPredictions, Groups
+from .base import BackboneAdapter, freeze_
+from .images import prepare_pixels
+from .vit_common import run_vit_groups_drop, run_vit_groups_exact
+
+
+class TimmViTAdapter(BackboneAdapter):
+    """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
+    for average-pooled models without a class token)."""
+
+    modality = "image"
+    supported_modes = ("exact", "drop")
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__(backbone)
+        if backbone.global_pool not in ("token", "avg"):
+            raise ValueError(
+                f"timm ViT global_pool={backbone.global_pool!r} is not supported; use 'token' or 'avg'"
+            )
+        if getattr(backbone, "dynamic_img_size", False):
+            raise ValueError("timm ViT with dynamic_img_size=True is not supported; build it with a fixed img_size")
+        pe = backbone.patch_embed
+        self.image_size = tuple(int(s) for s in pe.img_size)
+        self.grid = tuple(int(g) for g in pe.grid_size)
+        self.channels = int(pe.proj.in_channels)
+        self.prefix = int(backbone.num_prefix_tokens)
+
+    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
+        return prepare_pixels(x, self.channels, self.image_size)
+
+    def num_features(self, inputs: FeatureInputs) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
+        return self.grid
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.backbone.embed_dim)
+
+    def make_projection(self) -> nn.Module:
+        projection = super().make_projection()
+        freeze_(
+            projection.blocks[-1], projection.norm, projection.fc_norm, projection.head,
+            getattr(projection, "attn_pool", None),
+        )
+        return projection
+
+    @staticmethod
+    def _tokens(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        x = model._pos_embed(model.patch_embed(pixels))
+        return model.norm_pre(model.patch_drop(x))
+
+    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        x = self._tokens(projection, inputs.pixels)
+        for block in projection.blocks[:-1]:
+            x = block(x)
+        return x[:, self.prefix:]
+
+    def classifier_weight(self) -> torch.Tensor:
+        return self.backbone.head.weight
+
+    def _key(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backbone.global_pool == "token":
+            return x[:, 0]
+        return x[:, self.prefix:].mean(dim=1)
+
+    def _encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.backbone
+        x = model.blocks(model.norm_pre(model.patch_drop(tokens)))
+        return model.forward_head(model.norm(x)), self._key(x)
+
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        model = self.backbone
+        patches = model.patch_embed(inputs.pixels)
+        if mode == "exact":
+            blank = model.patch_embed(torch.zeros_like(inputs.pixels[:1]))
+            return run_vit_groups_exact(patches, blank, model._pos_embed, self._encode, groups, chunk_size)
+        return run_vit_groups_drop(model._pos_embed(patches), self.prefix, self._encode, groups, chunk_size)
+
+    def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.backbone
+        x = model.blocks(self._tokens(model, inputs.pixels))
+        return model.forward_head(model.norm(x)), self._key(x)

@@ -1,0 +1,196 @@
+"""``sopfast.SOP``: a frozen backbone turned into a Sum-of-Parts self-attributing model."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .adapters import BackboneAdapter, get_adapter
+from .adapters.base import check_mode
+from .generator import GroupGenerator
+from .ops import aggregate
+from .ops._validate import check_tau
+from .output import SOPOutput
+from .selector import GroupSelector
+from .types import FeatureInputs, Groups
+
+TASKS = ("classification", "regression")
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+class SOP(nn.Module):
+    """Sum-of-Parts wrapper around a frozen ``backbone`` (SPEC §1–§3).
+
+    Args:
+        backbone: HF ``ViTForImageClassification`` / ``BertForSequenceClassification``, timm
+            ``VisionTransformer``, or a CNN (give ``feature_layer=``); others via ``adapter=``.
+        num_groups: ``m``, groups per input.
+        tau: fraction of features per group, ``k = max(1, floor(τ·d))``; changeable later
+            (``model.tau = ...`` or ``model(x, tau=...)``).
+        mode: ``"exact"`` (equals the authors' algorithm) or ``"drop"`` (ViT/BERT run only the
+            kept tokens; exact for BERT, an approximation for ViT).
+        num_heads: generator attention heads (training uses head ``epoch mod H``).
+        group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
+        blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
+        deletion: groups keep the lowest-attention features instead of the highest.
+        group_batch_size: groups per backbone call (bounds memory).
+        task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
+        class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
+        adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone.
+        **adapter_kwargs: passed to the adapter (``feature_layer``, ``classifier`` for CNNs).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_groups: int = 20,
+        tau: float = 0.2,
+        mode: str = "exact",
+        *,
+        num_heads: int = 1,
+        group_gen_scale: float = 1.0,
+        group_sel_scale: float = 1.0,
+        blur_kernel_size: int = 0,
+        blur_sigma: float = 1.0,
+        deletion: bool = False,
+        group_batch_size: int = 64,
+        task: str = "classification",
+        class_weights: torch.Tensor | None = None,
+        adapter: BackboneAdapter | None = None,
+        **adapter_kwargs,
+    ):
+        super().__init__()
+        self.num_groups = _check_positive_int("num_groups", num_groups)
+        self.tau = tau
+        self.group_batch_size = _check_positive_int("group_batch_size", group_batch_size)
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        self.task = task
+        self.deletion = bool(deletion)
+        backbone.requires_grad_(False)
+        backbone.eval()
+        self.backbone = backbone
+        self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
+        self.mode = mode
+        self.projection = self.adapter.make_projection()
+        self.generator = GroupGenerator(
+            self.adapter.embed_dim,
+            num_heads=_check_positive_int("num_heads", num_heads),
+            scale=group_gen_scale,
+            blur_kernel_size=blur_kernel_size,
+            blur_sigma=blur_sigma,
+        )
+        self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
+        self.epoch = 0
+        self.config = {
+            "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
+            "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
+            "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
+            "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
+        }
+
+    def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
+        if class_weights is not None:
+            if not isinstance(class_weights, torch.Tensor) or class_weights.dim() != 2:
+                raise ValueError("class_weights must be a [num_classes, hidden] tensor")
+            return class_weights
+        try:
+            return self.adapter.classifier_weight()
+        except (AttributeError, ValueError) as err:
+            raise ValueError(
+                "the backbone has no classifier weight to initialise the group selector; pass class_weights=[C, H]"
+            ) from err
+
+    @property
+    def tau(self) -> float:
+        return self._tau
+
+    @tau.setter
+    def tau(self, value: float) -> None:
+        self._tau = check_tau(value)
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        self._mode = check_mode(self.adapter, value)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.selector.class_queries.shape[0])
+
+    def train(self, mode: bool = True) -> SOP:
+        """Train the trainable parts; the frozen backbone always stays in eval mode."""
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+    def prepare(self, x=None, attention_mask=None, token_type_ids=None, *, input_ids=None, pixel_values=None):
+        """Validate and wrap a batch (images ``[B, C, H, W]`` or token ids ``[B, T]`` + masks)."""
+        given = [v for v in (x, input_ids, pixel_values) if v is not None]
+        if len(given) != 1:
+            raise ValueError("pass exactly one input: x, input_ids= or pixel_values=")
+        return self.adapter.prepare(given[0], attention_mask, token_type_ids)
+
+    def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:
+        """Run the generator on prepared ``inputs``: ``m`` groups per example (with λ)."""
+        tau = self.tau if tau is None else check_tau(tau)
+        m = self.num_groups if num_groups is None else _check_positive_int("num_groups", num_groups)
+        valid = self.adapter.candidates(inputs)
+        d = self.adapter.num_features(inputs)
+        fewest = d if valid is None else int(valid.sum(dim=1).min())
+        if m > fewest:
+            raise ValueError(
+                f"num_groups={m} exceeds the number of candidate features ({fewest}); "
+                "use at most as many groups as features"
+            )
+        emb = self.adapter.embed(self.projection, inputs)
+        head = self.epoch % self.generator.num_heads if self.training else None
+        return self.generator(
+            emb, valid, m, tau, head=head, deletion=self.deletion, grid=self.adapter.feature_grid(inputs)
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        tau: float | None = None,
+        mode: str | None = None,
+    ) -> SOPOutput:
+        """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``."""
+        inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
+        groups = self.make_groups(inputs, tau)
+        return self.predict_groups(inputs, groups, mode)
+
+    def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
+        """Run the frozen backbone on given ``groups`` and combine with the selector."""
+        mode = self.mode if mode is None else check_mode(self.adapter, mode)
+        with torch.no_grad():
+            preds = self.adapter.run_groups(inputs, groups, mode, self.group_batch_size)
+        scores = self.selector(preds.keys)
+        logits = aggregate(scores, groups.lam, preds.logits)
+        return SOPOutput(
+            logits=logits,
+            group_logits=preds.logits.float(),
+            group_scores=scores,
+            lam=groups.lam,
+            group_masks=groups.mask,
+            group_indices=groups.indices,
+            attention=groups.attention,
+            task=self.task,
+        )
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
+        return [p for p in self.parameters() if p.requires_grad]

@@ -1,0 +1,164 @@
+"""A plain, faithful implementation of the authors' SOP algorithm — the oracle and the baseline.
+
+It computes what the authors' public code computes, the way it computes it: the full
+projection forward with ``output_hidden_states``; attention for **all** ``d`` candidate
+query rows of every head; torchvision's ``gaussian_blur``; a sort-based top-k with
+``int(d·τ)``; **full-resolution** pixel masks; ``m`` masked full forwards of the backbone in
+chunks of 16 with autograd left on; a sort-based sparsemax.  It is deliberately not
+optimised.  :func:`reference_forward` reads the parameters of a :class:`sopfast.SOP`, so both
+can be compared on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .adapters import HFBertAdapter, HFViTAdapter, TimmViTAdapter
+from .model import SOP
+from .ops.sparsemax import sparsemax_reference
+from .output import SOPOutput
+from .types import FeatureInputs
+
+CHUNK = 16
+
+
+def _embedding(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    """``hidden_states[-2]`` of the projection on the unmasked input, feature tokens only."""
+    adapter, proj = model.adapter, model.projection
+    if isinstance(adapter, HFViTAdapter):
+        return proj(pixel_values=inputs.pixels, output_hidden_states=True).hidden_states[-2][:, 1:]
+    if isinstance(adapter, HFBertAdapter):
+        out = proj(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            token_type_ids=inputs.token_type_ids,
+            output_hidden_states=True,
+        )
+        return out.hidden_states[-2]
+    if isinstance(adapter, TimmViTAdapter):
+        x = proj.norm_pre(proj.patch_drop(proj._pos_embed(proj.patch_embed(inputs.pixels))))
+        hidden_states = [x]
+        for block in proj.blocks:
+            hidden_states.append(block(hidden_states[-1]))
+        return hidden_states[-2][:, adapter.prefix:]
+    return adapter.embed(proj, inputs)
+
+
+def _blur(logits: torch.Tensor, model: SOP, grid: tuple[int, int] | None) -> torch.Tensor:
+    """Blur every attention row ``logits [..., d]`` (torchvision for grids, conv1d for text)."""
+    ks, sigma = model.generator.blur_kernel_size, model.generator.blur_sigma
+    if ks <= 1:
+        return logits
+    shape = logits.shape
+    if grid is not None:
+        from torchvision.transforms.functional import gaussian_blur
+
+        rows = logits.reshape(-1, 1, *grid)
+        return gaussian_blur(rows, [ks, ks], [sigma, sigma]).reshape(shape)
+    half = (ks - 1) * 0.5
+    x = torch.linspace(-half, half, ks, dtype=logits.dtype, device=logits.device)
+    kernel = torch.exp(-0.5 * (x / sigma) ** 2)
+    kernel = (kernel / kernel.sum()).view(1, 1, ks)
+    rows = F.pad(logits.reshape(-1, 1, shape[-1]), (ks // 2, ks // 2), mode="reflect")
+    return F.conv1d(rows, kernel).reshape(shape)
+
+
+def _all_attention(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> torch.Tensor:
+    """Softmax attention of every query position over the keys: ``[B, H, d, d]``."""
+    b, d, e = emb.shape
+    heads = model.generator.num_heads
+    w = model.generator.weight
+    keys = (emb @ w[e:2 * e].t()).view(b, d, heads, e // heads).transpose(1, 2)
+    queries = (emb @ w[2 * e:].t()).view(b, d, heads, e // heads).transpose(1, 2)
+    logits = model.generator.scale * queries @ keys.transpose(-1, -2)
+    logits = _blur(logits, model, grid)
+    logits = logits.masked_fill(~valid.view(b, 1, 1, d), float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def _select_rows(model: SOP, attn: torch.Tensor, valid: torch.Tensor, m: int) -> torch.Tensor:
+    """The ``m`` kept attention rows per example ``[B, m, d]`` (SPEC §2.5)."""
+    rows = []
+    for b in range(attn.shape[0]):
+        cand = valid[b].nonzero().flatten()
+        stacked = attn[b][:, cand]
+        if model.training:
+            stacked = stacked[model.epoch % model.generator.num_heads]
+        else:
+            stacked = stacked.reshape(-1, attn.shape[-1])
+        n = stacked.shape[0]
+        rows.append(stacked[[j * n // m for j in range(m)]])
+    return torch.stack(rows)
+
+
+def _binarise(model: SOP, a: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
+    """Sort-based top-k with ``k = int(d·τ)`` per example (stable sort: ties to the lower index)."""
+    masks = torch.zeros_like(a, dtype=torch.bool)
+    for b in range(a.shape[0]):
+        d = int(valid[b].sum())
+        k = max(1, int(d * tau))
+        fill = float("inf") if model.deletion else float("-inf")
+        scores = a[b].masked_fill(~valid[b], fill)
+        order = torch.sort(scores, dim=-1, descending=not model.deletion, stable=True).indices[:, :k]
+        masks[b].scatter_(-1, order, True)
+    return masks
+
+
+def _masked_inputs(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, grid) -> FeatureInputs:
+    """The ``B·m`` masked inputs, with full-resolution masks for images."""
+    b, m, d = masks.shape
+    if inputs.pixels is not None:
+        full = F.interpolate(masks.float().view(b * m, 1, *grid), size=inputs.pixels.shape[-2:], mode="nearest")
+        pixels = inputs.pixels.unsqueeze(1) * full.view(b, m, 1, *inputs.pixels.shape[-2:])
+        return FeatureInputs(pixels=pixels.flatten(0, 1))
+    keep = masks | (inputs.attention_mask.bool() & (inputs.token_type_ids == 1)).unsqueeze(1)
+    ids = inputs.input_ids.unsqueeze(1).expand(b, m, d)
+    pad = model.adapter.pad_token_id
+    return FeatureInputs(
+        input_ids=torch.where(keep, ids, torch.full_like(ids, pad)).flatten(0, 1),
+        attention_mask=(inputs.attention_mask.unsqueeze(1) * keep).flatten(0, 1),
+        token_type_ids=inputs.token_type_ids.unsqueeze(1).expand(b, m, d).flatten(0, 1),
+    )
+
+
+def _rows(inputs: FeatureInputs, sl: slice) -> FeatureInputs:
+    return FeatureInputs(**{k: (None if v is None else v[sl]) for k, v in vars(inputs).items()})
+
+
+def reference_forward(
+    model: SOP,
+    x: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+    tau: float | None = None,
+) -> SOPOutput:
+    """The authors' algorithm on ``model``'s parameters (see the module docstring)."""
+    tau = model.tau if tau is None else tau
+    adapter = model.adapter
+    inputs = adapter.prepare(x, attention_mask, token_type_ids)
+    b, d, m = inputs.batch_size, adapter.num_features(inputs), model.num_groups
+    valid = adapter.candidates(inputs)
+    if valid is None:
+        valid = torch.ones(b, d, dtype=torch.bool, device=inputs.device)
+    grid = adapter.feature_grid(inputs)
+    attn = _all_attention(model, _embedding(model, inputs).float(), valid, grid)
+    a = _select_rows(model, attn, valid, m)
+    masks = _binarise(model, a, valid, tau)
+    lam = (a * masks).sum(-1) - (a * ~masks).sum(-1)
+    masked = _masked_inputs(model, inputs, masks, grid)
+    outputs = [adapter.full_forward(_rows(masked, slice(s, s + CHUNK))) for s in range(0, b * m, CHUNK)]
+    y = torch.cat([o[0] for o in outputs]).view(b, m, -1).float()
+    z = torch.cat([o[1] for o in outputs]).view(b, m, -1).float()
+    sel = model.selector
+    scores = sel.scale * (sel.class_queries @ sel.query_proj.weight.t()) @ (z @ sel.key_proj.weight.t()).transpose(1, 2)
+    c = sparsemax_reference(scores)
+    logits = (c * lam.unsqueeze(1) * y.transpose(1, 2)).sum(-1)
+    positions = torch.arange(d, device=inputs.device).expand(b, m, d)
+    k_max = int(masks.sum(-1).max())
+    indices = torch.sort(torch.where(masks, positions, positions + d), dim=-1).values[..., :k_max]
+    indices = torch.where(indices < d, indices, torch.full_like(indices, -1))
+    return SOPOutput(logits, y, c, lam, masks, indices, a, model.task)
+
+
+__all__ = ["CHUNK", "reference_forward"]

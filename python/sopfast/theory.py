@@ -1,0 +1,633 @@
+"""Error bounds for per-feature self-attributing models and the zero-error group construction.
+
+Implements the theory of the Sum-of-Parts paper (§2 and appendix "Theory Details and Proofs").
+A per-feature SANN for a target ``p`` at input ``x`` is a vector ``alpha`` (one contribution per
+feature); inserting a subset ``S`` costs ``|p(x_S) - p(0) - sum_{i in S} alpha_i|``, deleting it
+costs ``|p(x) - p(x_{not S}) - sum_{i in S} alpha_i|``. The *total* error sums over all ``2^d``
+subsets. Minimising it is the linear program ``min_alpha 1^T |c - M alpha|`` whose rows ``M_S`` are
+subset indicators; the paper solves it for the monomial ``prod_i x_i`` (deletion) and the binomial
+``prod_{S1 u S2} x + prod_{S2 u S3} x`` (insertion) at ``x = 1``.
+
+Two ways to the same minima are offered:
+
+* ``method="enumerate"``: the appendix LP over all ``2^d`` subsets, solved with HiGHS (small ``d``).
+* ``method="symmetric"``: the objective is convex and invariant under permuting features that play
+  the same role, so averaging any optimum over those permutations gives an optimum that is
+  constant on each role class. Only the *number* of chosen features per class matters then, and
+  the ``2^d`` rows collapse to ``d + 1`` (monomial) or ``(b + 1)^3`` (binomial) rows weighted by
+  binomial coefficients. For the monomial the 1-D problem is a weighted median solved exactly in
+  rationals; for the binomial a 3-variable LP. Both run for ``d`` in the hundreds.
+
+Mean-squared variants replace ``|.|`` by ``(.)^2``; their minima have closed forms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import numbers
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal, NamedTuple
+
+import numpy as np
+from scipy.optimize import linprog, minimize_scalar
+
+Kind = Literal["monomial-deletion", "binomial-insertion"]
+KINDS: tuple[Kind, ...] = ("monomial-deletion", "binomial-insertion")
+METHODS = ("symmetric", "enumerate")
+MAX_ENUMERATED_D = 20
+PAPER_FITS: dict[tuple[Kind, bool], tuple[float, float, float]] = {
+    ("monomial-deletion", False): (-1.030, -1.171, 0.665),
+    ("binomial-insertion", False): (4.778, 1.332, 0.198),
+    ("monomial-deletion", True): (-1.104, -1.720, 0.626),
+    ("binomial-insertion", True): (6.451, 1.457, 0.192),
+}
+Blocks = tuple[int, int, int]
+Number = int | float | Fraction
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """Return ``value`` as an int after checking it is an integer in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def binomial_blocks(d: int, *, equal_blocks: bool = True) -> Blocks:
+    """Sizes of ``(S1, S2, S3)`` for the binomial on ``d`` features.
+
+    With ``equal_blocks`` ``d`` must be a multiple of 3 (the paper's lemma); otherwise the blocks are
+    near-equal, larger ones first (``numpy.array_split``), which is how the paper's d = 2..20 fit
+    is reproduced.
+    """
+    if equal_blocks:
+        d = check_int("d", d, 3)
+        if d % 3:
+            raise ValueError(
+                f"d must be a positive multiple of 3 for the binomial with equal blocks S1, S2, S3, got {d}; "
+                "pass equal_blocks=False for near-equal blocks"
+            )
+    else:
+        d = check_int("d", d, 2)
+    q, r = divmod(d, 3)
+    return q + (r > 0), q + (r > 1), q
+
+
+def _check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return kind  # type: ignore[return-value]
+
+
+def _check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    return method
+
+
+# --------------------------------------------------------------------------- LP and least squares
+
+
+class Optimum(NamedTuple):
+    """Minimum total error and an ``alpha`` attaining it."""
+
+    error: float
+    alpha: np.ndarray
+
+
+def min_weighted_abs_error(A: np.ndarray, c: np.ndarray, w: np.ndarray | None = None) -> Optimum:
+    """Solve ``min_alpha sum_j w_j |c_j - A_j alpha|`` with HiGHS through its dual.
+
+    The dual is the paper's ``max_y c^T y`` s.t. ``A^T y = 0``, ``|y_j| <= w_j``: one variable per
+    row but only ``A.shape[1]`` equality constraints. ``alpha`` is read off the equality marginals.
+    """
+    A = np.asarray(A, dtype=float)
+    c = np.asarray(c, dtype=float)
+    w = np.ones(len(c)) if w is None else np.asarray(w, dtype=float)
+    scale = w.max()
+    bounds = np.column_stack([-w / scale, w / scale])
+    res = linprog(-c, A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=bounds, method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"HiGHS failed on the error LP: {res.message}")
+    return Optimum(-res.fun * scale, -np.asarray(res.eqlin.marginals))
+
+
+def min_weighted_squared_error(A: np.ndarray, c: np.ndarray, w: np.ndarray | None = None) -> Optimum:
+    """Solve ``min_alpha sum_j w_j (c_j - A_j alpha)^2`` by weighted least squares."""
+    A = np.asarray(A, dtype=float)
+    c = np.asarray(c, dtype=float)
+    root = np.ones(len(c)) if w is None else np.sqrt(np.asarray(w, dtype=float))
+    alpha = np.linalg.lstsq(A * root[:, None], c * root, rcond=None)[0]
+    return Optimum(float(np.sum((root * (c - A @ alpha)) ** 2)), alpha)
+
+
+def subset_matrix(d: int) -> np.ndarray:
+    """``M`` of the appendix: row ``s`` is the indicator of the subset with bitmask ``s``."""
+    d = check_int("d", d, 1, MAX_ENUMERATED_D)
+    return ((np.arange(2**d)[:, None] >> np.arange(d)) & 1).astype(np.float64)
+
+
+# --------------------------------------------------------------------------- the paper's two problems
+
+
+def monomial_deletion_targets(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, c)`` for deleting subsets from ``prod_i x_i`` at ``x = 1``: ``c_S = 1[S != {}]``."""
+    M = subset_matrix(d)
+    return M, (M.sum(axis=1) > 0).astype(np.float64)
+
+
+def binomial_insertion_targets(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, c)`` for inserting subsets into the binomial with block sizes ``blocks`` at ``x = 1``."""
+    n1, n2, _ = blocks
+    M = subset_matrix(sum(blocks))
+    c = M[:, : n1 + n2].all(axis=1).astype(np.float64) + M[:, n1:].all(axis=1)
+    return M, c
+
+
+def _binomial_class_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``(k1, k2, k3)`` (chosen features per block), their targets and subset counts."""
+    k = np.stack(np.meshgrid(*(np.arange(n + 1) for n in blocks), indexing="ij"), axis=-1).reshape(-1, 3)
+    full = k == np.array(blocks)
+    c = (full[:, 0] & full[:, 1]).astype(np.float64) + (full[:, 1] & full[:, 2])
+    counts = [np.array([math.comb(n, j) for j in range(n + 1)], dtype=np.float64) for n in blocks]
+    w = counts[0][k[:, 0]] * counts[1][k[:, 1]] * counts[2][k[:, 2]]
+    return k.astype(np.float64), c, w
+
+
+def monomial_deletion_exact(d: int) -> Fraction:
+    """Exact minimum total deletion error of a per-feature SANN on ``prod_i x_i`` (symmetric method).
+
+    With ``alpha = a 1`` the error is ``sum_k C(d,k) |1 - k a|`` over subset sizes ``k >= 1``: a
+    weighted L1 problem in ``a`` whose minimum sits at a breakpoint ``a = 1/j``.
+    """
+    d = check_int("d", d, 1)
+    binom = [math.comb(d, k) for k in range(d + 1)]
+    return min(Fraction(sum(binom[k] * abs(j - k) for k in range(1, d + 1)), j) for j in range(1, d + 1))
+
+
+def monomial_deletion_mse(d: int) -> Fraction:
+    """Exact minimum total squared deletion error on ``prod_i x_i``: ``2^d / (d + 1) - 1``.
+
+    The least-squares optimum is ``alpha = 2 / (d + 1)`` per feature (``alpha* = (M^T M)^-1 M^T c``).
+    """
+    d = check_int("d", d, 1)
+    return Fraction(2**d, d + 1) - 1
+
+
+def binomial_insertion_symmetric(d: int, *, equal_blocks: bool = True) -> float:
+    """Minimum total insertion error on the binomial via the block-symmetric 3-variable LP."""
+    k, c, w = _binomial_class_rows(binomial_blocks(d, equal_blocks=equal_blocks))
+    return min_weighted_abs_error(k, c, w).error
+
+
+def binomial_insertion_closed_form(d: int) -> int:
+    """Minimum total insertion error on the equal-block binomial: 2 for d = 3, else ``2^(d/3 + 1)``.
+
+    ``alpha = 0`` attains ``sum_S c_S = 2^(b+1)`` (``b = d/3``). For ``b >= 3`` a dual point with the
+    same value proves optimality: ``y_S = 1`` where ``c_S > 0``; ``y_S = -x`` on proper subsets of
+    ``S1 u S2`` and of ``S2 u S3``, ``y_S = -2^-b`` on subsets of ``S1 u S3``, summed where the
+    families overlap, with ``x = 2^b / (2^(2b-1) - 1)`` so that ``M^T y = 0`` and ``|y_S| <= 1``.
+    ``b = 2`` is settled by the LP (value 8).
+    """
+    b = binomial_blocks(d)[0]
+    return 2 if b == 1 else 2 ** (b + 1)
+
+
+def binomial_insertion_mse(d: int, *, equal_blocks: bool = True) -> Fraction:
+    """Exact minimum total squared insertion error on the binomial.
+
+    ``M^T M = 2^(d-2) (I + J)``, so ``min = c^T c - v^T (M^T M)^-1 v`` with ``v = M^T c`` constant on
+    each block; for equal blocks this is ``2^(b+1) + 2 - 2^(1-b) b (b + 17) / (3b + 1)``.
+    """
+    blocks = binomial_blocks(d, equal_blocks=equal_blocks)
+    n1, n3, d = blocks[0], blocks[2], sum(blocks)
+    v = (2**n3 + Fraction(2**n1, 2), Fraction(2**n3 + 2**n1), Fraction(2**n3, 2) + 2**n1)
+    total = sum(n * vi for n, vi in zip(blocks, v))
+    quad = sum(n * vi * vi for n, vi in zip(blocks, v))
+    return 2**n1 + 2**n3 + 2 - Fraction(4, 2**d) * (quad - total * total / (d + 1))
+
+
+def min_total_error(
+    kind: Kind, d: int, *, mse: bool = False, method: str = "symmetric", equal_blocks: bool = True
+) -> float:
+    """Minimum total error of any per-feature SANN for ``kind`` at dimension ``d``.
+
+    ``method="symmetric"`` uses the exact reductions (closed forms for ``mse``), ``"enumerate"``
+    the appendix programs over all ``2^d`` subsets (``d <= MAX_ENUMERATED_D``).
+    """
+    kind, method = _check_kind(kind), _check_method(method)
+    if method == "symmetric":
+        if kind == "monomial-deletion":
+            return float(monomial_deletion_mse(d) if mse else monomial_deletion_exact(d))
+        if mse:
+            return float(binomial_insertion_mse(d, equal_blocks=equal_blocks))
+        return binomial_insertion_symmetric(d, equal_blocks=equal_blocks)
+    if kind == "monomial-deletion":
+        M, c = monomial_deletion_targets(d)
+    else:
+        M, c = binomial_insertion_targets(binomial_blocks(d, equal_blocks=equal_blocks))
+    solve = min_weighted_squared_error if mse else min_weighted_abs_error
+    return solve(M, c).error
+
+
+# --------------------------------------------------------------------------- general polynomials
+
+
+@dataclass(frozen=True)
+class Polynomial:
+    """``p(x) = sum_t coef_t prod_j x_j^e_tj`` on ``d`` features, with exact rational coefficients."""
+
+    d: int
+    terms: tuple[tuple[Fraction, tuple[tuple[int, int], ...]], ...]
+
+    @classmethod
+    def from_terms(cls, d: int, terms: Iterable[tuple[Number, Mapping[int, int] | Iterable[int]]]) -> Polynomial:
+        """Build from ``(coefficient, features)`` pairs; ``features`` maps index to exponent or lists indices."""
+        d = check_int("d", d, 1)
+        return cls(d, tuple(_parse_term(d, coef, feats) for coef, feats in terms))
+
+    def support(self, term: int) -> frozenset[int]:
+        """Features a term depends on."""
+        return frozenset(j for j, _ in self.terms[term][1])
+
+    def term_values(self, x: Sequence[Number] | None = None) -> list[Fraction]:
+        """Exact value of every term at ``x`` (default all ones)."""
+        xs = _exact_point(self.d, x)
+        return [coef * math.prod((xs[j] ** e for j, e in powers), start=Fraction(1)) for coef, powers in self.terms]
+
+    def __call__(self, x: Sequence[Number] | None = None) -> Fraction:
+        return sum(self.term_values(x), Fraction(0))
+
+
+def _exact(name: str, value: object) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Rational, float)):
+        raise TypeError(f"{name} must be an int, float or Fraction, got {value!r} ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return Fraction(value)
+
+
+def _parse_term(d: int, coef: Number, feats: Mapping[int, int] | Iterable[int]) -> tuple[Fraction, tuple]:
+    powers = dict(feats) if isinstance(feats, Mapping) else {j: 1 for j in feats}
+    for j, e in powers.items():
+        check_int("feature index", j, 0, d - 1)
+        check_int(f"exponent of feature {j}", e, 1)
+    return _exact("coefficient", coef), tuple(sorted((int(j), int(e)) for j, e in powers.items()))
+
+
+def _exact_point(d: int, x: Sequence[Number] | None) -> list[Fraction]:
+    if x is None:
+        return [Fraction(1)] * d
+    if len(x) != d:
+        raise ValueError(f"x must have d = {d} entries, got {len(x)}")
+    return [_exact(f"x[{j}]", v) for j, v in enumerate(x)]
+
+
+def monomial_polynomial(d: int) -> Polynomial:
+    """The paper's monomial ``prod_{i<d} x_i``."""
+    d = check_int("d", d, 1)
+    return Polynomial.from_terms(d, [(1, range(d))])
+
+
+def binomial_polynomial(d: int, *, equal_blocks: bool = True) -> Polynomial:
+    """The paper's binomial ``prod_{S1 u S2} x + prod_{S2 u S3} x`` with consecutive blocks."""
+    n1, n2, n3 = binomial_blocks(d, equal_blocks=equal_blocks)
+    d = n1 + n2 + n3
+    return Polynomial.from_terms(d, [(1, range(n1 + n2)), (1, range(n1, d))])
+
+
+@dataclass(frozen=True)
+class GroupModel:
+    """A group-based SANN at one input: groups ``G_i`` and their contributions ``alpha_i``."""
+
+    groups: tuple[frozenset[int], ...]
+    contributions: tuple[Fraction, ...]
+
+
+def per_feature_model(alpha: Sequence[Number]) -> GroupModel:
+    """The per-feature SANN with ``G_i = {i}`` and contributions ``alpha``."""
+    return GroupModel(tuple(frozenset({i}) for i in range(len(alpha))), tuple(_exact("alpha", a) for a in alpha))
+
+
+def group_construction(poly: Polynomial, x: Sequence[Number] | None = None) -> GroupModel:
+    """The zero-error SANN of the paper's group lemma: one group per distinct term support.
+
+    ``q_i`` collects the terms whose support is exactly ``G_i`` and ``alpha_i = q_i(x)``. Constant
+    terms are dropped: they cancel in every insertion and deletion.
+    """
+    sums: dict[frozenset[int], Fraction] = {}
+    for t, value in enumerate(poly.term_values(x)):
+        support = poly.support(t)
+        if support:
+            sums[support] = sums.get(support, Fraction(0)) + value
+    return GroupModel(tuple(sums), tuple(sums.values()))
+
+
+def _mask(features: Iterable[int]) -> int:
+    return sum(1 << j for j in features)
+
+
+def _total_error(poly: Polynomial, model: GroupModel, x, squared: bool, deletion: bool) -> Fraction:
+    check_int("d", poly.d, 1, MAX_ENUMERATED_D)
+    bad = [sorted(g) for g in model.groups if any(not 0 <= j < poly.d for j in g)]
+    if bad:
+        raise ValueError(f"model groups must use features 0..{poly.d - 1}, got {bad}")
+    terms = [(_mask(poly.support(t)), v) for t, v in enumerate(poly.term_values(x))]
+    groups = [(_mask(g), a) for g, a in zip(model.groups, model.contributions)]
+    hit: Callable[[int, int], bool] = (lambda m, s: m & s != 0) if deletion else (lambda m, s: m != 0 and m & s == m)
+    total = Fraction(0)
+    for s in range(2**poly.d):
+        r = sum((v for m, v in terms if hit(m, s)), Fraction(0)) - sum((a for m, a in groups if hit(m, s)), Fraction(0))
+        total += r * r if squared else abs(r)
+    return total
+
+
+def total_insertion_error(
+    poly: Polynomial, model: GroupModel, x: Sequence[Number] | None = None, *, squared: bool = False
+) -> Fraction:
+    """Exact ``sum_S |p(x_S) - p(0) - sum_{G_i subset of S} alpha_i|`` over all subsets (or squared)."""
+    return _total_error(poly, model, x, squared, deletion=False)
+
+
+def total_deletion_error(
+    poly: Polynomial, model: GroupModel, x: Sequence[Number] | None = None, *, squared: bool = False
+) -> Fraction:
+    """Exact ``sum_S |p(x) - p(x_{not S}) - sum_{G_i meets S} alpha_i|`` over all subsets (or squared)."""
+    return _total_error(poly, model, x, squared, deletion=True)
+
+
+def per_feature_targets(
+    poly: Polynomial, operation: Literal["insertion", "deletion"], x: Sequence[Number] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, c)`` with ``c_S`` the true effect of inserting (deleting) subset ``S`` at ``x``."""
+    if operation not in ("insertion", "deletion"):
+        raise ValueError(f"operation must be 'insertion' or 'deletion', got {operation!r}")
+    M = subset_matrix(poly.d)
+    s = np.arange(2**poly.d)
+    c = np.zeros(len(s))
+    for t, value in enumerate(poly.term_values(x)):
+        m = _mask(poly.support(t))
+        hit = (s & m) != 0 if operation == "deletion" else (m != 0) & ((s & m) == m)
+        c += float(value) * hit
+    return M, c
+
+
+def per_feature_min_error(
+    poly: Polynomial,
+    operation: Literal["insertion", "deletion"],
+    x: Sequence[Number] | None = None,
+    *,
+    mse: bool = False,
+) -> Optimum:
+    """Minimum total insertion or deletion error of any per-feature SANN for ``poly`` at ``x``."""
+    M, c = per_feature_targets(poly, operation, x)
+    return (min_weighted_squared_error if mse else min_weighted_abs_error)(M, c)
+
+
+# --------------------------------------------------------------------------- exponential fit
+
+
+@dataclass(frozen=True)
+class ExponentialFit:
+    """``gamma0 + exp(gamma1 + gamma2 d)`` and its relative absolute error ``sum|fit - y| / sum|y|``."""
+
+    gamma0: float
+    gamma1: float
+    gamma2: float
+    relative_abs_error: float
+
+    def __call__(self, d: np.ndarray | float) -> np.ndarray:
+        return self.gamma0 + np.exp(self.gamma1 + self.gamma2 * np.asarray(d, dtype=float))
+
+
+def _log_linear(ds: np.ndarray, ys: np.ndarray, gamma0: float) -> ExponentialFit:
+    gamma2, gamma1 = np.polyfit(ds, np.log(ys - gamma0), 1)
+    pred = gamma0 + np.exp(gamma1 + gamma2 * ds)
+    return ExponentialFit(
+        float(gamma0), float(gamma1), float(gamma2), float(np.abs(pred - ys).sum() / np.abs(ys).sum())
+    )
+
+
+def fit_exponential(ds: Sequence[float], values: Sequence[float]) -> ExponentialFit:
+    """Fit ``gamma0 + exp(gamma1 + gamma2 d)`` as in the paper.
+
+    ``(gamma1, gamma2)`` come from a linear fit of ``log(y - gamma0)``; ``gamma0 < min(y)`` is chosen
+    by a log-spaced grid search refined with Brent's method, minimising the relative absolute error.
+    """
+    x, y = np.asarray(ds, dtype=float), np.asarray(values, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 3:
+        raise ValueError(f"ds and values must be 1-D of equal length >= 3, got shapes {x.shape} and {y.shape}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(y) == 0:
+        raise ValueError("values must be finite and not all equal")
+    scale = float(np.abs(y).max())
+    gaps = np.geomspace(1e-9 * scale, 1e3 * scale, 481)
+    errs = [_log_linear(x, y, y.min() - g).relative_abs_error for g in gaps]
+    i = int(np.argmin(errs))
+    lo, hi = np.log(gaps[max(i - 1, 0)]), np.log(gaps[min(i + 1, len(gaps) - 1)])
+    res = minimize_scalar(
+        lambda t: _log_linear(x, y, y.min() - np.exp(t)).relative_abs_error, bounds=(lo, hi), method="bounded"
+    )
+    best = min(res.x, np.log(gaps[i]), key=lambda t: _log_linear(x, y, y.min() - np.exp(t)).relative_abs_error)
+    return _log_linear(x, y, y.min() - np.exp(best))
+
+
+# --------------------------------------------------------------------------- table, plot and CLI
+
+
+@dataclass(frozen=True)
+class BoundSeries:
+    """Minimum total errors of one kind over a range of ``d`` with the enumeration cross-check."""
+
+    kind: Kind
+    mse: bool
+    ds: tuple[int, ...]
+    values: tuple[float, ...]
+    enumerated: tuple[float | None, ...]
+    fit: ExponentialFit | None
+
+
+def valid_dimensions(kind: Kind, ds: Iterable[int], *, equal_blocks: bool = True) -> list[int]:
+    """The ``d`` in ``ds`` at which ``kind`` is defined (binomial: multiples of 3 or ``d >= 2``)."""
+    if _check_kind(kind) == "monomial-deletion":
+        return [d for d in ds if d >= 1]
+    if equal_blocks:
+        return [d for d in ds if d >= 3 and d % 3 == 0]
+    return [d for d in ds if d >= 2]
+
+
+def compute_series(
+    kind: Kind, ds: Iterable[int], *, mse: bool = False, equal_blocks: bool = True, verify_max_d: int = 12
+) -> BoundSeries:
+    """Minimum errors for ``kind`` at every valid ``d``; enumerated LP cross-check for ``d <= verify_max_d``.
+
+    Raises ``RuntimeError`` when the symmetric and the enumerated values disagree.
+    """
+    dims = valid_dimensions(kind, ds, equal_blocks=equal_blocks)
+    values, checks = [], []
+    for d in _progress(dims, enabled=verify_max_d > 14):
+        value = min_total_error(kind, d, mse=mse, equal_blocks=equal_blocks)
+        check = None
+        if d <= min(verify_max_d, MAX_ENUMERATED_D):
+            check = min_total_error(kind, d, mse=mse, method="enumerate", equal_blocks=equal_blocks)
+            if not math.isclose(value, check, rel_tol=1e-7, abs_tol=1e-7):
+                raise RuntimeError(f"{kind} at d={d}: symmetric value {value} != enumerated LP {check}")
+        values.append(value)
+        checks.append(check)
+    fit = fit_exponential(dims, values) if len(dims) >= 3 and np.ptp(values) > 0 else None
+    return BoundSeries(kind, mse, tuple(dims), tuple(values), tuple(checks), fit)
+
+
+def _progress(items: list[int], *, enabled: bool) -> Iterable[int]:
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc="d", file=sys.stderr)
+
+
+def format_table(series: Sequence[BoundSeries]) -> str:
+    """Fixed-width table of the series: one row per ``d``, value and enumerated check per kind."""
+    dims = sorted({d for s in series for d in s.ds})
+    names = [s.kind + (" (MSE)" if s.mse else "") for s in series]
+    header = f"{'d':>4}" + "".join(f"  {name:>26}  {'enumerated LP':>16}" for name in names)
+    lines = [header, "-" * len(header)]
+    for d in dims:
+        row = f"{d:>4}"
+        for s in series:
+            if d in s.ds:
+                i = s.ds.index(d)
+                check = s.enumerated[i]
+                row += f"  {s.values[i]:>26.3f}  {'-' if check is None else f'{check:.3f}':>16}"
+            else:
+                row += f"  {'-':>26}  {'-':>16}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def format_fits(series: Sequence[BoundSeries]) -> str:
+    """One line per series with its fitted gammas next to the paper's (fitted over d = 2..20)."""
+    lines = []
+    for s in series:
+        if s.fit is None:
+            continue
+        f = s.fit
+        paper = PAPER_FITS[(s.kind, s.mse)]
+        lines.append(
+            f"{s.kind}{' (MSE)' if s.mse else ''} fit over d={s.ds[0]}..{s.ds[-1]}: "
+            f"gamma0={f.gamma0:.3f} gamma1={f.gamma1:.3f} gamma2={f.gamma2:.3f} "
+            f"(rel. abs. error {f.relative_abs_error:.3f}); paper (d=2..20): "
+            f"({paper[0]:.3f}, {paper[1]:.3f}, {paper[2]:.3f})"
+        )
+    return "\n".join(lines)
+
+
+def plot_series(series: Sequence[BoundSeries], path: str) -> None:
+    """Write the paper's Figure 2 style plot (dots: minima, line: exponential fit) to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4), squeeze=False)
+    for ax, s in zip(axes[0], series):
+        what = "insertion" if s.kind == "binomial-insertion" else "deletion"
+        ax.plot(s.ds, s.values, "o", label="minimum (exact)")
+        if s.fit is not None:
+            grid = np.linspace(s.ds[0], s.ds[-1], 200)
+            f = s.fit
+            ax.plot(grid, f(grid), "-", label=f"{f.gamma0:.3f} + exp({f.gamma1:.3f} + {f.gamma2:.3f} d)")
+        ax.set_yscale("log")
+        ax.set_xlabel("dimension d")
+        ax.set_ylabel(f"minimum total {'squared ' if s.mse else ''}{what} error")
+        ax.set_title(f"{s.kind.split('-')[0].capitalize()}s, per-feature SANN")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def group_check_summary(kinds: Sequence[Kind], max_d: int) -> str:
+    """Verify the group construction's zero error on the paper's polynomials at a small ``d``."""
+    lines = []
+    for kind in kinds:
+        dims = valid_dimensions(kind, range(1, min(max_d, 12) + 1))
+        if not dims:
+            continue
+        d = dims[-1]
+        poly = monomial_polynomial(d) if kind == "monomial-deletion" else binomial_polynomial(d)
+        model = group_construction(poly)
+        ins, dele = total_insertion_error(poly, model), total_deletion_error(poly, model)
+        lines.append(
+            f"group construction, {kind.split('-')[0]} d={d}: {len(model.groups)} group(s), "
+            f"total insertion error {ins}, total deletion error {dele}"
+        )
+    return "\n".join(lines)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        return check_int("value", int(text), 1)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from err
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``sopfast theory`` options to ``parser``."""
+    parser.add_argument("--min-d", type=_positive_int, default=2, help="smallest dimension d (default 2)")
+    parser.add_argument("--max-d", type=_positive_int, default=20, help="largest dimension d (default 20)")
+    parser.add_argument("--kind", choices=[*KINDS, "both"], default="both", help="which bound (default both)")
+    parser.add_argument("--mse", action="store_true", help="mean-squared-error variants instead of absolute error")
+    parser.add_argument("--out", default="theory.png", help="PNG path for the plot (default theory.png)")
+    parser.add_argument(
+        "--verify-max-d",
+        type=int,
+        default=12,
+        help=f"cross-check with the enumerating LP up to this d (default 12, at most {MAX_ENUMERATED_D})",
+    )
+    parser.add_argument(
+        "--unequal-blocks",
+        action="store_true",
+        help="binomial at every d >= 2 with near-equal blocks (the paper's d=2..20 fit) instead of multiples of 3",
+    )
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Print the table of minimum errors and the fits, write the plot; return the exit status."""
+    if args.min_d > args.max_d:
+        print(f"error: --min-d ({args.min_d}) must be <= --max-d ({args.max_d})", file=sys.stderr)
+        return 2
+    kinds = list(KINDS) if args.kind == "both" else [args.kind]
+    ds = range(args.min_d, args.max_d + 1)
+    series = [
+        compute_series(k, ds, mse=args.mse, equal_blocks=not args.unequal_blocks, verify_max_d=args.verify_max_d)
+        for k in kinds
+    ]
+    series = [s for s in series if s.ds]
+    if not series:
+        print("error: no dimension in the range is valid for the chosen kind", file=sys.stderr)
+        return 2
+    print(format_table(series))
+    print(format_fits(series))
+    print(group_check_summary(kinds, args.max_d))
+    plot_series(series, args.out)
+    print(f"plot written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m sopfast.theory", description=__doc__.splitlines()[0])
+    add_cli_arguments(_parser)
+    raise SystemExit(run_cli(_parser.parse_args()))

@@ -1,0 +1,146 @@
+"""Triton sparsemax over the rows of ``x [N, n]`` (forward and backward).
+
+Forward: the simplex threshold ``τ`` (``Σ max(z − τ, 0) = 1`` with ``z = x − max x``) is found
+by bisection on ``[−1, 0]`` and then made exact by Michelot steps
+``τ ← (Σ_{z > τ} z − 1) / |{z > τ}|``, which only move ``τ`` up towards the true threshold;
+``p = max(z − τ, 0)``.  Rows holding ``+inf`` put uniform mass on their ``+inf`` entries; rows of
+all ``−inf`` (or holding NaN) give NaN.  Math in fp32 for fp32/fp16/bf16, in fp64 for fp64.
+Backward: ``(g − mean_S g) · 1_S`` on the support ``S = {p > 0}``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ELEMENTS_PER_PROGRAM = 2048
+BISECTION_STEPS = {torch.float64: 50}  # fp32 math: 24 halvings reach its resolution on [−1, 0]
+DEFAULT_BISECTION_STEPS = 24
+MICHELOT_STEPS = 3
+
+
+def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _row_blocking(n_rows: int, n_cols: int) -> tuple[int, int]:
+    """``(BLOCK, ROWS)``: a power-of-two block covering one row, and rows per program."""
+    block = triton.next_power_of_2(n_cols)
+    rows = max(1, min(ELEMENTS_PER_PROGRAM // block, triton.next_power_of_2(n_rows)))
+    return block, rows
+
+
+@triton.jit
+def _sparsemax_threshold(z, BISECTION_STEPS: tl.constexpr, MICHELOT_STEPS: tl.constexpr):
+    """Per-row simplex threshold ``τ [ROWS]`` of shifted rows ``z [ROWS, BLOCK]`` (max 0, pads −inf)."""
+    lo = tl.max(z, axis=1) - 1.0  # mass(lo) >= 1 > mass(hi) = 0
+    hi = lo + 1.0
+    for _ in range(BISECTION_STEPS):
+        mid = (lo + hi) * 0.5
+        mass = tl.sum(tl.where(z > mid[:, None], z - mid[:, None], 0.0), axis=1)
+        lo = tl.where(mass >= 1.0, mid, lo)
+        hi = tl.where(mass >= 1.0, hi, mid)
+    tau = lo
+    for _ in range(MICHELOT_STEPS):
+        support = z > tau[:, None]
+        size = tl.sum(support.to(z.dtype), axis=1)
+        tau = (tl.sum(tl.where(support, z, 0.0), axis=1) - 1.0) / size
+    return tau
+
+
+@triton.jit
+def _sparsemax_forward_kernel(
+    x_ptr,
+    p_ptr,
+    n_rows,
+    n_cols,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    BISECTION_STEPS: tl.constexpr,
+    MICHELOT_STEPS: tl.constexpr,
+):
+    """``p [N, n] = sparsemax(x [N, n])`` for ``ROWS`` rows per program."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    in_bounds = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=in_bounds, other=float("-inf")).to(COMPUTE)
+
+    row_max = tl.max(x, axis=1)
+    z = x - row_max[:, None]
+    tau = _sparsemax_threshold(z, BISECTION_STEPS, MICHELOT_STEPS)
+    p = tl.where(z > tau[:, None], z - tau[:, None], 0.0)
+
+    posinf = x == float("inf")
+    n_posinf = tl.sum(posinf.to(COMPUTE), axis=1)
+    p = tl.where(n_posinf[:, None] > 0, posinf.to(COMPUTE) / tl.maximum(n_posinf, 1.0)[:, None], p)
+    has_nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+    undefined = has_nan | (row_max == float("-inf"))
+    p = tl.where(undefined[:, None], float("nan"), p)
+    tl.store(p_ptr + offsets, p.to(p_ptr.dtype.element_ty), mask=in_bounds)
+
+
+@triton.jit
+def _sparsemax_backward_kernel(
+    p_ptr, grad_ptr, out_ptr, n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE: tl.constexpr
+):
+    """``out [N, n] = (g − mean_S g) · 1_S`` with ``S = {p > 0}`` per row, ``ROWS`` rows per program."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    in_bounds = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    p = tl.load(p_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
+    g = tl.load(grad_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
+
+    support = p > 0
+    size = tl.maximum(tl.sum(support.to(COMPUTE), axis=1), 1.0)
+    mean = tl.sum(tl.where(support, g, 0.0), axis=1) / size
+    out = tl.where(support, g - mean[:, None], 0.0)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=in_bounds)
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [N, n], got shape {tuple(t.shape)}")
+
+
+def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
+    """Sparsemax over the last dim of ``x [N, n]``; same dtype (fp64 is computed in fp64)."""
+    _check_rows("x", x)
+    x = x.contiguous()
+    p = torch.empty_like(x)
+    n_rows, n_cols = x.shape
+    if p.numel() == 0:
+        return p
+    block, rows = _row_blocking(n_rows, n_cols)
+    _sparsemax_forward_kernel[(triton.cdiv(n_rows, rows),)](
+        x,
+        p,
+        n_rows,
+        n_cols,
+        ROWS=rows,
+        BLOCK=block,
+        COMPUTE=_compute_dtype(x.dtype),
+        BISECTION_STEPS=BISECTION_STEPS.get(x.dtype, DEFAULT_BISECTION_STEPS),
+        MICHELOT_STEPS=MICHELOT_STEPS,
+    )
+    return p
+
+
+def sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Input gradient ``[N, n]`` (``grad``'s dtype) of sparsemax given its output ``p`` and ``grad``."""
+    _check_rows("p", p)
+    if grad.shape != p.shape:
+        raise ValueError(f"grad shape {tuple(grad.shape)} must equal p shape {tuple(p.shape)}")
+    p, grad = p.contiguous(), grad.contiguous()
+    out = torch.empty_like(grad)
+    n_rows, n_cols = p.shape
+    if out.numel() == 0:
+        return out
+    block, rows = _row_blocking(n_rows, n_cols)
+    _sparsemax_backward_kernel[(triton.cdiv(n_rows, rows),)](
+        p, grad, out, n_rows, n_cols, ROWS=rows, BLOCK=block, COMPUTE=_compute_dtype(grad.dtype)
+    )
+    return out

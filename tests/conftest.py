@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny randomly initialised backbones of every supported family."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture
+def hf_vit():
+    return make_hf_vit()
+
+
+@pytest.fixture
+def timm_vit():
+    return make_timm_vit()
+
+
+@pytest.fixture
+def bert():
+    return make_bert()
+
+
+@pytest.fixture
+def cnn():
+    return make_cnn()
