@@ -52,7 +52,7 @@ def _extensions():
     from torch.utils import cpp_extension
 
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]  # torch >= 2.13 headers need C++20
     common = dict(include_dirs=[os.path.join(ROOT, "csrc")], extra_link_args=["-fopenmp"])
     if _cuda_wanted(torch):
         os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")

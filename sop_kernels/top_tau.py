@@ -154,7 +154,7 @@ def _top_tau_select(s, eligible, k, LARGEST: tl.constexpr, KEY: tl.constexpr, KE
     above = eligible & (key > kth[:, None])
     tied = eligible & (key == kth[:, None])
     ties_needed = k - tl.sum(above.to(tl.int32), axis=1)
-    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) < ties_needed[:, None]))
+    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= ties_needed[:, None]))
 
 
 @triton.jit

@@ -65,6 +65,8 @@ class SOP(nn.Module):
         **adapter_kwargs,
     ):
         super().__init__()
+        if not isinstance(backbone, nn.Module):
+            raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
         self.num_groups = _check_positive_int("num_groups", num_groups)
         self.tau = tau
         self.group_batch_size = _check_positive_int("group_batch_size", group_batch_size)

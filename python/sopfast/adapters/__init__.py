@@ -41,9 +41,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
 
 
 def _is_cnn(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.Conv2d) for m in model.modules()) and any(
-        isinstance(m, nn.Linear) for m in model.modules()
-    )
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
 _BUILTIN: list[tuple[Matcher, type[BackboneAdapter]]] = [
@@ -64,7 +62,7 @@ def get_adapter(backbone: nn.Module, **kwargs) -> BackboneAdapter:
     raise TypeError(
         f"no sopfast adapter for backbone type {type(backbone).__name__}: supported are HF "
         "ViTForImageClassification, HF BertForSequenceClassification, timm VisionTransformer and "
-        "CNNs (Conv2d features + Linear classifier). For another model, subclass "
+        "CNNs (Conv2d features, give feature_layer=). For another model, subclass "
         "sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
         "or register it with sopfast.adapters.register_adapter."
     )

@@ -58,13 +58,10 @@ class CNNAdapter(BackboneAdapter):
             raise ValueError(f"feature_layer={feature_layer!r} is not a module of the backbone")
         self.feature_layer = feature_layer
         classifier = classifier or _last_linear(backbone)
-        if classifier is None or classifier not in modules or not isinstance(modules[classifier], nn.Linear):
-            raise ValueError(
-                "the CNN backbone needs a final nn.Linear classifier (pass classifier=<name>) "
-                "or give class_weights to SOP"
-            )
+        if classifier is not None and not isinstance(modules.get(classifier), nn.Linear):
+            raise ValueError(f"classifier={classifier!r} must name an nn.Linear module of the backbone")
         self.classifier_name = classifier
-        self.classifier = modules[classifier]
+        self.classifier = modules[classifier] if classifier is not None else None
         dim = embed_dim if embed_dim is not None else _channels_of(modules[feature_layer])
         if dim is None:
             raise ValueError(f"cannot infer the channel count of {feature_layer!r}; pass embed_dim=")
@@ -113,23 +110,34 @@ class CNNAdapter(BackboneAdapter):
 
     def make_projection(self) -> nn.Module:
         projection = super().make_projection()
-        freeze_(dict(projection.named_modules())[self.classifier_name])
+        if self.classifier_name is not None:
+            freeze_(dict(projection.named_modules())[self.classifier_name])
         return projection
 
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
         return self._feature_map(projection, inputs.pixels).flatten(2).transpose(1, 2)
 
     def classifier_weight(self) -> torch.Tensor:
+        if self.classifier is None:
+            raise ValueError(
+                "the CNN backbone has no nn.Linear classifier (pass classifier=<name>) to copy; "
+                "give class_weights=[C, E] to SOP (keys are then the pooled feature map)"
+            )
         return self.classifier.weight
 
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and keys: the classifier's input, or the pooled feature map without a classifier."""
         captured: list[torch.Tensor] = []
-        handle = self.classifier.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+        if self.classifier is not None:
+            handle = self.classifier.register_forward_pre_hook(lambda _m, args: captured.append(args[0].flatten(1)))
+        else:
+            layer = dict(self.backbone.named_modules())[self.feature_layer]
+            handle = layer.register_forward_hook(lambda _m, _i, out: captured.append(out.mean(dim=(2, 3))))
         try:
             logits = self.backbone(inputs.pixels)
         finally:
             handle.remove()
-        return logits, captured[0].flatten(1)
+        return logits, captured[0]
 
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         b, m, d = groups.mask.shape

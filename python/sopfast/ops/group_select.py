@@ -55,4 +55,5 @@ def aggregate(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tens
             f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
             f"y {tuple(y.shape)} [B, m, Cls]"
         )
-    return torch.einsum("bcm,bm,bmc->bc", c.float(), lam.float(), y.float())
+    with torch.autocast(device_type=c.device.type, enabled=False):
+        return torch.einsum("bcm,bm,bmc->bc", c.float(), lam.float(), y.float())

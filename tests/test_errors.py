@@ -1,0 +1,221 @@
+"""Bad input gets a clear error naming the argument, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from backbones import make_bert, make_cnn, make_hf_vit, text_batch
+from torch import nn
+
+import sopfast
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.1, 1.5])
+def test_tau_out_of_range(hf_vit, tau):
+    with pytest.raises(ValueError, match=r"tau must lie in \(0, 1\]"):
+        sopfast.SOP(hf_vit, tau=tau)
+
+
+def test_tau_out_of_range_at_inference(hf_vit):
+    model = sopfast.SOP(hf_vit, num_groups=4)
+    with pytest.raises(ValueError, match="tau must lie in"):
+        model(torch.randn(1, 3, 32, 32), tau=2.0)
+
+
+@pytest.mark.parametrize("m", [0, -3])
+def test_num_groups_below_one(hf_vit, m):
+    with pytest.raises(ValueError, match="num_groups must be an integer ≥ 1"):
+        sopfast.SOP(hf_vit, num_groups=m)
+
+
+def test_more_groups_than_features(hf_vit):
+    model = sopfast.SOP(hf_vit, num_groups=17)
+    with pytest.raises(ValueError, match=r"num_groups=17 exceeds the number of candidate features \(16\)"):
+        model(torch.randn(1, 3, 32, 32))
+
+
+def test_more_groups_than_text_candidates(bert):
+    model = sopfast.SOP(bert, num_groups=9)
+    ids, mask, types = text_batch()
+    with pytest.raises(ValueError, match="exceeds the number of candidate features"):
+        model(ids, mask, types)
+
+
+@pytest.mark.parametrize(
+    "x,match",
+    [
+        (torch.randn(3, 32, 32), r"\[B, C, H, W\]"),
+        (torch.randn(1, 1, 32, 32), "must have 3 channels"),
+        (torch.randn(1, 3, 24, 24), "must be 32x32 pixels"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.uint8), "floating tensor"),
+    ],
+)
+def test_bad_images(hf_vit, x, match):
+    model = sopfast.SOP(hf_vit, num_groups=4)
+    with pytest.raises((ValueError, TypeError), match=match):
+        model(x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_images(hf_vit, bad):
+    x = torch.randn(1, 3, 32, 32)
+    x[0, 0, 0, 0] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        sopfast.SOP(hf_vit, num_groups=4)(x)
+
+
+def test_text_without_attention_mask(bert):
+    ids, _, _ = text_batch()
+    with pytest.raises(ValueError, match="need attention_mask"):
+        sopfast.SOP(bert, num_groups=3)(ids)
+
+
+def test_text_with_float_ids(bert):
+    ids, mask, _ = text_batch()
+    with pytest.raises(TypeError, match="input_ids must be int64"):
+        sopfast.SOP(bert, num_groups=3)(ids.float(), mask)
+
+
+def test_unsupported_backbone_points_to_adapter_protocol():
+    with pytest.raises(TypeError, match="BackboneAdapter"):
+        sopfast.SOP(nn.Sequential(nn.Linear(4, 4)))
+
+
+def test_not_a_module():
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        sopfast.SOP("vit-base")
+
+
+def test_cnn_without_classifier():
+    body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    with pytest.raises(ValueError, match="class_weights"):
+        sopfast.SOP(body, feature_layer="2")
+
+
+def test_cnn_without_linear_uses_pooled_features_as_keys():
+    body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    model = sopfast.SOP(body, num_groups=2, feature_layer="0", class_weights=torch.randn(4, 4))
+    assert model(torch.randn(1, 3, 8, 8)).logits.shape == (1, 4)
+
+
+def test_cnn_with_class_weights_override():
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Conv2d(3, 4, 3, padding=1)
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.out(self.features(x).mean(dim=(2, 3)))
+
+    model = sopfast.SOP(Head(), num_groups=2, feature_layer="features", class_weights=torch.randn(2, 4))
+    assert model(torch.randn(1, 3, 8, 8)).logits.shape == (1, 2)
+
+
+def test_cnn_needs_feature_layer(cnn):
+    with pytest.raises(ValueError, match="feature_layer"):
+        sopfast.SOP(cnn)
+
+
+def test_cnn_unknown_feature_layer(cnn):
+    with pytest.raises(ValueError, match="'nope' is not a module"):
+        sopfast.SOP(cnn, feature_layer="nope")
+
+
+def test_drop_mode_unsupported_for_cnn():
+    with pytest.raises(ValueError, match="mode='drop' is not supported by CNNAdapter"):
+        sopfast.SOP(make_cnn(), feature_layer="features", mode="drop")
+
+
+def test_unknown_mode(hf_vit):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        sopfast.SOP(hf_vit, mode="fast")
+
+
+def test_unknown_task(hf_vit):
+    with pytest.raises(ValueError, match="task must be one of"):
+        sopfast.SOP(hf_vit, task="ranking")
+
+
+def test_heads_must_divide_embedding(hf_vit):
+    with pytest.raises(ValueError, match="num_heads must be ≥ 1 and divide"):
+        sopfast.SOP(hf_vit, num_heads=3)
+
+
+def test_blur_too_large_for_grid(hf_vit):
+    model = sopfast.SOP(hf_vit, num_groups=4, blur_kernel_size=9)
+    with pytest.raises(ValueError, match="blur kernel_size 9 is too large"):
+        model(torch.randn(1, 3, 32, 32))
+
+
+def test_even_blur_kernel(hf_vit):
+    model = sopfast.SOP(hf_vit, num_groups=4, blur_kernel_size=2)
+    with pytest.raises(ValueError, match="positive odd integer"):
+        model(torch.randn(1, 3, 32, 32))
+
+
+def test_two_inputs_at_once(hf_vit):
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(ValueError, match="exactly one input"):
+        sopfast.SOP(hf_vit, num_groups=4)(x, pixel_values=x)
+
+
+def test_regression_target_shape():
+    model = sopfast.SOP(make_hf_vit(num_labels=2), num_groups=4, task="regression")
+    out = model(torch.randn(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"targets must have shape \[B, 2\]"):
+        out.loss(torch.randn(2, 3))
+
+
+def test_classification_label_shape(bert):
+    ids, mask, types = text_batch()
+    out = sopfast.SOP(bert, num_groups=3)(ids, mask, types)
+    with pytest.raises(ValueError, match=r"labels must have shape \[B\]"):
+        out.loss(torch.zeros(3, 2, dtype=torch.long))
+
+
+def test_custom_adapter_protocol_is_usable():
+    """A user's own adapter, built on the documented protocol, drives SOP end to end."""
+    from sopfast.adapters import BackboneAdapter
+    from sopfast.types import FeatureInputs, GroupPredictions
+
+    class Tabular(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(1, 8)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.embed(x.unsqueeze(-1)).mean(1))
+
+    class TabularAdapter(BackboneAdapter):
+        def prepare(self, x, attention_mask=None, token_type_ids=None):
+            return FeatureInputs(pixels=x)
+
+        def num_features(self, inputs):
+            return inputs.pixels.shape[1]
+
+        @property
+        def embed_dim(self):
+            return 8
+
+        def embed(self, projection, inputs):
+            return projection.embed(inputs.pixels.unsqueeze(-1))
+
+        def run_groups(self, inputs, groups, mode, chunk_size):
+            b, m, d = groups.mask.shape
+            masked = inputs.pixels.unsqueeze(1) * groups.mask
+            logits, keys = self.full_forward(FeatureInputs(pixels=masked.reshape(b * m, d)))
+            return GroupPredictions(logits.view(b, m, -1), keys.view(b, m, -1))
+
+        def full_forward(self, inputs):
+            h = self.backbone.embed(inputs.pixels.unsqueeze(-1)).mean(1)
+            return self.backbone.head(h), h
+
+        def classifier_weight(self):
+            return self.backbone.head.weight
+
+    net = Tabular()
+    model = sopfast.SOP(net, num_groups=3, tau=0.5, adapter=TabularAdapter(net))
+    out = model(torch.randn(4, 6))
+    assert out.logits.shape == (4, 2) and out.group_masks.sum(-1).eq(3).all()
