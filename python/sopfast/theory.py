@@ -16,7 +16,8 @@ Two ways to the same minima are offered:
   constant on each role class. Only the *number* of chosen features per class matters then, and
   the ``2^d`` rows collapse to ``d + 1`` (monomial) or ``(b + 1)^3`` (binomial) rows weighted by
   binomial coefficients. For the monomial the 1-D problem is a weighted median solved exactly in
-  rationals; for the binomial a 3-variable LP. Both run for ``d`` in the hundreds.
+  rationals; for the binomial a 3-variable LP (d = 90 in well under a second). For equal blocks the
+  binomial minimum is ``2^(d/3 + 1)`` (d >= 6), proved by an explicit dual point.
 
 Mean-squared variants replace ``|.|`` by ``(.)^2``; their minima have closed forms.
 """
@@ -27,6 +28,7 @@ import argparse
 import math
 import numbers
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -71,15 +73,12 @@ def binomial_blocks(d: int, *, equal_blocks: bool = True) -> Blocks:
     near-equal, larger ones first (``numpy.array_split``), which is how the paper's d = 2..20 fit
     is reproduced.
     """
-    if equal_blocks:
-        d = check_int("d", d, 3)
-        if d % 3:
-            raise ValueError(
-                f"d must be a positive multiple of 3 for the binomial with equal blocks S1, S2, S3, got {d}; "
-                "pass equal_blocks=False for near-equal blocks"
-            )
-    else:
-        d = check_int("d", d, 2)
+    d = check_int("d", d, 1 if equal_blocks else 2)
+    if equal_blocks and d % 3:
+        raise ValueError(
+            f"d must be a positive multiple of 3 for the binomial with equal blocks S1, S2, S3, got {d}; "
+            "pass equal_blocks=False for near-equal blocks"
+        )
     q, r = divmod(d, 3)
     return q + (r > 0), q + (r > 1), q
 
@@ -117,7 +116,7 @@ def min_weighted_abs_error(A: np.ndarray, c: np.ndarray, w: np.ndarray | None = 
     w = np.ones(len(c)) if w is None else np.asarray(w, dtype=float)
     scale = w.max()
     bounds = np.column_stack([-w / scale, w / scale])
-    res = linprog(-c, A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=bounds, method="highs")
+    res = linprog(-c, A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=bounds, method="highs-ipm")
     if res.status != 0:
         raise RuntimeError(f"HiGHS failed on the error LP: {res.message}")
     return Optimum(-res.fun * scale, -np.asarray(res.eqlin.marginals))
@@ -134,7 +133,11 @@ def min_weighted_squared_error(A: np.ndarray, c: np.ndarray, w: np.ndarray | Non
 
 def subset_matrix(d: int) -> np.ndarray:
     """``M`` of the appendix: row ``s`` is the indicator of the subset with bitmask ``s``."""
-    d = check_int("d", d, 1, MAX_ENUMERATED_D)
+    d = check_int("d", d, 1)
+    if d > MAX_ENUMERATED_D:
+        raise ValueError(
+            f"d must be <= {MAX_ENUMERATED_D} to enumerate all 2^d subsets, got {d}; use method='symmetric'"
+        )
     return ((np.arange(2**d)[:, None] >> np.arange(d)) & 1).astype(np.float64)
 
 
@@ -194,11 +197,11 @@ def binomial_insertion_symmetric(d: int, *, equal_blocks: bool = True) -> float:
 def binomial_insertion_closed_form(d: int) -> int:
     """Minimum total insertion error on the equal-block binomial: 2 for d = 3, else ``2^(d/3 + 1)``.
 
-    ``alpha = 0`` attains ``sum_S c_S = 2^(b+1)`` (``b = d/3``). For ``b >= 3`` a dual point with the
-    same value proves optimality: ``y_S = 1`` where ``c_S > 0``; ``y_S = -x`` on proper subsets of
-    ``S1 u S2`` and of ``S2 u S3``, ``y_S = -2^-b`` on subsets of ``S1 u S3``, summed where the
-    families overlap, with ``x = 2^b / (2^(2b-1) - 1)`` so that ``M^T y = 0`` and ``|y_S| <= 1``.
-    ``b = 2`` is settled by the LP (value 8).
+    ``alpha = 0`` attains ``sum_S c_S = 2^(b+1)`` (``b = d/3``). For ``b >= 2`` a dual point of the
+    same value proves optimality: ``y_S = 1`` where ``c_S > 0``; for the other nonempty ``S``,
+    ``y_S = -x [S proper subset of S1 u S2] - x [S proper subset of S2 u S3] - z [S subset of S1 u S3]``
+    with ``x = (2^(b+1) - 1) / (2^(2b) - 2)`` and ``z = (2^b - 1) / 4^b``; then ``M^T y = 0`` and
+    ``|y_S| <= 1`` (the tightest case, ``S`` inside ``S2``, needs ``2x <= 1``, i.e. ``b >= 2``).
     """
     b = binomial_blocks(d)[0]
     return 2 if b == 1 else 2 ** (b + 1)
@@ -253,7 +256,10 @@ class Polynomial:
 
     @classmethod
     def from_terms(cls, d: int, terms: Iterable[tuple[Number, Mapping[int, int] | Iterable[int]]]) -> Polynomial:
-        """Build from ``(coefficient, features)`` pairs; ``features`` maps index to exponent or lists indices."""
+        """Build from ``(coefficient, features)`` pairs.
+
+        ``features`` maps feature index to exponent, or lists indices (a repeated index raises its power).
+        """
         d = check_int("d", d, 1)
         return cls(d, tuple(_parse_term(d, coef, feats) for coef, feats in terms))
 
@@ -279,7 +285,7 @@ def _exact(name: str, value: object) -> Fraction:
 
 
 def _parse_term(d: int, coef: Number, feats: Mapping[int, int] | Iterable[int]) -> tuple[Fraction, tuple]:
-    powers = dict(feats) if isinstance(feats, Mapping) else {j: 1 for j in feats}
+    powers = dict(feats) if isinstance(feats, Mapping) else Counter(feats)
     for j, e in powers.items():
         check_int("feature index", j, 0, d - 1)
         check_int(f"exponent of feature {j}", e, 1)
@@ -314,6 +320,13 @@ class GroupModel:
     groups: tuple[frozenset[int], ...]
     contributions: tuple[Fraction, ...]
 
+    def __post_init__(self) -> None:
+        if len(self.groups) != len(self.contributions):
+            raise ValueError(
+                "groups and contributions must have equal lengths, "
+                f"got {len(self.groups)} and {len(self.contributions)}"
+            )
+
 
 def per_feature_model(alpha: Sequence[Number]) -> GroupModel:
     """The per-feature SANN with ``G_i = {i}`` and contributions ``alpha``."""
@@ -338,8 +351,11 @@ def _mask(features: Iterable[int]) -> int:
     return sum(1 << j for j in features)
 
 
-def _total_error(poly: Polynomial, model: GroupModel, x, squared: bool, deletion: bool) -> Fraction:
-    check_int("d", poly.d, 1, MAX_ENUMERATED_D)
+def _total_error(
+    poly: Polynomial, model: GroupModel, x: Sequence[Number] | None, squared: bool, deletion: bool
+) -> Fraction:
+    if poly.d > MAX_ENUMERATED_D:
+        raise ValueError(f"poly.d must be <= {MAX_ENUMERATED_D} to enumerate all 2^d subsets, got {poly.d}")
     bad = [sorted(g) for g in model.groups if any(not 0 <= j < poly.d for j in g)]
     if bad:
         raise ValueError(f"model groups must use features 0..{poly.d - 1}, got {bad}")
@@ -469,7 +485,7 @@ def valid_dimensions(kind: Kind, ds: Iterable[int], *, equal_blocks: bool = True
 def compute_series(
     kind: Kind, ds: Iterable[int], *, mse: bool = False, equal_blocks: bool = True, verify_max_d: int = 12
 ) -> BoundSeries:
-    """Minimum errors for ``kind`` at every valid ``d``; enumerated LP cross-check for ``d <= verify_max_d``.
+    """Minimum errors for ``kind`` at every valid ``d``, cross-checked by enumeration for ``d <= verify_max_d``.
 
     Raises ``RuntimeError`` when the symmetric and the enumerated values disagree.
     """
@@ -481,7 +497,7 @@ def compute_series(
         if d <= min(verify_max_d, MAX_ENUMERATED_D):
             check = min_total_error(kind, d, mse=mse, method="enumerate", equal_blocks=equal_blocks)
             if not math.isclose(value, check, rel_tol=1e-7, abs_tol=1e-7):
-                raise RuntimeError(f"{kind} at d={d}: symmetric value {value} != enumerated LP {check}")
+                raise RuntimeError(f"{kind} at d={d}: symmetric value {value} != enumerated value {check}")
         values.append(value)
         checks.append(check)
     fit = fit_exponential(dims, values) if len(dims) >= 3 and np.ptp(values) > 0 else None
@@ -502,7 +518,7 @@ def format_table(series: Sequence[BoundSeries]) -> str:
     """Fixed-width table of the series: one row per ``d``, value and enumerated check per kind."""
     dims = sorted({d for s in series for d in s.ds})
     names = [s.kind + (" (MSE)" if s.mse else "") for s in series]
-    header = f"{'d':>4}" + "".join(f"  {name:>26}  {'enumerated LP':>16}" for name in names)
+    header = f"{'d':>4}" + "".join(f"  {name:>26}  {'enumerated':>16}" for name in names)
     lines = [header, "-" * len(header)]
     for d in dims:
         row = f"{d:>4}"
@@ -541,6 +557,7 @@ def plot_series(series: Sequence[BoundSeries], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    series = sorted(series, key=lambda s: s.kind != "binomial-insertion")  # the paper's panel order
     fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4), squeeze=False)
     for ax, s in zip(axes[0], series):
         what = "insertion" if s.kind == "binomial-insertion" else "deletion"
@@ -552,7 +569,7 @@ def plot_series(series: Sequence[BoundSeries], path: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("dimension d")
         ax.set_ylabel(f"minimum total {'squared ' if s.mse else ''}{what} error")
-        ax.set_title(f"{s.kind.split('-')[0].capitalize()}s, per-feature SANN")
+        ax.set_title(f"{s.kind.split('-')[0].capitalize()}s: per-feature SANN lower bound")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -577,25 +594,29 @@ def group_check_summary(kinds: Sequence[Kind], max_d: int) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        return check_int("value", int(text), 1)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from err
+def _int_arg(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return check_int("value", int(text), minimum, maximum)
+        except ValueError as err:
+            allowed = f"an integer >= {minimum}" + ("" if maximum is None else f" and <= {maximum}")
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from err
+
+    return parse
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sopfast theory`` options to ``parser``."""
-    parser.add_argument("--min-d", type=_positive_int, default=2, help="smallest dimension d (default 2)")
-    parser.add_argument("--max-d", type=_positive_int, default=20, help="largest dimension d (default 20)")
+    parser.add_argument("--min-d", type=_int_arg(1), default=2, help="smallest dimension d (default 2)")
+    parser.add_argument("--max-d", type=_int_arg(1), default=20, help="largest dimension d (default 20)")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both", help="which bound (default both)")
     parser.add_argument("--mse", action="store_true", help="mean-squared-error variants instead of absolute error")
     parser.add_argument("--out", default="theory.png", help="PNG path for the plot (default theory.png)")
     parser.add_argument(
         "--verify-max-d",
-        type=int,
+        type=_int_arg(0, MAX_ENUMERATED_D),
         default=12,
-        help=f"cross-check with the enumerating LP up to this d (default 12, at most {MAX_ENUMERATED_D})",
+        help="cross-check against the programs over all 2^d subsets up to this d (default 12; 0 disables)",
     )
     parser.add_argument(
         "--unequal-blocks",
