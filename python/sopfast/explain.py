@@ -1,0 +1,119 @@
+"""Pictures of SOP explanations: a PNG per image, a self-contained HTML page per text."""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+
+import torch
+
+from .adapters.images import upsample_mask
+from .output import SOPOutput
+
+
+def used_groups(out: SOPOutput, example: int, cls: int) -> list[tuple[int, float]]:
+    """``(group, weight c·λ·y)`` of the groups with a non-zero score for ``cls``, largest |weight| first."""
+    scores = out.group_scores[example, cls]
+    weights = out.attributions[example, cls]
+    used = [(int(i), float(weights[i])) for i in torch.nonzero(scores > 0).flatten()]
+    return sorted(used, key=lambda t: -abs(t[1]))
+
+
+def _to_display(image: torch.Tensor):
+    img = image.detach().float().cpu()
+    img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
+    return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
+
+
+def explain_image(
+    image: torch.Tensor,
+    out: SOPOutput,
+    example: int,
+    grid: tuple[int, int],
+    path: str,
+    class_names: Sequence[str] | None = None,
+    label: int | None = None,
+    max_groups: int = 6,
+) -> int:
+    """Write a PNG: the input, each group the prediction uses (with ``c·λ·y``), the rest greyed.
+
+    ``image [C, H, W]``; returns the number of panels drawn.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pred = int(out.logits[example].argmax())
+    groups = used_groups(out, example, pred)[:max_groups]
+    shown = _to_display(image)
+    size = tuple(image.shape[-2:])
+    masks = upsample_mask(out.group_masks[example].view(-1, *grid), size).cpu()
+    n_panels = 2 + len(groups)
+    fig, axes = plt.subplots(1, n_panels, figsize=(2.2 * n_panels, 2.6), squeeze=False)
+    name = (lambda c: class_names[c]) if class_names else str
+    title = f"input\npred: {name(pred)}" + (f"\ntrue: {name(label)}" if label is not None else "")
+    _panel(axes[0, 0], shown, None, title)
+    for ax, (g, w) in zip(axes[0, 1:], groups):
+        _panel(ax, shown, masks[g].numpy(), f"group {g}\nc·λ·y = {w:+.3f}")
+    unused = torch.ones(out.group_masks.shape[1], dtype=torch.bool)
+    unused[[g for g, _ in groups]] = False
+    rest = masks[unused].any(dim=0).numpy() if bool(unused.any()) else None
+    _panel(axes[0, -1], shown, rest, f"{int(unused.sum())} unused groups", grey=True)
+    fig.suptitle(f"SOP explanation: logit {float(out.logits[example, pred]):.3f} = sum of shown weights", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return n_panels
+
+
+def _panel(ax, image, mask, title: str, grey: bool = False) -> None:
+    import numpy as np
+
+    cmap = "gray" if image.ndim == 2 else None
+    if mask is None:
+        ax.imshow(image, cmap=cmap)
+    else:
+        faded = np.where(mask if image.ndim == 2 else mask[..., None], image, image * 0.15 + 0.4)
+        ax.imshow(faded, cmap="gray" if grey or cmap else None, vmin=0, vmax=1)
+    ax.set_title(title, fontsize=8)
+    ax.axis("off")
+
+
+def explain_text(
+    tokens: Sequence[str],
+    out: SOPOutput,
+    example: int,
+    path: str,
+    class_names: Sequence[str] | None = None,
+) -> int:
+    """Write a self-contained HTML page: one line per used group, its tokens highlighted with
+    its weight ``c·λ·y``.  ``tokens`` are the example's ``T`` token strings; returns the number
+    of highlighted spans."""
+    pred = int(out.logits[example].argmax())
+    label = class_names[pred] if class_names else str(pred)
+    rows, spans = [], 0
+    for g, w in used_groups(out, example, pred):
+        mask = out.group_masks[example, g]
+        colour = "rgba(46,160,67,0.45)" if w >= 0 else "rgba(215,58,73,0.45)"
+        words = []
+        for t, tok in enumerate(tokens):
+            text = html.escape(tok)
+            if bool(mask[t]):
+                spans += 1
+                words.append(f'<span class="sop-group" data-group="{g}" style="background:{colour}">{text}</span>')
+            else:
+                words.append(f'<span class="sop-off">{text}</span>')
+        rows.append(f'<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {" ".join(words)}</p>')
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
+        "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}</style>"
+        f"</head><body><h2>Prediction: {html.escape(label)} "
+        f"(logit {float(out.logits[example, pred]):.3f})</h2>{''.join(rows)}</body></html>"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return spans
