@@ -9,8 +9,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit  # noqa: E402
+import pytest
+
+from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

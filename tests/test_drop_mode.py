@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backbones import make_bert, make_hf_vit, make_timm_vit, text_batch
 
 import sopfast
+from backbones import make_bert, make_hf_vit, make_timm_vit, text_batch
 
 
 @pytest.mark.parametrize("pairs", [True, False])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backbones import make_bert, make_cnn, make_hf_vit, text_batch
 from torch import nn
 
 import sopfast
+from backbones import make_cnn, make_hf_vit, text_batch
 
 
 @pytest.mark.parametrize("tau", [0.0, -0.1, 1.5])
@@ -82,7 +82,7 @@ def test_unsupported_backbone_points_to_adapter_protocol():
 
 
 def test_not_a_module():
-    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"must be a torch\.nn\.Module"):
         sopfast.SOP("vit-base")
 
 

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import sopfast
-from sopfast.reference import reference_forward
-
 from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
+from sopfast.reference import reference_forward
 
 ATOL = 1e-5
 

@@ -4,7 +4,19 @@ from . import ops
 from .adapters import BackboneAdapter, get_adapter, register_adapter
 from .model import SOP
 from .output import SOPOutput
+from .train import Trainer, TrainResult, train
 
 __version__ = "0.1.0"
 
-__all__ = ["SOP", "BackboneAdapter", "SOPOutput", "__version__", "get_adapter", "ops", "register_adapter"]
+__all__ = [
+    "SOP",
+    "BackboneAdapter",
+    "SOPOutput",
+    "TrainResult",
+    "Trainer",
+    "__version__",
+    "get_adapter",
+    "ops",
+    "register_adapter",
+    "train",
+]

@@ -125,7 +125,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import sopfast
 
-    from . import train
+    from .train import run_cli
 
     backbone = load_backbone(args.backbone)
     if args.checkpoint:
@@ -134,7 +134,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         model = sopfast.SOP(backbone, num_groups=args.num_groups, tau=args.tau, mode=args.mode)
     train_data = load_split(args.data, "train", args.limit, args.backbone)
     val_data = load_split(args.data, "test", args.val_limit, args.backbone)
-    train.run_cli(args, model, train_data, val_data)
+    run_cli(args, model, train_data, val_data)
     return 0
 
 
@@ -195,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=float, default=0.2)
     p.add_argument("--mode", choices=("exact", "drop"), default="drop")
     p.add_argument("--val-limit", type=int, default=None)
-    from . import train as train_module
+    from .train import add_cli_arguments as add_train_arguments
 
-    train_module.add_cli_arguments(p)
+    add_train_arguments(p)
 
     p = add("evaluate", _cmd_evaluate, "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …).")
     _add_common(p)

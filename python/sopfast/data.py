@@ -70,7 +70,8 @@ def load_fashion_mnist(split: str = "train", limit: int | None = None) -> ImageD
     prefix = "train" if split == "train" else "t10k"
     images = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-images-idx3-ubyte.gz"))[:limit]
     labels = _read_idx(os.path.join(FASHION_MNIST_DIR, f"{prefix}-labels-idx1-ubyte.gz"))[:limit]
-    return ImageData(_normalise(images), torch.from_numpy(labels.astype(np.int64)), FASHION_MNIST_CLASSES, "fashion-mnist")
+    targets = torch.from_numpy(labels.astype(np.int64))
+    return ImageData(_normalise(images), targets, FASHION_MNIST_CLASSES, "fashion-mnist")
 
 
 def load_digits_images(seed: int = 0) -> ImageData:

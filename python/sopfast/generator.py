@@ -16,7 +16,9 @@ def candidate_positions(valid: torch.Tensor) -> torch.Tensor:
     return torch.sort(torch.where(valid, pos, pos + d), dim=1).values.remainder(d)
 
 
-def query_rows(counts: torch.Tensor, num_groups: int, num_heads: int, head: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def query_rows(
+    counts: torch.Tensor, num_groups: int, num_heads: int, head: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which attention rows become groups (SPEC §2.5).
 
     ``counts [B]`` candidate features per example.  Training (``head`` given): rows
@@ -61,7 +63,7 @@ class GroupGenerator(nn.Module):
         self, emb: torch.Tensor, valid: torch.Tensor, num_groups: int, head: int | None
     ) -> torch.Tensor:
         """Attention logits ``[B, m, d]`` of the kept query rows (fp32) from ``emb [B, d, E]``."""
-        b, d, e = emb.shape
+        b, _, e = emb.shape
         h = self.num_heads
         emb = emb.float()
         w = self.weight.float()

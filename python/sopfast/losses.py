@@ -20,7 +20,7 @@ def scaled_mse_loss(
 
     ``group_logits [B, m, C]``, ``group_scores [B, C, m]``, ``lam [B, m]``, ``targets [B, C]`` (or ``[B]``).
     """
-    b, m, c = group_logits.shape
+    b, _, c = group_logits.shape
     targets = targets.float().reshape(b, -1)
     if targets.shape[1] != c:
         raise ValueError(f"targets must have shape [B, {c}] (or [B] for one output), got {tuple(targets.shape)}")

@@ -193,6 +193,19 @@ class SOP(nn.Module):
             task=self.task,
         )
 
+    def save_pretrained(self, directory: str) -> str:
+        """Write the trainable weights (safetensors), the config and the backbone's hash to ``directory``."""
+        from .checkpoint import save_pretrained
+
+        return str(save_pretrained(self, directory))
+
+    @classmethod
+    def from_pretrained(cls, directory: str, backbone: nn.Module, **overrides) -> SOP:
+        """Rebuild a model saved with :meth:`save_pretrained` over the same ``backbone``."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(directory, backbone, **overrides)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
         return [p for p in self.parameters() if p.requires_grad]

@@ -40,7 +40,9 @@ class HFBertAdapter(BackboneAdapter):
         if attention_mask is None:
             raise ValueError("text backbones need attention_mask ([B, T], 1 for real tokens, 0 for padding)")
         if attention_mask.shape != x.shape:
-            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(x.shape)}")
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(x.shape)}"
+            )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(x)
         elif token_type_ids.shape != x.shape:
@@ -76,7 +78,9 @@ class HFBertAdapter(BackboneAdapter):
         from transformers.masking_utils import create_bidirectional_mask
 
         h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
-        mask = create_bidirectional_mask(config=projection.config, inputs_embeds=h, attention_mask=inputs.attention_mask)
+        mask = create_bidirectional_mask(
+            config=projection.config, inputs_embeds=h, attention_mask=inputs.attention_mask
+        )
         for layer in projection.encoder.layer[:-1]:
             out = layer(h, mask)
             h = out[0] if isinstance(out, tuple) else out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from functools import lru_cache
+from functools import cache
 from types import ModuleType
 
 import torch
@@ -26,7 +26,7 @@ BACKENDS = ("torch", "cpp", "triton", "cuda")
 _warned = False
 
 
-@lru_cache(maxsize=None)
+@cache
 def native_extension() -> ModuleType | None:
     """The compiled ``sopfast._C`` module, or ``None`` when it is not built."""
     try:
@@ -48,7 +48,7 @@ def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@lru_cache(maxsize=None)
+@cache
 def triton_kernels() -> ModuleType | None:
     """The ``sop_kernels`` package when Triton can run (a GPU, or the interpreter)."""
     if not (torch.cuda.is_available() or _triton_interpreting()):

@@ -1,0 +1,200 @@
+"""Saving and loading SOP models and training state.
+
+A pretrained directory holds only what SOP trains — the frozen backbone is the user's and
+is identified by a hash instead of being copied:
+
+* ``sop_model.safetensors`` – every parameter and buffer of the SOP module except those
+  under ``backbone.`` (the projection copy, the generator, the selector);
+* ``sop_config.json`` – ``model.config``, the adapter class name, the sopfast version and
+  ``backbone_sha256``, a hash of the backbone's ``state_dict``.
+
+Training state (``training_state.pt``) is one ``torch.save`` file written atomically:
+a temporary file in the same directory, ``fsync``, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+from torch import nn
+
+if TYPE_CHECKING:
+    from .model import SOP
+
+WEIGHTS_NAME = "sop_model.safetensors"
+CONFIG_NAME = "sop_config.json"
+STATE_NAME = "training_state.pt"
+BACKBONE_PREFIX = "backbone."
+# Attributes of SOP that may change after construction; their current values are saved.
+_MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX only; a no-op elsewhere)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj, path)``, atomically."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def hash_backbone(backbone: nn.Module) -> str:
+    """SHA-256 over the backbone's ``state_dict`` (names, dtypes, shapes and bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(backbone.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of every entry of ``model.state_dict()`` not under ``backbone.``."""
+    return {
+        name: t.detach().to("cpu", copy=True).contiguous()
+        for name, t in model.state_dict().items()
+        if not name.startswith(BACKBONE_PREFIX)
+    }
+
+
+def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load ``state`` (from :func:`trainable_state_dict`) into ``model``; every non-backbone entry must match."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith(BACKBONE_PREFIX)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint does not match the model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, Any]:
+    """The JSON config saved beside the weights."""
+    from . import __version__
+
+    config = dict(model.config)
+    config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
+    return {
+        "config": config,
+        "adapter": type(model.adapter).__name__,
+        "sopfast_version": __version__,
+        "backbone_sha256": backbone_sha256 or hash_backbone(model.backbone),
+    }
+
+
+def save_pretrained(model: SOP, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
+    """Save the trainable parts of ``model`` and its config to ``directory`` (created if needed).
+
+    ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.
+    """
+    directory = Path(directory)
+    meta = model_config(model, backbone_sha256)
+    try:
+        config_text = json.dumps(meta, indent=2, sort_keys=True)
+    except TypeError as err:
+        raise TypeError(f"model.config must be JSON-serialisable to save it: {err}") from err
+    weights = safetensors_save(trainable_state_dict(model), metadata={"format": "pt"})
+    atomic_write(directory / WEIGHTS_NAME, lambda f: f.write(weights))
+    atomic_write(directory / CONFIG_NAME, lambda f: f.write(config_text.encode()))
+    return directory
+
+
+def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The saved ``sop_config.json`` of a pretrained directory."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {CONFIG_NAME} is missing")
+    return json.loads(path.read_text())
+
+
+def check_backbone(expected: str, backbone: nn.Module, *, strict: bool = True, where: str = "checkpoint") -> None:
+    """Raise ValueError (or warn when not ``strict``) if ``backbone`` is not the one with hash ``expected``."""
+    actual = hash_backbone(backbone)
+    if actual == expected:
+        return
+    message = (
+        f"the backbone differs from the one the {where} was trained with "
+        f"(sha256 {actual[:12]}… != {expected[:12]}…)"
+    )
+    if strict:
+        raise ValueError(message + "; pass strict_backbone=False to load anyway")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
+def load_pretrained(
+    directory: str | os.PathLike, backbone: nn.Module, *, strict_backbone: bool = True, **overrides: Any
+) -> SOP:
+    """Rebuild ``SOP(backbone, **config, **overrides)`` from ``directory`` and load its weights.
+
+    Raises ValueError when ``backbone`` is not the backbone the checkpoint was saved with
+    (``strict_backbone=False`` only warns).
+    """
+    from .model import SOP
+
+    directory = Path(directory)
+    meta = read_config(directory)
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {WEIGHTS_NAME} is missing")
+    check_backbone(meta["backbone_sha256"], backbone, strict=strict_backbone)
+    state = safetensors_load(weights_path.read_bytes())
+    kwargs = {**meta["config"], **overrides}
+    if "class_weights" not in kwargs and "selector.class_queries" in state:
+        # The saved queries stand in for a classifier the backbone may not have.
+        kwargs["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
+    model = SOP(backbone, **kwargs)
+    if "adapter" not in overrides and type(model.adapter).__name__ != meta["adapter"]:
+        raise ValueError(
+            f"the checkpoint was saved with adapter {meta['adapter']}, but this backbone gets "
+            f"{type(model.adapter).__name__}; pass adapter=... to load_pretrained"
+        )
+    load_trainable_state_dict(model, state)
+    return model
+
+
+def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training-state file written by :func:`atomic_save` (tensors land on the CPU)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / STATE_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state to resume from: {path!s} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,715 @@
+"""``sopfast.train``: train an SOP model (AMP, checkpoints, exact resume, DDP under torchrun).
+
+Only the trainable parts (projection copy, generator, selector) are optimised, with AdamW.
+Runs are deterministic given ``seed``: the data order of epoch ``e`` comes from a sampler
+seeded with ``seed + e``, and a resumed run restores weights, optimizer, scheduler, scaler,
+RNG states and the position inside the epoch, so it ends with the same weights as a run that
+was never interrupted.  See ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .checkpoint import (
+    STATE_NAME,
+    atomic_save,
+    hash_backbone,
+    load_trainable_state_dict,
+    load_training_state,
+    save_pretrained,
+    trainable_state_dict,
+)
+from .distributed import (
+    DistInfo,
+    ResumableSampler,
+    all_reduce_sum,
+    barrier,
+    cleanup,
+    init_distributed,
+    make_eval_loader,
+    make_train_loader,
+    no_sync,
+    wrap_ddp,
+)
+from .model import SOP
+from .output import SOPOutput
+
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
+STATE_FORMAT = 1
+
+Callback = Callable[["Trainer", str, dict[str, Any]], None]
+
+
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer ≥ {minimum}{' or None' if optional else ''}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+@dataclass
+class TrainConfig:
+    """Options of :func:`train` (all keyword-only there).
+
+    Args:
+        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.
+        lr, weight_decay: AdamW settings (paper: ``lr=5e-6``).
+        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
+        warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
+            of all steps (give at most one).
+        schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
+        grad_clip: max global gradient norm (``None``: no clipping).
+        grad_accum: micro-batches per optimizer step.
+        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
+        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch).
+        save_every: write the training state every N steps (also at each epoch end and at the end).
+        log_every: one JSON-lines ``train`` record per N steps.
+        metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
+            (``None``: accuracy for classification, mse for regression).
+        output_dir: where checkpoints and ``log.jsonl`` go (``None``: nothing is written).
+        resume: ``True`` continues from ``output_dir``'s training state if there is one;
+            ``False`` starts afresh; a path names a state file (or its directory) that must exist.
+        seed: seeds python/numpy/torch and the data order.
+        progress: show a tqdm bar (rank 0 only).
+        log_file: JSON-lines log (default ``output_dir/log.jsonl``).
+        device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
+        max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
+        find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
+            whether some trainable parameter gets no gradient (CNN projections have such layers).
+    """
+
+    epochs: int = 1
+    lr: float = 5e-6
+    weight_decay: float = 0.01
+    batch_size: int | None = None
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.0
+    schedule: str = "cosine"
+    grad_clip: float | None = 1.0
+    grad_accum: int = 1
+    amp: str | None = None
+    eval_every: int | None = None
+    save_every: int | None = 500
+    log_every: int = 10
+    metric: str | None = None
+    output_dir: str | os.PathLike | None = None
+    resume: bool | str | os.PathLike = True
+    seed: int = 0
+    progress: bool = True
+    log_file: str | os.PathLike | None = None
+    device: str | torch.device | None = None
+    max_steps: int | None = None
+    find_unused_parameters: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("epochs", self.epochs, 1)
+        for name in ("lr", "weight_decay", "warmup_ratio"):
+            if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.warmup_steps is not None and self.warmup_ratio:
+            raise ValueError("give warmup_steps or warmup_ratio, not both")
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        _check_int("batch_size", self.batch_size, 1, optional=True)
+        _check_int("warmup_steps", self.warmup_steps, 0, optional=True)
+        _check_int("grad_accum", self.grad_accum, 1)
+        _check_int("eval_every", self.eval_every, 1, optional=True)
+        _check_int("save_every", self.save_every, 1, optional=True)
+        _check_int("log_every", self.log_every, 1)
+        _check_int("max_steps", self.max_steps, 1, optional=True)
+        _check_int("seed", self.seed, 0)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("amp", self.amp, (None, *AMP_DTYPES))
+        _check_choice("metric", self.metric, (None, *METRICS))
+        if self.output_dir is not None:
+            self.output_dir = Path(self.output_dir)
+        if self.log_file is None and self.output_dir is not None:
+            self.log_file = self.output_dir / "log.jsonl"
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: where training stopped and the best validation metric."""
+
+    step: int
+    epoch: int
+    best_metric: float | None
+    best_step: int | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    output_dir: Path | None = None
+
+
+def lr_factor(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "inverse_sqrt":
+            base = max(1, warmup)
+            return math.sqrt(base / (step - warmup + base))
+        return 1.0
+
+    return factor
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The python/numpy/torch(/CUDA) RNG states, as plain types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_device(device: str | torch.device | None, info: DistInfo) -> torch.device:
+    """``device`` as a ``torch.device``; CUDA without an index means this process's GPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", info.local_rank if info.enabled else torch.cuda.current_device())
+    return device
+
+
+def resolve_metric(metric: str | None, task: str) -> str:
+    """The validation metric to select checkpoints by (checked against the model's task)."""
+    if metric is None:
+        return "accuracy" if task == "classification" else "mse"
+    if (metric, task) in (("accuracy", "regression"), ("mse", "classification")):
+        raise ValueError(f"metric={metric!r} does not apply to a {task} model")
+    return metric
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of a batch (tensor, tuple/list or dict) to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
+    """Run ``model`` on an ``(x, y)`` image batch or a ``{"input_ids", ..., "labels"}`` dict."""
+    if isinstance(batch, Mapping):
+        if "labels" not in batch:
+            raise ValueError(f"dict batches need a 'labels' entry, got keys {sorted(batch)}")
+        if "pixel_values" in batch:
+            return model(pixel_values=batch["pixel_values"]), batch["labels"]
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch.get("attention_mask"),
+            token_type_ids=batch.get("token_type_ids"),
+        )
+        return out, batch["labels"]
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return model(batch[0]), batch[1]
+    raise TypeError(f"a batch must be an (inputs, labels) pair or a dict with 'labels', got {type(batch).__name__}")
+
+
+class JsonLinesLog:
+    """Append-only JSON-lines log (one record per line, flushed at once)."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self._file: IO[str] | None = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Trainer:
+    """Trains ``model`` on ``train_data`` (see :class:`TrainConfig` for ``options``).
+
+    ``callbacks`` are called as ``callback(trainer, event, record)`` with events ``"step"``
+    (after every optimizer step), ``"log"``, ``"eval"`` and ``"end"``; set
+    ``trainer.should_stop = True`` to stop after the current step (state is saved).
+    """
+
+    def __init__(
+        self,
+        model: SOP,
+        train_data: Dataset | DataLoader,
+        val_data: Dataset | DataLoader | None = None,
+        *,
+        callbacks: Sequence[Callback] | None = None,
+        **options: Any,
+    ):
+        if not isinstance(model, SOP):
+            raise TypeError(f"model must be a sopfast.SOP, got {type(model).__name__}")
+        self.config = TrainConfig(**options)
+        for data, name in ((train_data, "train_data"), (val_data, "val_data")):
+            if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:
+                raise ValueError(f"{name} is a Dataset: give batch_size= (or pass a DataLoader)")
+        self.callbacks = list(callbacks or [])
+        if not all(callable(cb) for cb in self.callbacks):
+            raise TypeError("callbacks must be callables (trainer, event, record) -> None")
+        self.model = model
+        self.train_data, self.val_data = train_data, val_data
+        self.metric = resolve_metric(self.config.metric, model.task)
+        self.step = self.epoch = self.batches_done = 0
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.metrics: dict[str, float] = {}
+        self.should_stop = False
+        self._backbone_sha256: str | None = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._eval_step: int | None = None
+        self.pbar: tqdm | None = None
+
+    # -- public -------------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        """Train until ``epochs`` are done, ``max_steps`` is reached or a callback stops it."""
+        cfg = self.config
+        self.info = init_distributed(torch.device(cfg.device).type if cfg.device is not None else None)
+        self.log = JsonLinesLog(cfg.log_file if self.info.is_main else None)
+        try:
+            self._setup()
+            while self.epoch < cfg.epochs and not self._done():
+                self._run_epoch()
+            result = self._finish()
+        finally:
+            self.log.close()
+            if self.pbar is not None:
+                self.pbar.close()
+            cleanup(self.info)
+        return result
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression), over all ranks."""
+        model, device = self.model, self.device
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        cuda = [device.index] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda, device_type=device.type):
+            for batch in self.val_loader:
+                with self._autocast():
+                    out, labels = forward_batch(model, to_device(batch, device))
+                sums += torch.stack([out.loss(labels).double() * labels.shape[0], self._score(out, labels),
+                                     torch.tensor(labels.shape[0], device=device, dtype=torch.float64)])
+        model.train(was_training)
+        loss, score, count = all_reduce_sum(sums, self.info).tolist()
+        if count == 0:
+            raise ValueError("val_data is empty")
+        name = "val_accuracy" if model.task == "classification" else "val_mse"
+        return {"val_loss": loss / count, name: score / count}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs (weights of the trainable parts included)."""
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "fingerprint": self._fingerprint(),
+            "backbone_sha256": self.backbone_sha256,
+            "model": trainable_state_dict(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": capture_rng(),
+        }
+
+    def save_state(self) -> None:
+        """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
+        if self.info.is_main and self.config.output_dir is not None:
+            atomic_save(self.state_dict(), self.config.output_dir / STATE_NAME)
+
+    @property
+    def backbone_sha256(self) -> str:
+        if self._backbone_sha256 is None:
+            self._backbone_sha256 = hash_backbone(self.model.backbone)
+        return self._backbone_sha256
+
+    # -- setup ------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg, info = self.config, self.info
+        self.device = resolve_device(cfg.device, info)
+        self.model.to(self.device)
+        seed_everything(cfg.seed)
+        self.train_loader = make_train_loader(self.train_data, cfg.batch_size, info, cfg.seed)
+        self.val_loader = None if self.val_data is None else make_eval_loader(self.val_data, cfg.batch_size, info)
+        self.batches_per_epoch = self._num_batches(self.train_loader)
+        self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.warmup_steps = (
+            cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total_steps)
+        )
+        params = self.model.trainable_parameters()
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, self.total_steps)
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16" and self.device.type == "cuda")
+        self._resume()
+        find_unused = cfg.find_unused_parameters
+        if find_unused is None and info.enabled:
+            find_unused = self._has_unused_parameters()
+        self.ddp_model = wrap_ddp(self.model, self.device, info, bool(find_unused))
+        last = self.total_steps if cfg.max_steps is None else min(cfg.max_steps, self.total_steps)
+        self.pbar = tqdm(total=last, initial=min(self.step, last), desc="sopfast train",
+                         disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._norm_sum = torch.zeros((), device=self.device)
+        self._logged_steps = 0
+        self._start_time = time.time()
+
+    def _has_unused_parameters(self) -> bool:
+        """Whether a backward pass on the first batch leaves a trainable parameter without gradient.
+
+        Runs in eval mode (no dropout, no running-statistics updates) and restores the RNG states.
+        """
+        rng = capture_rng()
+        self.model.eval()
+        with self._autocast():
+            out, labels = forward_batch(self.model, to_device(next(iter(self.train_loader)), self.device))
+            loss = out.loss(labels)
+        loss.backward()
+        unused = any(p.grad is None for p in self.model.trainable_parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        restore_rng(rng)
+        return unused
+
+    @staticmethod
+    def _num_batches(loader: DataLoader) -> int:
+        try:
+            n = len(loader)
+        except TypeError as err:
+            raise TypeError("train_data must have a length (a map-style Dataset or a DataLoader over one)") from err
+        if n == 0:
+            raise ValueError("train_data yields no batches")
+        return n
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """Settings a resumed run must share with the saved one to continue it exactly."""
+        cfg = self.config
+        return {
+            "seed": cfg.seed, "world_size": self.info.world_size, "batch_size": self.train_loader.batch_size,
+            "grad_accum": cfg.grad_accum, "batches_per_epoch": self.batches_per_epoch, "epochs": cfg.epochs,
+            "lr": cfg.lr, "schedule": cfg.schedule, "warmup_steps": self.warmup_steps,
+        }
+
+    def _resume_path(self) -> Path | None:
+        resume, output_dir = self.config.resume, self.config.output_dir
+        if resume is False:
+            return None
+        if resume is True:
+            path = None if output_dir is None else output_dir / STATE_NAME
+            return path if path is not None and path.is_file() else None
+        return Path(resume)
+
+    def _resume(self) -> None:
+        path = self._resume_path()
+        if path is None:
+            return
+        state = load_training_state(path)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path} is not a sopfast training state (format {state.get('format')!r})")
+        saved, now = state["fingerprint"], self._fingerprint()
+        changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        if changed:
+            raise ValueError(
+                f"cannot resume from {path}: settings differ from the saved run ({changed}, saved → now); "
+                "use the same settings, resume=False or another output_dir"
+            )
+        if state["backbone_sha256"] != self.backbone_sha256:
+            raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
+        load_trainable_state_dict(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
+        self.best_metric, self.best_step = state["best_metric"], state["best_step"]
+        self._pending_rng = state["rng"]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _done(self) -> bool:
+        return self.should_stop or (self.config.max_steps is not None and self.step >= self.config.max_steps)
+
+    def _restore_pending_rng(self) -> None:
+        if self._pending_rng is not None:
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+
+    def _epoch_batches(self) -> Iterator[Any]:
+        """This epoch's remaining batches, in the seeded order."""
+        loader = self.train_loader
+        sampler = loader.sampler
+        if isinstance(sampler, ResumableSampler):
+            sampler.set_epoch(self.epoch)
+            sampler.start = self.batches_done * loader.batch_size
+            loader.generator.manual_seed(self.config.seed + self.epoch)
+            return iter(loader)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        return islice(iter(loader), self.batches_done, None)
+
+    def _run_epoch(self) -> None:
+        self.model.epoch = self.epoch
+        self.model.train()
+        # A state saved mid-epoch was captured after this epoch's iterator drew its seeds.
+        if self.batches_done == 0:
+            self._restore_pending_rng()
+        batches = self._epoch_batches()
+        self._restore_pending_rng()
+        for batch in batches:
+            self._micro_step(batch)
+            if self._done():
+                break
+
+    def _autocast(self) -> AbstractContextManager:
+        amp = self.config.amp
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES.get(amp), enabled=amp is not None)
+
+    def _micro_step(self, batch: Any) -> None:
+        accum, index = self.config.grad_accum, self.batches_done
+        group_start = index - index % accum
+        group_size = min(accum, self.batches_per_epoch - group_start)
+        last = index + 1 == group_start + group_size
+        with no_sync(self.ddp_model, skip=not last):
+            with self._autocast():
+                out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
+                loss = out.loss(labels) / group_size
+            self.scaler.scale(loss).backward()
+        self._loss_sum += loss.detach().float()
+        self.batches_done += 1
+        if last:
+            self._optimizer_step()
+
+    def _optimizer_step(self) -> None:
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.config.grad_clip or math.inf)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self._norm_sum += norm.detach().float()
+        self._logged_steps += 1
+        epoch_end = self.batches_done == self.batches_per_epoch
+        if epoch_end:
+            self.epoch, self.batches_done = self.epoch + 1, 0
+        self._after_step(epoch_end)
+
+    def _after_step(self, epoch_end: bool) -> None:
+        cfg = self.config
+        self.pbar.update(1)
+        if self.step % cfg.log_every == 0:
+            self._log_train()
+        if self.val_loader is not None and (
+            (cfg.eval_every is not None and self.step % cfg.eval_every == 0) or (cfg.eval_every is None and epoch_end)
+        ):
+            self._evaluate_and_track()
+        if (cfg.save_every is not None and self.step % cfg.save_every == 0) or epoch_end:
+            self.save_state()
+        if self.callbacks:
+            self._emit("step", {"step": self.step, "epoch": self.epoch, "lr": self.scheduler.get_last_lr()[0]})
+
+    # -- logging, evaluation, the end ----------------------------------------------------------
+    def _emit(self, event: str, record: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback(self, event, record)
+
+    def _record(self, event: str, **values: Any) -> dict[str, Any]:
+        record = {"event": event, "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4), **values,
+                  "time": round(time.time() - self._start_time, 3)}
+        self.log.write(record)
+        return record
+
+    def _log_train(self) -> None:
+        if self._logged_steps == 0:
+            return
+        loss = all_reduce_sum(self._loss_sum.clone(), self.info).item() / (self._logged_steps * self.info.world_size)
+        norm = self._norm_sum.item() / self._logged_steps
+        record = self._record("train", loss=loss, grad_norm=norm, lr=self.scheduler.get_last_lr()[0])
+        self._loss_sum.zero_()
+        self._norm_sum.zero_()
+        self._logged_steps = 0
+        self.pbar.set_postfix(loss=f"{loss:.4f}", **self._postfix())
+        self._emit("log", record)
+
+    def _postfix(self) -> dict[str, str]:
+        key = f"val_{self.metric}"
+        return {key: f"{self.metrics[key]:.4f}"} if key in self.metrics else {}
+
+    def _improves(self, value: float) -> bool:
+        if self.best_metric is None:
+            return True
+        return value > self.best_metric if METRICS[self.metric] == "max" else value < self.best_metric
+
+    def _evaluate_and_track(self) -> None:
+        self.metrics = self.evaluate()
+        self._eval_step = self.step
+        value = self.metrics[f"val_{self.metric}"]
+        if self._improves(value):
+            self.best_metric, self.best_step = value, self.step
+            if self.info.is_main and self.config.output_dir is not None:
+                save_pretrained(self.model, self.config.output_dir / "best", backbone_sha256=self.backbone_sha256)
+        record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
+        self.pbar.set_postfix(self._postfix())
+        self._emit("eval", record)
+
+    def _finish(self) -> TrainResult:
+        cfg = self.config
+        self._log_train()
+        if self.val_loader is not None and self._eval_step != self.step:
+            self._evaluate_and_track()
+        self.save_state()
+        if self.info.is_main and cfg.output_dir is not None:
+            save_pretrained(self.model, cfg.output_dir / "last", backbone_sha256=self.backbone_sha256)
+        record = self._record("end", best=self.best_metric, best_step=self.best_step)
+        self._emit("end", record)
+        barrier(self.info)
+        return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, cfg.output_dir)
+
+    def _score(self, out: SOPOutput, labels: torch.Tensor) -> torch.Tensor:
+        """Correct predictions (classification) or summed per-example MSE (regression) of one batch."""
+        if self.model.task == "classification":
+            return (out.logits.argmax(dim=-1) == labels).sum().double()
+        err = out.logits.double() - labels.double().reshape(out.logits.shape)
+        return err.pow(2).mean(dim=1).sum()
+
+
+def train(
+    model: SOP,
+    train_data: Dataset | DataLoader,
+    val_data: Dataset | DataLoader | None = None,
+    *,
+    callbacks: Sequence[Callback] | None = None,
+    **options: Any,
+) -> TrainResult:
+    """Train ``model`` in place; ``options`` are :class:`TrainConfig` fields (``epochs``, ``lr``, ...).
+
+    Batches are ``(images, labels)`` pairs or dicts with ``input_ids``, ``attention_mask``,
+    optional ``token_type_ids`` (or ``pixel_values``) and ``labels``.  Under ``torchrun`` the
+    same call trains with DistributedDataParallel; only rank 0 writes files.
+    """
+    return Trainer(model, train_data, val_data, callbacks=callbacks, **options).fit()
+
+
+# -- command line ---------------------------------------------------------------------------------
+def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the training options to ``parser`` (``sopfast train``); read them back with :func:`options_from_args`.
+
+    Flags the parser already has (``--device``, ``--seed``, ...) are kept as they are.
+    """
+    d = TrainConfig()
+    group = parser.add_argument_group("training")
+    arguments: list[tuple[str, dict[str, Any]]] = [
+        ("--epochs", {"type": int, "default": d.epochs}),
+        ("--lr", {"type": float, "default": d.lr}),
+        ("--weight-decay", {"type": float, "default": d.weight_decay}),
+        ("--batch-size", {"type": int, "default": None, "help": "per process (required for datasets)"}),
+        ("--warmup-steps", {"type": int, "default": None}),
+        ("--warmup-ratio", {"type": float, "default": d.warmup_ratio}),
+        ("--schedule", {"choices": SCHEDULES, "default": d.schedule}),
+        ("--grad-clip", {"type": float, "default": d.grad_clip, "help": "0 disables clipping"}),
+        ("--grad-accum", {"type": int, "default": d.grad_accum}),
+        ("--amp", {"choices": tuple(AMP_DTYPES), "default": None}),
+        ("--eval-every", {"type": int, "default": None, "help": "steps (default: each epoch end)"}),
+        ("--save-every", {"type": int, "default": d.save_every}),
+        ("--log-every", {"type": int, "default": d.log_every}),
+        ("--metric", {"choices": tuple(METRICS), "default": None}),
+        ("--output-dir", {"default": None}),
+        ("--no-resume", {"dest": "resume", "action": "store_false", "help": "start afresh in output-dir"}),
+        ("--resume-from", {"default": None, "help": "training state file or directory to resume from"}),
+        ("--seed", {"type": int, "default": d.seed}),
+        ("--no-progress", {"dest": "progress", "action": "store_false"}),
+        ("--log-file", {"default": None}),
+        ("--device", {"default": None}),
+        ("--max-steps", {"type": int, "default": None}),
+    ]
+    for flag, kwargs in arguments:
+        if flag not in parser._option_string_actions:
+            group.add_argument(flag, **kwargs)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`train` options from a namespace parsed with :func:`add_cli_arguments`."""
+    names = set(asdict(TrainConfig())) - {"resume", "grad_clip", "find_unused_parameters"}
+    options = {name: getattr(args, name) for name in names}
+    options["resume"] = args.resume_from if args.resume_from else args.resume
+    options["grad_clip"] = args.grad_clip or None
+    return options
+
+
+def run_cli(
+    args: argparse.Namespace,
+    model: SOP,
+    train_data: Dataset | DataLoader,
+    val_data: Dataset | DataLoader | None = None,
+) -> TrainResult:
+    """``sopfast train``: train with the options parsed by :func:`add_cli_arguments`."""
+    return train(model, train_data, val_data, **options_from_args(args))
