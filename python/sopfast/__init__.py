@@ -1,9 +1,10 @@
 """sopfast: fast Sum-of-Parts self-attributing models."""
 
-from . import ops
+from . import baselines, metrics, ops
 from .adapters import BackboneAdapter, get_adapter, register_adapter
 from .model import SOP
 from .output import SOPOutput
+from .evaluate import evaluate, format_table
 from .train import Trainer, TrainResult, train
 
 __version__ = "0.1.0"
@@ -15,7 +16,11 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "__version__",
+    "baselines",
+    "evaluate",
+    "format_table",
     "get_adapter",
+    "metrics",
     "ops",
     "register_adapter",
     "train",

@@ -8,6 +8,7 @@ resident-set high-water mark above its level before the step (Linux, CPU; reset 
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import statistics
 import time
@@ -41,6 +42,15 @@ def _rss_kib(field: str) -> int | None:
     return None
 
 
+def _release_free_heap() -> None:
+    """Return freed heap pages to the OS (glibc keeps them otherwise, hiding later peaks)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float | None:
     """Extra memory at the peak of one call of ``fn`` (MiB), or ``None`` when it cannot be read."""
     gc.collect()
@@ -51,6 +61,7 @@ def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float | N
         fn()
         torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    _release_free_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

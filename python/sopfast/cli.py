@@ -52,9 +52,10 @@ def _apply_config(parser: argparse.ArgumentParser, argv: Sequence[str], args: ar
             setattr(args, key, value)
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--config", help="YAML/JSON file with option values (flags override it)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    if device:
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -139,11 +140,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from . import evaluate
+    import torch
+
+    from .evaluate import run_cli
 
     model = load_model(args)
-    loader = load_split(args.data, "test", args.limit, args.backbone)
-    evaluate.run_cli(args, model, loader)
+    dataset = load_split(args.data, "test", args.limit, args.backbone)
+    run_cli(args, model, torch.utils.data.DataLoader(dataset, batch_size=args.batch_size))
     return 0
 
 
@@ -200,11 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(p)
 
     p = add("evaluate", _cmd_evaluate, "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …).")
-    _add_common(p)
+    _add_common(p, device=False)
     _add_model_source(p, need_checkpoint=True)
-    from . import evaluate as evaluate_module
+    p.add_argument("--batch-size", type=int, default=32)
+    from .evaluate import add_cli_arguments as add_evaluate_arguments
 
-    evaluate_module.add_cli_arguments(p)
+    add_evaluate_arguments(p)
 
     p = add("explain", _cmd_explain, "Write explanation pictures (PNG per image, HTML per text).")
     _add_common(p)

@@ -73,14 +73,31 @@ def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
     return train, test
 
 
-def _sop_accuracy(model: SOP, x: torch.Tensor, y: torch.Tensor, mode: str, batch: int = 64) -> float:
+def _sop_accuracy(model: SOP, batches, mode: str) -> tuple[float, float]:
+    """Accuracy and the mean number of groups used for the predicted class."""
     model.eval()
-    correct = 0
+    correct = total = active = 0
     with torch.no_grad():
-        for s in range(0, len(x), batch):
-            out = model(x[s:s + batch], mode=mode)
-            correct += int((out.logits.argmax(-1) == y[s:s + batch]).sum())
-    return correct / max(1, len(x))
+        for args, labels in batches:
+            out = model(*args, mode=mode)
+            pred = out.logits.argmax(-1)
+            correct += int((pred == labels).sum())
+            active += int(out.active_groups.gather(1, pred[:, None]).sum())
+            total += len(labels)
+    return correct / max(1, total), active / max(1, total)
+
+
+def _image_batches(x: torch.Tensor, y: torch.Tensor, batch: int = 64):
+    return [((x[s:s + batch],), y[s:s + batch]) for s in range(0, len(x), batch)]
+
+
+def _text_batches(dataset: TextDataset, device: torch.device, batch: int = 64):
+    enc = dataset.encoded
+    return [
+        (tuple(enc[k][s:s + batch].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")),
+         dataset.labels[s:s + batch].to(device))
+        for s in range(0, len(dataset), batch)
+    ]
 
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
@@ -115,13 +132,11 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     train(model, sop_train, None, epochs=1, lr=1e-3, batch_size=32, warmup_ratio=0.05,
           output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
     results["sop_train_seconds"] = time.perf_counter() - start
-    results["sop_exact_accuracy"] = _sop_accuracy(model, x_test[:n_eval], y_test[:n_eval], "exact")
-    results["sop_drop_accuracy"] = _sop_accuracy(model, x_test[:n_eval], y_test[:n_eval], "drop")
+    _record_accuracy(results, model, _image_batches(x_test[:n_eval], y_test[:n_eval]))
     n_faith = 64 if quick else 200
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_test[:n_faith], y_test[:n_faith]),
                                          batch_size=32)
-    results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion", "active_groups"],
-                                  progress=True)
+    results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion"])["SOP"]
     steps = (n_sop + 31) // 32
     results["epoch_seconds"], results["timing_table"] = _epoch_times(model, x_test[:32], y_test[:32], steps)
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
@@ -130,6 +145,17 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
                                              os.path.join(out_dir, "explanations"), 6, device,
                                              class_names=train_data.classes)
     return results
+
+
+def _record_accuracy(results: dict, model: SOP, batches) -> None:
+    for mode in ("exact", "drop"):
+        acc, active = _sop_accuracy(model, batches, mode)
+        results[f"sop_{mode}_accuracy"] = acc
+        results[f"active_groups_{mode}"] = active
+    with torch.no_grad():
+        agree = [float((model(*a, mode="exact").logits.argmax(-1) == model(*a, mode="drop").logits.argmax(-1))
+                       .float().mean()) for a, _ in batches]
+    results["exact_drop_agreement"] = sum(agree) / max(1, len(agree))
 
 
 def write_explanations(model: SOP, dataset, out_dir: str, count: int, device: torch.device,
@@ -188,15 +214,11 @@ def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: 
     return model.eval()
 
 
-def _text_accuracy(model, dataset: TextDataset, device, sop: bool, mode: str | None = None) -> float:
+def _backbone_text_accuracy(model, dataset: TextDataset, device) -> float:
     correct = 0
     with torch.no_grad():
         for s in range(0, len(dataset), 64):
-            batch = {k: v[s:s + 64].to(device) for k, v in dataset.encoded.items()}
-            if sop:
-                logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], mode=mode).logits
-            else:
-                logits = model(**batch).logits
+            logits = model(**{k: v[s:s + 64].to(device) for k, v in dataset.encoded.items()}).logits
             correct += int((logits.argmax(-1).cpu() == dataset.labels[s:s + 64]).sum())
     return correct / max(1, len(dataset))
 
@@ -214,18 +236,16 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     subset = lambda sel: TextDataset({k: v[sel] for k, v in full.encoded.items()}, full.labels[sel], full.tokenizer)
     train_set, test_set = subset(idx[:-n_test]), subset(idx[-n_test:])
     backbone = _text_backbone(train_set, device, quick, seed)
-    results: dict = {"dataset": "tweets", "backbone_accuracy": _text_accuracy(backbone, test_set, device, sop=False)}
+    results: dict = {"dataset": "tweets", "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device)}
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop", group_batch_size=512).to(device)
     n_sop = 400 if quick else 3000
     start = time.perf_counter()
     train(model, subset(idx[:n_sop]), None, epochs=1, lr=5e-4, batch_size=16, warmup_ratio=0.05,
           output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
     results["sop_train_seconds"] = time.perf_counter() - start
-    model.eval()
-    results["sop_exact_accuracy"] = _text_accuracy(model, test_set, device, sop=True, mode="exact")
-    results["sop_drop_accuracy"] = _text_accuracy(model, test_set, device, sop=True, mode="drop")
+    _record_accuracy(results, model, _text_batches(test_set, device))
     loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 128):]), batch_size=32)
-    results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion", "active_groups"])
+    results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion"])["SOP"]
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
     full.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
     save_pretrained(model, os.path.join(out_dir, "sop"))
@@ -240,6 +260,9 @@ def format_results(results: dict) -> str:
         ("backbone accuracy", f"{results['backbone_accuracy']:.3f}"),
         ("SOP accuracy, exact", f"{results['sop_exact_accuracy']:.3f}"),
         ("SOP accuracy, drop", f"{results['sop_drop_accuracy']:.3f}"),
+        ("exact/drop prediction agreement", f"{results['exact_drop_agreement']:.3f}"),
+        ("mean groups used per prediction (exact)", f"{results['active_groups_exact']:.2f}"),
+        ("mean groups used per prediction (drop)", f"{results['active_groups_drop']:.2f}"),
     ]
     for key, value in results.get("metrics", {}).items():
         if isinstance(value, (int, float)):
