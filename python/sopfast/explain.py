@@ -56,12 +56,16 @@ def explain_image(
     title = f"input\npred: {name(pred)}" + (f"\ntrue: {name(label)}" if label is not None else "")
     _panel(axes[0, 0], shown, None, title)
     for ax, (g, w) in zip(axes[0, 1:], groups):
-        _panel(ax, shown, masks[g].numpy(), f"group {g}\nc·λ·y = {w:+.3f}")
+        _panel(ax, shown, masks[g].numpy(), f"group {g}\nc·λ·y = {w:+.3f}", POSITIVE if w >= 0 else NEGATIVE)
     unused = torch.ones(out.group_masks.shape[1], dtype=torch.bool)
-    unused[[g for g, _ in groups]] = False
+    unused[[g for g, _ in used_groups(out, example, pred)]] = False
     rest = masks[unused].any(dim=0).numpy() if bool(unused.any()) else None
-    _panel(axes[0, -1], shown, rest, f"{int(unused.sum())} unused groups", grey=True)
-    fig.suptitle(f"SOP explanation: logit {float(out.logits[example, pred]):.3f} = sum of shown weights", fontsize=9)
+    _panel(axes[0, -1], shown, rest, f"{int(unused.sum())} unused groups", UNUSED)
+    n_used = len(used_groups(out, example, pred))
+    fig.suptitle(
+        f"SOP: logit {float(out.logits[example, pred]):.3f} = sum of c·λ·y over the {n_used} used groups "
+        f"(top {len(groups)} shown)", fontsize=9,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -69,15 +73,21 @@ def explain_image(
     return n_panels
 
 
-def _panel(ax, image, mask, title: str, grey: bool = False) -> None:
+POSITIVE = (0.1, 0.75, 0.2)
+NEGATIVE = (0.9, 0.15, 0.15)
+UNUSED = (0.55, 0.55, 0.55)
+
+
+def _panel(ax, image, mask, title: str, colour: tuple[float, float, float] = POSITIVE) -> None:
+    """The image in grey with ``mask`` tinted in ``colour``."""
     import numpy as np
 
-    cmap = "gray" if image.ndim == 2 else None
-    if mask is None:
-        ax.imshow(image, cmap=cmap)
-    else:
-        faded = np.where(mask if image.ndim == 2 else mask[..., None], image, image * 0.15 + 0.4)
-        ax.imshow(faded, cmap="gray" if grey or cmap else None, vmin=0, vmax=1)
+    ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1)
+    if mask is not None:
+        overlay = np.zeros((*mask.shape, 4))
+        overlay[..., :3] = colour
+        overlay[..., 3] = mask * 0.55
+        ax.imshow(overlay)
     ax.set_title(title, fontsize=8)
     ax.axis("off")
 
