@@ -127,6 +127,21 @@ def test_drop_mode_unsupported_for_cnn():
         sopfast.SOP(make_cnn(), feature_layer="features", mode="drop")
 
 
+def test_vit_drop_rejects_groups_of_different_sizes(hf_vit):
+    from sopfast.types import Groups
+
+    model = sopfast.SOP(hf_vit, num_groups=2, mode="drop")
+    inputs = model.prepare(torch.randn(1, 3, 32, 32))
+    mask = torch.zeros(1, 2, 16, dtype=torch.bool)
+    mask[0, 0, :3] = True
+    mask[0, 1, :2] = True
+    indices = torch.tensor([[[0, 1, 2], [0, 1, -1]]])
+    groups = Groups(mask, indices, torch.zeros(1, 2), mask.float())
+    with pytest.raises(ValueError, match="groups of equal size"):
+        model.predict_groups(inputs, groups)
+    assert model.predict_groups(inputs, groups, mode="exact").logits.shape == (1, 3)
+
+
 def test_unknown_mode(hf_vit):
     with pytest.raises(ValueError, match="mode must be one of"):
         sopfast.SOP(hf_vit, mode="fast")

@@ -2,9 +2,9 @@
 
 from . import baselines, metrics, ops
 from .adapters import BackboneAdapter, get_adapter, register_adapter
+from .evaluate import evaluate, format_table
 from .model import SOP
 from .output import SOPOutput
-from .evaluate import evaluate, format_table
 from .train import Trainer, TrainResult, train
 
 __version__ = "0.1.0"

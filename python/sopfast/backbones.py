@@ -1,8 +1,9 @@
 """Small backbones for the demo and tests, and a masking-robust training loop for them.
 
-SOP runs the backbone on inputs with most features masked; a backbone trained with random
-patch masking keeps its accuracy there (as large pretrained ViTs do), so the demo trains its
-small ViT that way.
+SOP runs the backbone on inputs with most features masked (``exact``) or on a subset of
+the tokens (``drop``); a backbone trained with random patch masking and random token
+dropping keeps its accuracy there (as large pretrained ViTs do), so the demo trains its small
+ViT that way.
 """
 
 from __future__ import annotations
@@ -34,6 +35,29 @@ def random_patch_masks(batch: int, grid: tuple[int, int], generator: torch.Gener
     return torch.rand(batch, d, generator=generator) < keep
 
 
+def forward_kept_tokens(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Logits of an HF ViT run on CLS plus the patches in ``keep [B, k]`` (positions added first)."""
+    tokens = model.vit.embeddings(x)
+    index = torch.cat([torch.zeros_like(keep[:, :1]), keep + 1], dim=1)
+    h = tokens.gather(1, index.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
+    for layer in model.vit.layers:
+        h = layer(h, None)
+    return model.classifier(model.vit.layernorm(h[:, 0]))
+
+
+def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], gen: torch.Generator):
+    """A third of the batch with masked pixels, a third with dropped tokens, a third intact."""
+    third = len(x) // 3
+    d = grid[0] * grid[1]
+    masks = random_patch_masks(third, grid, gen)
+    masked = x[:third] * pixel_grid_mask(masks, grid, tuple(x.shape[-2:]))
+    k = int(torch.randint(max(1, d // 10), d + 1, (1,), generator=gen))
+    keep = torch.rand(third, d, generator=gen).argsort(dim=1)[:, :k].sort(dim=1).values
+    dropped = forward_kept_tokens(model, x[third:2 * third], keep)
+    rest = model(pixel_values=torch.cat([masked, x[2 * third:]])).logits
+    return torch.cat([rest[:third], dropped, rest[third:]])
+
+
 def train_masked_backbone(
     model: nn.Module,
     x: torch.Tensor,
@@ -45,7 +69,7 @@ def train_masked_backbone(
     seed: int = 0,
     progress: bool = True,
 ) -> nn.Module:
-    """Train an image classifier with random patch masking on half of each batch."""
+    """Train an HF ViT with random patch masking and token dropping (see :func:`_augmented_logits`)."""
     from tqdm.auto import tqdm
 
     gen = torch.Generator().manual_seed(seed)
@@ -58,11 +82,7 @@ def train_masked_backbone(
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x), batch_size):
             idx = order[start:start + batch_size]
-            xb, yb = x[idx], y[idx]
-            half = len(idx) // 2
-            masks = random_patch_masks(half, grid, gen)
-            xb = torch.cat([xb[:half] * pixel_grid_mask(masks, grid, tuple(xb.shape[-2:])), xb[half:]])
-            loss = F.cross_entropy(model(pixel_values=xb).logits, yb)
+            loss = F.cross_entropy(_augmented_logits(model, x[idx], grid, gen), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

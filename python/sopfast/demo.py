@@ -59,15 +59,15 @@ def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, 
     grid = (size // patch, size // patch)
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(dataset.classes)).to(device)
-    n = 1500 if quick else 10000
+    n = 1500 if quick else 30000
     train_masked_backbone(model, dataset.x[:n].to(device), dataset.y[:n].to(device), grid,
-                          epochs=1 if quick else 2, seed=seed)
+                          epochs=1 if quick else 4, seed=seed)
     return model, grid, accuracy
 
 
 def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
     if data.fashion_mnist_available():
-        return data.load_fashion_mnist("train", 3000 if quick else 20000), data.load_fashion_mnist("test", 1000)
+        return data.load_fashion_mnist("train", 3000 if quick else 36000), data.load_fashion_mnist("test", 1000)
     print("demo: Fashion-MNIST not found (apt-get install dataset-fashion-mnist); using sklearn digits")
     train, test = data.load_digits_images().split(1500)
     return train, test
@@ -129,7 +129,7 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     n_sop = 512 if quick else 6000
     sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
     start = time.perf_counter()
-    train(model, sop_train, None, epochs=1, lr=1e-3, batch_size=32, warmup_ratio=0.05,
+    train(model, sop_train, None, epochs=1 if quick else 4, lr=1e-3, batch_size=32, warmup_ratio=0.05,
           output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
     results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _image_batches(x_test[:n_eval], y_test[:n_eval]))

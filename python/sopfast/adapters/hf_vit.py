@@ -8,20 +8,16 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, freeze_
-from .images import prepare_pixels
-from .vit_common import run_vit_groups_drop, run_vit_groups_exact
+from .base import freeze_
+from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact
 
 
 def _layer_out(out) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-class HFViTAdapter(BackboneAdapter):
+class HFViTAdapter(PatchGridAdapter):
     """HF ViT: features are the ``(H/p)·(W/p)`` patches; keys are the pre-LayerNorm CLS state."""
-
-    modality = "image"
-    supported_modes = ("exact", "drop")
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
@@ -32,15 +28,6 @@ class HFViTAdapter(BackboneAdapter):
         self.image_size = (int(size[0]), int(size[1]))
         self.grid = (self.image_size[0] // patch[0], self.image_size[1] // patch[1])
         self.channels = int(cfg.num_channels)
-
-    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
-        return prepare_pixels(x, self.channels, self.image_size)
-
-    def num_features(self, inputs: FeatureInputs) -> int:
-        return self.grid[0] * self.grid[1]
-
-    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
-        return self.grid
 
     @property
     def embed_dim(self) -> int:

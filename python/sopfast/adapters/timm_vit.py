@@ -6,17 +6,13 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, freeze_
-from .images import prepare_pixels
-from .vit_common import run_vit_groups_drop, run_vit_groups_exact
+from .base import freeze_
+from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact
 
 
-class TimmViTAdapter(BackboneAdapter):
+class TimmViTAdapter(PatchGridAdapter):
     """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
     for average-pooled models without a class token)."""
-
-    modality = "image"
-    supported_modes = ("exact", "drop")
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
@@ -31,15 +27,6 @@ class TimmViTAdapter(BackboneAdapter):
         self.grid = tuple(int(g) for g in pe.grid_size)
         self.channels = int(pe.proj.in_channels)
         self.prefix = int(backbone.num_prefix_tokens)
-
-    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
-        return prepare_pixels(x, self.channels, self.image_size)
-
-    def num_features(self, inputs: FeatureInputs) -> int:
-        return self.grid[0] * self.grid[1]
-
-    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
-        return self.grid
 
     @property
     def embed_dim(self) -> int:

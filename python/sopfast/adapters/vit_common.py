@@ -14,10 +14,30 @@ from collections.abc import Callable
 import torch
 
 from ..ops import gather_tokens
-from ..types import GroupPredictions, Groups
-from .base import chunks, group_batch_index
+from ..types import FeatureInputs, GroupPredictions, Groups
+from .base import BackboneAdapter, chunks, group_batch_index
+from .images import prepare_pixels
 
 Encoder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class PatchGridAdapter(BackboneAdapter):
+    """Images cut into a fixed patch grid: subclasses set ``image_size``, ``grid`` and ``channels``."""
+
+    modality = "image"
+    supported_modes = ("exact", "drop")
+    image_size: tuple[int, int]
+    grid: tuple[int, int]
+    channels: int
+
+    def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
+        return prepare_pixels(x, self.channels, self.image_size)
+
+    def num_features(self, inputs: FeatureInputs) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
+        return self.grid
 
 
 def run_vit_groups_exact(
@@ -46,7 +66,12 @@ def run_vit_groups_drop(
 ) -> GroupPredictions:
     """``positioned [B, prefix + d, E]`` (positions added) → predictions on gathered tokens."""
     b, m, _ = groups.mask.shape
-    indices = torch.where(groups.indices >= 0, groups.indices + prefix, groups.indices)
+    if bool((groups.indices < 0).any()):
+        raise ValueError(
+            "ViT drop mode needs groups of equal size (index -1 padding would run as zero tokens); "
+            "use mode='exact' for groups of different sizes"
+        )
+    indices = groups.indices + prefix
     gathered = gather_tokens(positioned, indices, prefix=prefix)
     logits, keys = [], []
     for sl in chunks(b * m, chunk_size):
