@@ -31,10 +31,12 @@ def _cuda_wanted(torch_module) -> bool:
 
 
 def _cuda_paths() -> tuple[list[str], list[str]]:
-    """Headers and libraries of the pip-installed CUDA toolkit (torch looks only in CUDA_HOME)."""
+    """Headers and libraries of CUDA_HOME, then of the pip-installed CUDA toolkit (torch looks only
+    in CUDA_HOME; the pip headers are incomplete, so CUDA_HOME's must be searched first)."""
     import site
 
-    includes, libs = [], []
+    home = os.environ["CUDA_HOME"]
+    includes, libs = [os.path.join(home, "include")], [os.path.join(home, "lib64")]
     for sp in site.getsitepackages():
         for sub in ("nvidia/cu13", "nvidia/cu12", "nvidia/cuda_runtime"):
             base = os.path.join(sp, sub)
@@ -49,21 +51,29 @@ def _extensions():
     if os.environ.get("SOPFAST_NO_EXTENSION") == "1":
         return [], {}
     import torch
+
+    build_cuda = _cuda_wanted(torch)
+    if build_cuda:  # before cpp_extension is imported: it reads CUDA_HOME once, at import
+        os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
     from torch.utils import cpp_extension
 
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]  # torch >= 2.13 headers need C++20
+    # torch >= 2.13 headers need C++20; -fno-trapping-math lets the compiler vectorise compare-and-select
+    # loops (results unchanged: no reassociation)
+    cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-fno-trapping-math"]
     common = dict(include_dirs=[os.path.join(ROOT, "csrc")], extra_link_args=["-fopenmp"])
-    if _cuda_wanted(torch):
-        os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
+    if build_cuda:
         includes, libs = _cuda_paths()
+        # the kernels (*.cu, no torch headers) and their torch binding (*.cpp)
+        cuda_dir = os.path.join("csrc", "cuda")
+        cuda_sources = sorted(glob.glob(os.path.join(cuda_dir, "*.cu")) + glob.glob(os.path.join(cuda_dir, "*.cpp")))
         ext = cpp_extension.CUDAExtension(
             "sopfast._C",
-            sources + sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu"))),
+            sources + cuda_sources,
             define_macros=[("SOPFAST_WITH_CUDA", "1")],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                "nvcc": ["-O3", "-std=c++17",
                          "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"],
             },
             include_dirs=common["include_dirs"] + includes,

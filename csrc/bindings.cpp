@@ -38,9 +38,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sparsemax_backward_cuda", &sopfast::sparsemax_backward_cuda, py::arg("p"), py::arg("grad"));
   m.def("top_tau_forward_cuda", &sopfast::top_tau_forward_cuda, py::arg("logits"), py::arg("k"), py::arg("k_max"),
         py::arg("valid"), py::arg("largest"), py::arg("blur_kernel"), py::arg("grid_h"), py::arg("grid_w"));
-  m.def("top_tau_backward_cuda", &sopfast::top_tau_backward_cuda, py::arg("attention"), py::arg("mask"),
-        py::arg("lam"), py::arg("grad_lam"), py::arg("grad_attention"), py::arg("blur_kernel"), py::arg("grid_h"),
-        py::arg("grid_w"));
+  m.def("top_tau_backward_cuda", &sopfast::top_tau_backward_cuda, py::arg("attention"), py::arg("mask"), py::arg("lam"),
+        py::arg("grad_lam"), py::arg("grad_attention"), py::arg("blur_kernel"), py::arg("grid_h"), py::arg("grid_w"));
   m.def("gather_tokens_forward_cuda", &sopfast::gather_tokens_forward_cuda, py::arg("x"), py::arg("indices"),
         py::arg("prefix"));
   m.def("gather_tokens_backward_cuda", &sopfast::gather_tokens_backward_cuda, py::arg("grad"), py::arg("indices"),

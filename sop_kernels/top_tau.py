@@ -22,18 +22,20 @@ import torch
 import triton
 import triton.language as tl
 
-ELEMENTS_PER_PROGRAM = 2048
+# Launch shape, tuned on an H200 (4096 rows of 196 to 1024): one row per program, one warp.
+ELEMENTS_PER_PROGRAM = 256  # rows per program = this // BLOCK (at least 1)
+ELEMENTS_PER_WARP = 1024
 
 
 def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _row_blocking(n_rows: int, d: int) -> tuple[int, int]:
-    """``(BLOCK, ROWS)``: a power-of-two block covering one row, and rows per program."""
+def _launch_shape(n_rows: int, d: int) -> tuple[int, int, int]:
+    """``(BLOCK, ROWS, num_warps)``: a power-of-two block covering a row, rows per program, warps."""
     block = triton.next_power_of_2(d)
     rows = max(1, min(ELEMENTS_PER_PROGRAM // block, triton.next_power_of_2(n_rows)))
-    return block, rows
+    return block, rows, min(8, max(1, rows * block // ELEMENTS_PER_WARP))
 
 
 def _blur_args(blur_kernel: torch.Tensor | None, like: torch.Tensor, grid_h: int, grid_w: int) -> dict:
@@ -299,7 +301,7 @@ def top_tau_forward(
     attention = logits.new_empty(n_rows, d, dtype=compute)
     if n_rows == 0 or d == 0:
         return indices, mask, lam, attention
-    block, rows = _row_blocking(n_rows, d)
+    block, rows, num_warps = _launch_shape(n_rows, d)
     key, key_bits = (tl.int64, 64) if compute == torch.float64 else (tl.int32, 32)
     _top_tau_forward_kernel[(triton.cdiv(n_rows, rows),)](
         logits_ptr=logits,
@@ -320,6 +322,7 @@ def top_tau_forward(
         LARGEST=bool(largest),
         HAS_VALID=valid is not None,
         **_blur_args(blur_kernel, logits, grid_h, grid_w),
+        num_warps=num_warps,
     )
     return indices, mask, lam, attention
 
@@ -342,7 +345,7 @@ def top_tau_backward(
     out = torch.empty_like(attention)
     if out.numel() == 0:
         return out
-    block, rows = _row_blocking(n_rows, d)
+    block, rows, num_warps = _launch_shape(n_rows, d)
     has_grad_attention = grad_attention is not None
     _top_tau_backward_kernel[(triton.cdiv(n_rows, rows),)](
         attention_ptr=attention.contiguous(),
@@ -358,5 +361,6 @@ def top_tau_backward(
         COMPUTE=_compute_dtype(attention.dtype),
         HAS_GRAD_ATTENTION=has_grad_attention,
         **_blur_args(blur_kernel, attention, grid_h, grid_w),
+        num_warps=num_warps,
     )
     return out

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from backbones import make_bert, make_hf_vit, text_batch
 
 import sopfast
+from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.cli import build_parser, main
 from sopfast.explain import explain_image, explain_text, used_groups
 

@@ -19,11 +19,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("numpy")
 pytest.importorskip("triton")
 
+import sop_kernels
 from sopfast import ops
 from sopfast.ops import _backends
 from sopfast.ops.blur import gaussian_kernel1d
-
-import sop_kernels
 
 # NaN/inf rows are part of the contract; the interpreter's numpy reports them as warnings.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
@@ -87,7 +86,8 @@ def test_sparsemax_rows_sum_to_one():
     assert bool((p >= 0).all())
 
 
-def test_sparsemax_ties_and_infinities():
+@pytest.mark.parametrize("padding", [0, 60])
+def test_sparsemax_ties_and_infinities(padding):
     x = torch.tensor(
         [
             [1.0, INF, 2.0, INF],  # +inf entries share the mass
@@ -98,10 +98,12 @@ def test_sparsemax_ties_and_infinities():
         ],
         device=DEVICE,
     )
+    x = torch.cat([x, torch.full((5, padding), -INF, device=DEVICE)], dim=1)  # -inf padding changes nothing
     p = sop_kernels.sparsemax_forward(x)
-    assert_close(p[0], torch.tensor([0.0, 0.5, 0.0, 0.5]))
+    assert_close(p[0, :4], torch.tensor([0.0, 0.5, 0.0, 0.5]))
     assert bool(p[1].isnan().all())
-    assert_close(p[2], torch.full((4,), 0.25))
+    assert_close(p[2, :4], torch.full((4,), 0.25))
+    assert_close(p[4, :4], torch.tensor([0.5, 0.5, 0.0, 0.0]))
     check_sparsemax(x)
 
 

@@ -2,6 +2,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include "cpu/gather_tokens_kernels.h"
 #include "cpu/ops_cpu.h"
@@ -10,14 +11,10 @@
 namespace sopfast {
 namespace {
 
-// indices int64 [B, m, k] on the CPU with values in [-1, tokens) (memory safety of the kernels).
-void check_gather_tokens_indices(const char* op, const at::Tensor& indices, int64_t tokens) {
-  check_device(op, "indices", indices, c10::kCPU);
-  check_dtype(op, "indices", indices, at::kLong);
-  check_rank(op, "indices", indices, 3, "[B, m, k]");
-  const at::Tensor flat = indices.contiguous();
-  const int64_t* ptr = flat.const_data_ptr<int64_t>();
-  const int64_t count = flat.numel();
+// Indices must lie in [-1, tokens): the kernels index x with them unchecked.
+void check_gather_tokens_range(const char* op, const at::Tensor& indices, int64_t tokens) {
+  const int64_t* ptr = indices.const_data_ptr<int64_t>();
+  const int64_t count = indices.numel();
   for (int64_t i = 0; i < count; ++i) {
     TORCH_CHECK(ptr[i] >= -1 && ptr[i] < tokens, op, ": indices must lie in [0, T=", tokens,
                 ") or be -1 (padding), got ", ptr[i]);
@@ -45,14 +42,11 @@ int64_t gather_tokens_column_blocks(int64_t batch, int64_t embed) {
 
 at::Tensor gather_tokens_forward_cpu(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
   constexpr const char* op = "gather_tokens_forward";
-  check_float_input(op, "x", x_in, 3, "[B, T, E]", c10::kCPU);
+  check_gather_tokens_forward(x_in, indices_in, prefix, c10::kCPU);
   const int64_t tokens = x_in.size(1), embed = x_in.size(2);
-  TORCH_CHECK(0 <= prefix && prefix <= tokens, op, ": prefix must lie in [0, T=", tokens, "], got ", prefix);
-  check_gather_tokens_indices(op, indices_in, tokens);
-  TORCH_CHECK(indices_in.size(0) == x_in.size(0), op, ": indices batch ", indices_in.size(0), " does not match B=",
-              x_in.size(0));
   const at::Tensor x = x_in.contiguous();
   const at::Tensor indices = indices_in.contiguous();
+  check_gather_tokens_range(op, indices, tokens);
   const cpu::GatherTokensShape sh = gather_tokens_shape(indices, tokens, embed, prefix);
   at::Tensor out = at::empty({sh.batch * sh.groups, sh.slots(), embed}, x.options());
   const int64_t rows = sh.batch * sh.groups * sh.slots();
@@ -71,15 +65,10 @@ at::Tensor gather_tokens_forward_cpu(const at::Tensor& x_in, const at::Tensor& i
 at::Tensor gather_tokens_backward_cpu(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
                                       int64_t num_tokens) {
   constexpr const char* op = "gather_tokens_backward";
-  check_float_input(op, "grad", grad_in, 3, "[B*m, prefix + k, E]", c10::kCPU);
-  TORCH_CHECK(0 <= prefix && prefix <= num_tokens, op, ": prefix must lie in [0, num_tokens=", num_tokens, "], got ",
-              prefix);
-  check_gather_tokens_indices(op, indices_in, num_tokens);
+  check_gather_tokens_backward(grad_in, indices_in, prefix, num_tokens, c10::kCPU);
   const at::Tensor indices = indices_in.contiguous();
+  check_gather_tokens_range(op, indices, num_tokens);
   const cpu::GatherTokensShape sh = gather_tokens_shape(indices, num_tokens, grad_in.size(2), prefix);
-  TORCH_CHECK(grad_in.size(0) == sh.batch * sh.groups && grad_in.size(1) == sh.slots(), op, ": grad must have shape [",
-              sh.batch * sh.groups, ", ", sh.slots(), ", E] for indices of shape ", indices.sizes(), " and prefix ",
-              prefix, ", got ", grad_in.sizes());
   const at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty({sh.batch, num_tokens, sh.embed}, grad.options());
   if (grad_x.numel() == 0) return grad_x;

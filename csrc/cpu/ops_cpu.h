@@ -2,7 +2,7 @@
 // sopfast._C.<name without the _cpu suffix>).  Shapes and semantics: python/sopfast/ops.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <tuple>
@@ -16,8 +16,8 @@ at::Tensor sparsemax_backward_cpu(const at::Tensor& p, const at::Tensor& grad);
 
 // logits [N, d], k int64 [N] -> (indices int64 [N, k_max], mask bool [N, d], lam [N], attention [N, d]).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
-    const at::Tensor& logits, const at::Tensor& k, int64_t k_max, const std::optional<at::Tensor>& valid,
-    bool largest, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w);
+    const at::Tensor& logits, const at::Tensor& k, int64_t k_max, const std::optional<at::Tensor>& valid, bool largest,
+    const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w);
 // -> grad_logits [N, d] in attention's dtype.
 at::Tensor top_tau_backward_cpu(const at::Tensor& attention, const at::Tensor& mask, const at::Tensor& lam,
                                 const at::Tensor& grad_lam, const std::optional<at::Tensor>& grad_attention,

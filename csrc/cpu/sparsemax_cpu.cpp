@@ -2,6 +2,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include "cpu/ops_cpu.h"
 #include "cpu/sparsemax_kernels.h"
@@ -17,7 +18,7 @@ int64_t sparsemax_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::ma
 
 at::Tensor sparsemax_forward_cpu(const at::Tensor& x_in) {
   constexpr const char* op = "sparsemax_forward";
-  check_float_input(op, "x", x_in, 2, "[N, n]", c10::kCPU);
+  check_sparsemax_forward(x_in, c10::kCPU);
   const at::Tensor x = x_in.contiguous();
   at::Tensor p = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return p;
@@ -35,10 +36,7 @@ at::Tensor sparsemax_forward_cpu(const at::Tensor& x_in) {
 
 at::Tensor sparsemax_backward_cpu(const at::Tensor& p_in, const at::Tensor& grad_in) {
   constexpr const char* op = "sparsemax_backward";
-  check_float_input(op, "p", p_in, 2, "[N, n]", c10::kCPU);
-  check_float_input(op, "grad", grad_in, 2, "[N, n]", c10::kCPU);
-  check_same_shape(op, "grad", grad_in, p_in, "p");
-  check_dtype(op, "p", p_in, grad_in.scalar_type());
+  check_sparsemax_backward(p_in, grad_in, c10::kCPU);
   const at::Tensor p = p_in.contiguous();
   const at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty(grad.sizes(), grad.options());

@@ -7,61 +7,45 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
+
+#include "cpu/lanes.h"
 
 namespace sopfast::cpu {
 
+// (sum, count) of the entries of z[n] above tau: kLanes-wide for long arrays, one plain pass for
+// the few entries a row usually keeps.
 template <typename acc_t>
-struct SparsemaxRowStats {
-  acc_t max;          // largest non-NaN entry
-  int64_t n_posinf;   // number of +inf entries
-  bool has_nan;
-};
-
-template <typename scalar_t, typename acc_t>
-SparsemaxRowStats<acc_t> sparsemax_row_stats(const scalar_t* x, int64_t n) {
-  constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
-  acc_t max = -inf;
-  int64_t n_posinf = 0;
-  bool has_nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    const acc_t v = static_cast<acc_t>(x[i]);
-    max = v > max ? v : max;
-    n_posinf += v == inf;
-    has_nan |= v != v;
+std::pair<acc_t, int32_t> sparsemax_sum_above(const acc_t* z, int64_t n, acc_t tau) {
+  if (n >= 4 * kLanes) {
+    return {lane_sum<acc_t>(n, [&](int64_t i) { return z[i] > tau ? z[i] : acc_t(0); }),
+            lane_sum<int32_t>(n, [&](int64_t i) { return int32_t{z[i] > tau}; })};
   }
-  return {max, n_posinf, has_nan};
+  acc_t sum = 0;
+  int32_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool above = z[i] > tau;
+    sum += above ? z[i] : acc_t(0);
+    count += above;
+  }
+  return {sum, count};
 }
 
-// Sparsemax threshold tau of a row z[n] whose maximum is 0: the tau with
-// sum_i max(z_i - tau, 0) = 1.  Michelot's algorithm: start from a superset of the support
-// ({z > -1}, since tau >= max - 1), set tau = (sum_S z - 1) / |S| and drop the entries <= tau
-// until none is dropped; exact and sort-free.  Overwrites z with the compacted support.
+// Sparsemax threshold tau of a row whose maximum is 0, given z[n] = the row's entries above -1
+// (a superset of the support, since tau >= max - 1): the tau with sum_i max(z_i - tau, 0) = 1.
+// Michelot's algorithm: tau <- (sum_{z > tau} z - 1) / #{z > tau} from tau = -1 until the
+// support stops shrinking; exact and sort-free.  tau never decreases, so the support is nested
+// and the iteration ends (in fp too).
 template <typename acc_t>
-acc_t sparsemax_threshold(acc_t* z, int64_t n) {
-  int64_t size = 0;
-  acc_t sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const acc_t v = z[i];
-    const bool keep = v > acc_t(-1);
-    z[size] = v;
-    size += keep;
-    sum += keep ? v : acc_t(0);
-  }
-  acc_t tau = (sum - 1) / static_cast<acc_t>(size);
+acc_t sparsemax_threshold(const acc_t* z, int64_t n) {
+  acc_t tau = -1;
+  int32_t size = -1;
   while (true) {
-    int64_t kept = 0;
-    acc_t kept_sum = 0;
-    for (int64_t i = 0; i < size; ++i) {
-      const acc_t v = z[i];
-      const bool keep = v > tau;
-      z[kept] = v;
-      kept += keep;
-      kept_sum += keep ? v : acc_t(0);
-    }
-    if (kept == size) return tau;
-    size = kept;
-    tau = (kept_sum - 1) / static_cast<acc_t>(size);
+    const auto [sum, count] = sparsemax_sum_above(z, n, tau);
+    if (count == size) return tau;
+    size = count;
+    tau = std::max(tau, (sum - 1) / static_cast<acc_t>(count));
   }
 }
 
@@ -69,21 +53,30 @@ acc_t sparsemax_threshold(acc_t* z, int64_t n) {
 // entries; rows with NaN (and no +inf) or only -inf give NaN.
 template <typename scalar_t, typename acc_t>
 void sparsemax_forward_row(const scalar_t* x, scalar_t* p, int64_t n, acc_t* work) {
-  const SparsemaxRowStats<acc_t> stats = sparsemax_row_stats<scalar_t, acc_t>(x, n);
   constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
-  if (stats.n_posinf > 0) {
-    const acc_t share = acc_t(1) / static_cast<acc_t>(stats.n_posinf);
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) == inf ? share : acc_t(0));
+  auto at = [x](int64_t i) { return static_cast<acc_t>(x[i]); };
+  const acc_t max = lane_max<acc_t>(n, at);  // ignores NaN
+  if (max == inf) {
+    const int32_t n_posinf = lane_sum<int32_t>(n, [&](int64_t i) { return int32_t{at(i) == inf}; });
+    const acc_t share = acc_t(1) / static_cast<acc_t>(n_posinf);
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(at(i) == inf ? share : acc_t(0));
     return;
   }
-  if (stats.has_nan || stats.max == -inf) {
+  int64_t size = 0;  // work[:size] = the shifted entries above -1 (branch-free compaction)
+  bool has_nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const acc_t z = at(i) - max;
+    work[size] = z;
+    size += z > acc_t(-1);
+    has_nan |= z != z;
+  }
+  if (has_nan || max == -inf) {
     std::fill(p, p + n, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) work[i] = static_cast<acc_t>(x[i]) - stats.max;
-  const acc_t tau = sparsemax_threshold(work, n);
+  const acc_t tau = sparsemax_threshold(work, size);
   for (int64_t i = 0; i < n; ++i) {
-    const acc_t v = static_cast<acc_t>(x[i]) - stats.max - tau;
+    const acc_t v = at(i) - max - tau;
     p[i] = static_cast<scalar_t>(v > 0 ? v : acc_t(0));
   }
 }
@@ -91,17 +84,12 @@ void sparsemax_forward_row(const scalar_t* x, scalar_t* p, int64_t n, acc_t* wor
 // grad_x[n] = (g - mean_S g) on S = {p > 0}, 0 elsewhere.
 template <typename scalar_t, typename acc_t>
 void sparsemax_backward_row(const scalar_t* p, const scalar_t* g, scalar_t* grad_x, int64_t n) {
-  acc_t sum = 0;
-  int64_t size = 0;
+  auto in_support = [p](int64_t i) { return static_cast<acc_t>(p[i]) > acc_t(0); };
+  const acc_t sum = lane_sum<acc_t>(n, [&](int64_t i) { return in_support(i) ? static_cast<acc_t>(g[i]) : acc_t(0); });
+  const int32_t size = lane_sum<int32_t>(n, [&](int64_t i) { return int32_t{in_support(i)}; });
+  const acc_t mean = sum / static_cast<acc_t>(std::max(size, 1));
   for (int64_t i = 0; i < n; ++i) {
-    const bool in_support = static_cast<acc_t>(p[i]) > 0;
-    sum += in_support ? static_cast<acc_t>(g[i]) : acc_t(0);
-    size += in_support;
-  }
-  const acc_t mean = sum / static_cast<acc_t>(std::max<int64_t>(size, 1));
-  for (int64_t i = 0; i < n; ++i) {
-    const bool in_support = static_cast<acc_t>(p[i]) > 0;
-    grad_x[i] = static_cast<scalar_t>(in_support ? static_cast<acc_t>(g[i]) - mean : acc_t(0));
+    grad_x[i] = static_cast<scalar_t>(in_support(i) ? static_cast<acc_t>(g[i]) - mean : acc_t(0));
   }
 }
 
@@ -116,7 +104,9 @@ void sparsemax_forward_rows(const scalar_t* x, scalar_t* p, int64_t n, int64_t b
 template <typename scalar_t, typename acc_t>
 void sparsemax_backward_rows(const scalar_t* p, const scalar_t* g, scalar_t* grad_x, int64_t n, int64_t begin,
                              int64_t end) {
-  for (int64_t r = begin; r < end; ++r) sparsemax_backward_row<scalar_t, acc_t>(p + r * n, g + r * n, grad_x + r * n, n);
+  for (int64_t r = begin; r < end; ++r) {
+    sparsemax_backward_row<scalar_t, acc_t>(p + r * n, g + r * n, grad_x + r * n, n);
+  }
 }
 
 }  // namespace sopfast::cpu

@@ -2,6 +2,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include "cpu/ops_cpu.h"
 #include "cpu/top_tau_kernels.h"
@@ -34,61 +35,14 @@ cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest
   return pb;
 }
 
-void check_top_tau_forward(const at::Tensor& logits, const at::Tensor& k, int64_t k_max,
-                           const std::optional<at::Tensor>& valid) {
-  constexpr const char* op = "top_tau_forward";
-  check_float_input(op, "logits", logits, 2, "[N, d]", c10::kCPU);
-  const int64_t n = logits.size(0), d = logits.size(1);
-  TORCH_CHECK(d <= kTopTauMaxFeatures, op, ": at most ", kTopTauMaxFeatures, " features per row, got d=", d);
-  check_device(op, "k", k, c10::kCPU);
-  check_dtype(op, "k", k, at::kLong);
-  check_rank(op, "k", k, 1, "[N]");
-  TORCH_CHECK(k.size(0) == n, op, ": k must hold one count per row (", n, "), got ", k.size(0));
-  TORCH_CHECK(0 <= k_max && k_max <= d, op, ": k_max must lie in [0, d=", d, "], got ", k_max);
-  if (valid.has_value()) {
-    check_device(op, "valid", *valid, c10::kCPU);
-    check_dtype(op, "valid", *valid, at::kBool);
-    check_same_shape(op, "valid", *valid, logits, "logits");
-  }
-}
-
-// lam, grad_lam [N] in the attention dtype.
-void check_top_tau_row_vector(const char* name, const at::Tensor& t, const at::Tensor& attention) {
-  constexpr const char* op = "top_tau_backward";
-  check_device(op, name, t, c10::kCPU);
-  check_dtype(op, name, t, attention.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == attention.size(0), op, ": ", name, " must have shape [N=",
-              attention.size(0), "], got ", t.sizes());
-}
-
-void check_top_tau_backward(const at::Tensor& attention, const at::Tensor& mask, const at::Tensor& lam,
-                            const at::Tensor& grad_lam, const std::optional<at::Tensor>& grad_attention) {
-  constexpr const char* op = "top_tau_backward";
-  check_device(op, "attention", attention, c10::kCPU);
-  check_rank(op, "attention", attention, 2, "[N, d]");
-  const at::ScalarType dtype = attention.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, op, ": attention must be float32 or float64, got ", dtype);
-  check_device(op, "mask", mask, c10::kCPU);
-  check_dtype(op, "mask", mask, at::kBool);
-  check_same_shape(op, "mask", mask, attention, "attention");
-  check_top_tau_row_vector("lam", lam, attention);
-  check_top_tau_row_vector("grad_lam", grad_lam, attention);
-  if (grad_attention.has_value()) {
-    check_device(op, "grad_attention", *grad_attention, c10::kCPU);
-    check_dtype(op, "grad_attention", *grad_attention, dtype);
-    check_same_shape(op, "grad_attention", *grad_attention, attention, "attention");
-  }
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
     const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
     bool largest, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_forward";
-  check_top_tau_forward(logits_in, k_in, k_max, valid_in);
+  check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
-  check_blur_kernel(op, blur_kernel, d, grid_h, grid_w, c10::kCPU);
   const at::Tensor logits = logits_in.contiguous();
   const at::Tensor k = k_in.contiguous();
   const at::Tensor valid = valid_in.has_value() ? valid_in->contiguous() : at::Tensor();
@@ -122,10 +76,10 @@ at::Tensor top_tau_backward_cpu(const at::Tensor& attention_in, const at::Tensor
                                 const at::Tensor& grad_lam_in, const std::optional<at::Tensor>& grad_attention_in,
                                 const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_backward";
-  check_top_tau_backward(attention_in, mask_in, lam_in, grad_lam_in, grad_attention_in);
+  check_top_tau_backward(attention_in, mask_in, lam_in, grad_lam_in, grad_attention_in, blur_kernel, grid_h, grid_w,
+                         c10::kCPU);
   const at::ScalarType dtype = attention_in.scalar_type();
   const int64_t n = attention_in.size(0), d = attention_in.size(1);
-  check_blur_kernel(op, blur_kernel, d, grid_h, grid_w, c10::kCPU);
   const at::Tensor attention = attention_in.contiguous(), mask = mask_in.contiguous();
   const at::Tensor lam = lam_in.contiguous(), grad_lam = grad_lam_in.contiguous();
   const at::Tensor grad_attention = grad_attention_in.has_value() ? grad_attention_in->contiguous() : at::Tensor();

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "cpu/lanes.h"
 #include "sopfast_common.h"
 
 namespace sopfast::cpu {
@@ -17,12 +20,12 @@ namespace sopfast::cpu {
 // Shape and options shared by every row of one top_tau call.
 template <typename acc_t>
 struct TopTauProblem {
-  int64_t d = 0;                        // features per row
-  int64_t k_max = 0;                    // columns of indices
-  bool largest = true;                  // keep the largest (else the smallest) logits
-  const acc_t* blur_kernel = nullptr;   // [blur_size] or nullptr: no blur
+  int64_t d = 0;                       // features per row
+  int64_t k_max = 0;                   // columns of indices
+  bool largest = true;                 // keep the largest (else the smallest) logits
+  const acc_t* blur_kernel = nullptr;  // [blur_size] or nullptr: no blur
   int64_t blur_size = 0;
-  int64_t grid_h = 0, grid_w = 0;       // both > 0: 2-D blur on [grid_h, grid_w]; else 1-D along d
+  int64_t grid_h = 0, grid_w = 0;  // both > 0: 2-D blur on [grid_h, grid_w]; else 1-D along d
 
   bool blurs() const { return blur_kernel != nullptr && blur_size > 0; }
   bool blurs_2d() const { return grid_h > 0 && grid_w > 0; }
@@ -31,9 +34,11 @@ struct TopTauProblem {
 // Per-thread scratch of the row kernels.
 template <typename acc_t>
 struct TopTauWorkspace {
-  std::vector<acc_t> s, tmp;                                 // [d] each
-  std::vector<typename TopTauKeyType<acc_t>::type> keys;     // [d]
-  explicit TopTauWorkspace(int64_t d) : s(d), tmp(d), keys(d) {}
+  std::vector<acc_t> s, tmp;                              // [d] each
+  std::vector<typename TopTauKeyType<acc_t>::type> keys;  // [d]
+  std::vector<uint32_t> ranks;                            // [d]
+  std::vector<int64_t> positions;                         // [d]
+  explicit TopTauWorkspace(int64_t d) : s(d), tmp(d), keys(d), ranks(d), positions(d) {}
 };
 
 // dst[l, j] = sum_t kernel[t] * src[l, reflect(j + t - pad)] for `lines` contiguous lines of `len`.
@@ -95,9 +100,13 @@ void blur_columns_adjoint(const acc_t* src, acc_t* dst, int64_t len, int64_t wid
   }
 }
 
-// s[d] = the (optionally blurred) logits of one row in acc_t; returns ws.s.
+// The (optionally blurred) logits of one row in acc_t: the row itself, or ws.s.
 template <typename scalar_t, typename acc_t>
-acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar_t* logits, TopTauWorkspace<acc_t>& ws) {
+const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar_t* logits,
+                                    TopTauWorkspace<acc_t>& ws) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (!pb.blurs()) return logits;
+  }
   acc_t* s = ws.s.data();
   acc_t* tmp = ws.tmp.data();
   for (int64_t j = 0; j < pb.d; ++j) s[j] = static_cast<acc_t>(logits[j]);
@@ -112,43 +121,110 @@ acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar_t* lo
   return s;
 }
 
+// exp(x) for the softmax's x <= 0, branch-free so that its loop vectorises: x = n ln2 + r with
+// |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r, 2^n through the exponent bits.  Within
+// 1 ulp of exp on [-87.3, 0]; exactly 1 at 0 and exactly 0 below -87.3 (where floats go subnormal).
+inline float softmax_exp(float x) {
+  constexpr float lowest = -87.33654f;
+  const float clamped = x > lowest ? x : lowest;
+  const int n = -static_cast<int>(0.5f - clamped * 1.44269504088896341f);  // round(x / ln2), x <= 0
+  const float fn = static_cast<float>(n);
+  const float r = (clamped - fn * 0.693359375f) - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x > lowest ? p * scale : 0.0f;
+}
+
+inline double softmax_exp(double x) { return std::exp(x); }
+
 // attention[d] = softmax of s over the valid features (invalid -> 0).  A row holding +inf
 // spreads the mass uniformly over its +inf entries; a row with NaN, or whose valid entries
 // are all -inf, gives NaN everywhere (as torch.softmax does).
 template <typename acc_t>
 void top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attention) {
   constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
-  acc_t max = -inf;
-  int64_t n_posinf = 0;
-  bool has_nan = false;
-  for (int64_t j = 0; j < d; ++j) {
-    if (valid != nullptr && !valid[j]) continue;
-    const acc_t v = s[j];
-    max = v > max ? v : max;
-    n_posinf += v == inf;
-    has_nan |= v != v;
+  acc_t* a = attention;  // first the logits with invalid features at -inf
+  if (valid == nullptr) {
+    std::copy(s, s + d, a);
+  } else {
+    for (int64_t j = 0; j < d; ++j) a[j] = valid[j] ? s[j] : -inf;
   }
+  const int32_t n_posinf = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] == inf}; });
+  const int32_t n_nan = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] != a[j]}; });
+  const acc_t max = lane_max<acc_t>(d, [a](int64_t j) { return a[j]; });
   if (n_posinf > 0) {
     const acc_t share = acc_t(1) / static_cast<acc_t>(n_posinf);
-    for (int64_t j = 0; j < d; ++j) attention[j] = (valid == nullptr || valid[j]) && s[j] == inf ? share : acc_t(0);
+    for (int64_t j = 0; j < d; ++j) a[j] = a[j] == inf ? share : acc_t(0);
     return;
   }
-  if (has_nan || max == -inf) {
-    std::fill(attention, attention + d, std::numeric_limits<acc_t>::quiet_NaN());
+  if (n_nan > 0 || max == -inf) {
+    std::fill(a, a + d, std::numeric_limits<acc_t>::quiet_NaN());
     return;
   }
-  acc_t sum = 0;
+  for (int64_t j = 0; j < d; ++j) a[j] = softmax_exp(a[j] - max);
+  const acc_t inv = acc_t(1) / lane_sum<acc_t>(d, [a](int64_t j) { return a[j]; });
+  for (int64_t j = 0; j < d; ++j) a[j] *= inv;
+}
+
+// A threshold t for the kk largest of r[d] (1 <= kk <= d): either #{r >= t} == kk, or t is the
+// kk-th largest value (#{r > t} < kk <= #{r >= t}; the caller breaks the ties at t).  Bisection
+// over the 32-bit range with vectorised counts; the first case ends it after about log2(d) steps.
+inline uint32_t top_tau_threshold(const uint32_t* r, int64_t d, int64_t kk) {
+  uint64_t lo = 0, hi = uint64_t{1} << 32;  // #{r >= lo} >= kk > #{r >= hi}
+  while (hi - lo > 1) {
+    const uint64_t mid = (lo + hi) / 2;
+    const uint32_t t = static_cast<uint32_t>(mid);
+    int32_t count = 0;
+    for (int64_t j = 0; j < d; ++j) count += r[j] >= t;
+    if (count == kk) return t;
+    if (count > kk) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return static_cast<uint32_t>(lo);
+}
+
+// Fast path of top_tau_select for float rows keeping only valid features (kk <= #valid): the
+// key without its index field, r = 0 for invalid features and >= 1 for valid ones; the kk-th
+// largest r is the threshold, and ties at the threshold go to the lower indices.
+inline void top_tau_select_valid(const float* s, const bool* valid, bool largest, int64_t d, int64_t kk, bool* mask,
+                                 uint32_t* r) {
   for (int64_t j = 0; j < d; ++j) {
-    const acc_t e = (valid == nullptr || valid[j]) ? std::exp(s[j] - max) : acc_t(0);
-    attention[j] = e;
-    sum += e;
+    const uint32_t order = ordered_bits(s[j]);
+    const uint32_t priority = largest ? order : ~order;  // 0 only for NaN with largest=false
+    r[j] = (valid == nullptr || valid[j]) ? std::max(priority, 1u) : 0u;
   }
-  const acc_t inv = acc_t(1) / sum;
-  for (int64_t j = 0; j < d; ++j) attention[j] *= inv;
+  const uint32_t threshold = top_tau_threshold(r, d, kk);
+  int32_t at_least = 0, above = 0;
+  for (int64_t j = 0; j < d; ++j) {
+    at_least += r[j] >= threshold;
+    above += r[j] > threshold;
+  }
+  if (at_least == kk) {  // no ties to break at the threshold
+    for (int64_t j = 0; j < d; ++j) mask[j] = r[j] >= threshold;
+    return;
+  }
+  int64_t ties_left = kk - above;
+  for (int64_t j = 0; j < d; ++j) {
+    const bool tie = r[j] == threshold && ties_left > 0;
+    ties_left -= tie;
+    mask[j] = r[j] > threshold || tie;
+  }
 }
 
 // mask[d] = the min(max(k, 0), d) features with the largest top_tau_key (valid first, then by
-// logit, ties to the lower index): the k-th largest key is found by nth_element, O(d).
+// logit, ties to the lower index).  float rows that keep only valid features take the
+// bisection fast path; otherwise the k-th largest full key is found by nth_element.  O(d).
 template <typename acc_t>
 void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* s, const bool* valid, int64_t k, bool* mask,
                     TopTauWorkspace<acc_t>& ws) {
@@ -158,6 +234,10 @@ void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* s, const bool* 
     std::fill(mask, mask + d, kk == d);
     return;
   }
+  if constexpr (std::is_same_v<acc_t, float>) {
+    const int64_t n_valid = valid == nullptr ? d : std::count(valid, valid + d, true);
+    if (kk <= n_valid) return top_tau_select_valid(s, valid, pb.largest, d, kk, mask, ws.ranks.data());
+  }
   auto key = [&](int64_t j) { return top_tau_key(s[j], valid == nullptr || valid[j], pb.largest, j); };
   auto* keys = ws.keys.data();
   for (int64_t j = 0; j < d; ++j) keys[j] = key(j);
@@ -166,12 +246,16 @@ void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* s, const bool* 
   for (int64_t j = 0; j < d; ++j) mask[j] = key(j) >= threshold;
 }
 
-// indices[k_max] = the positions of mask[d] in ascending order, -1 padded at the end.
-inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, int64_t* indices) {
+// indices[k_max] = the positions of mask[d] in ascending order, -1 padded at the end;
+// positions[d] is scratch (the loop stores every j and advances on kept ones: no branches).
+inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, int64_t* indices, int64_t* positions) {
   int64_t count = 0;
-  for (int64_t j = 0; j < d && count < k_max; ++j) {
-    if (mask[j]) indices[count++] = j;
+  for (int64_t j = 0; j < d; ++j) {
+    positions[count] = j;
+    count += mask[j];
   }
+  count = std::min(count, k_max);
+  std::copy(positions, positions + count, indices);
   std::fill(indices + count, indices + k_max, int64_t{-1});
 }
 
@@ -183,10 +267,8 @@ void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits,
   const acc_t* s = top_tau_blurred_logits(pb, logits, ws);
   top_tau_softmax(s, valid, pb.d, attention);
   top_tau_select(pb, s, valid, k, mask, ws);
-  top_tau_write_indices(mask, pb.d, pb.k_max, indices);
-  acc_t kept = 0;
-  for (int64_t j = 0; j < pb.d; ++j) kept += mask[j] ? attention[j] : acc_t(0);
-  *lam = 2 * kept - 1;
+  top_tau_write_indices(mask, pb.d, pb.k_max, indices, ws.positions.data());
+  *lam = 2 * lane_sum<acc_t>(pb.d, [&](int64_t j) { return mask[j] ? attention[j] : acc_t(0); }) - 1;
 }
 
 // One row of the backward: grad_logits[d] = blur^T(a * (grad_lam * (sigma - lam) + (ga - <a, ga>)))
@@ -198,8 +280,7 @@ void top_tau_backward_row(const TopTauProblem<acc_t>& pb, const acc_t* attention
   acc_t* g = pb.blurs() ? ws.s.data() : grad_logits;
   for (int64_t j = 0; j < d; ++j) g[j] = attention[j] * (grad_lam * ((mask[j] ? acc_t(1) : acc_t(-1)) - lam));
   if (grad_attention != nullptr) {
-    acc_t dot = 0;
-    for (int64_t j = 0; j < d; ++j) dot += attention[j] * grad_attention[j];
+    const acc_t dot = lane_sum<acc_t>(d, [&](int64_t j) { return attention[j] * grad_attention[j]; });
     for (int64_t j = 0; j < d; ++j) g[j] += attention[j] * (grad_attention[j] - dot);
   }
   if (!pb.blurs()) return;
@@ -218,8 +299,8 @@ void top_tau_forward_rows(const TopTauProblem<acc_t>& pb, const scalar_t* logits
   TopTauWorkspace<acc_t> ws(pb.d);
   const int64_t d = pb.d;
   for (int64_t r = begin; r < end; ++r) {
-    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k[r],
-                        indices + r * pb.k_max, mask + r * d, lam + r, attention + r * d, ws);
+    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k[r], indices + r * pb.k_max,
+                        mask + r * d, lam + r, attention + r * d, ws);
   }
 }
 

@@ -1,0 +1,173 @@
+// Device helpers of the sopfast CUDA kernels: dtype conversion, warp / block reductions,
+// dtype dispatch of the launchers.  Needs only the CUDA toolkit headers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sopfast_cuda.h"
+#include "sopfast_common.h"
+
+namespace sopfast::cuda {
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr int kWarp = 32;
+
+// ---- special values (std::numeric_limits is host-only without --expt-relaxed-constexpr) ----
+template <typename T>
+__device__ __forceinline__ T infinity();
+template <>
+__device__ __forceinline__ float infinity<float>() {
+  return __int_as_float(0x7f800000);
+}
+template <>
+__device__ __forceinline__ double infinity<double>() {
+  return __longlong_as_double(0x7ff0000000000000LL);
+}
+
+template <typename T>
+__device__ __forceinline__ T quiet_nan();
+template <>
+__device__ __forceinline__ float quiet_nan<float>() {
+  return __int_as_float(0x7fc00000);
+}
+template <>
+__device__ __forceinline__ double quiet_nan<double>() {
+  return __longlong_as_double(0x7ff8000000000000LL);
+}
+
+// ---- conversions between storage types and the math type ----
+template <typename acc_t, typename T>
+__device__ __forceinline__ acc_t load_as(const T* p) {
+  return static_cast<acc_t>(*p);
+}
+template <>
+__device__ __forceinline__ float load_as<float, __half>(const __half* p) {
+  return __half2float(*p);
+}
+template <>
+__device__ __forceinline__ float load_as<float, __nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
+template <typename T, typename acc_t>
+__device__ __forceinline__ T cast_to(acc_t v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __half cast_to<__half, float>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 cast_to<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Products and sums that the compiler may not fuse into FMAs (the CPU kernels round the same way).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// ---- reductions ----
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+// Maximum that ignores NaN (NaN is tracked separately by the callers).
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return fmax(a, b);
+  }
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_allreduce(T v, Op op) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// All-reduce over a block of THREADS threads (a multiple of 32); every thread must call it.
+template <int THREADS, typename T, typename Op>
+__device__ T block_allreduce(T v, Op op) {
+  static_assert(THREADS % kWarp == 0 && THREADS <= 1024, "THREADS must be a multiple of 32, at most 1024");
+  constexpr int warps = THREADS / kWarp;
+  __shared__ T partial[warps];
+  v = warp_allreduce(v, op);
+  __syncthreads();  // earlier readers of `partial` are done
+  if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  T total = partial[0];
+#pragma unroll
+  for (int w = 1; w < warps; ++w) total = op(total, partial[w]);
+  return total;
+}
+
+// All-reduce over a team of TEAM threads: a warp (TEAM == 32) or the whole block.
+template <int TEAM, typename T, typename Op>
+__device__ __forceinline__ T team_allreduce(T v, Op op) {
+  if constexpr (TEAM == kWarp) {
+    return warp_allreduce(v, op);
+  } else {
+    return block_allreduce<TEAM>(v, op);
+  }
+}
+
+// Exclusive prefix count of `flag` over a block of THREADS threads, and the block's total.
+template <int THREADS>
+__device__ int block_exclusive_count(bool flag, int* total) {
+  constexpr int warps = THREADS / kWarp;
+  __shared__ int warp_counts[warps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  __syncthreads();  // earlier readers of `warp_counts` are done
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = __popc(ballot & ((1u << lane) - 1u)), sum = 0;
+#pragma unroll
+  for (int w = 0; w < warps; ++w) {
+    before += w < warp ? warp_counts[w] : 0;
+    sum += warp_counts[w];
+  }
+  *total = sum;
+  return before;
+}
+
+// Grid size for a grid-stride loop over `work` items handled `per_block` at a time.
+inline unsigned grid_for(int64_t work, int64_t per_block) {
+  const int64_t blocks = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > (1 << 30) ? (1 << 30) : blocks));
+}
+
+// Calls f(T{}) with T the storage type of `dtype`.
+template <typename F>
+int dispatch_float_type(FloatType dtype, F&& f) {
+  switch (dtype) {
+    case FloatType::kFloat32:
+      return f(float{});
+    case FloatType::kFloat16:
+      return f(__half{});
+    case FloatType::kBFloat16:
+      return f(__nv_bfloat16{});
+    case FloatType::kFloat64:
+      return f(double{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// The math type of a storage type.
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+
+}  // namespace sopfast::cuda

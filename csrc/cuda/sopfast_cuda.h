@@ -1,0 +1,70 @@
+// Launchers of the CUDA kernels (csrc/cuda/*.cu), callable without torch or CUDA headers.
+//
+// Every pointer is a device pointer to contiguous row-major data; `stream` is a cudaStream_t.
+// Each launcher enqueues its kernel and returns the cudaError_t of the launch (0 = success);
+// sopfast::cuda::error_string turns it into text.
+#pragma once
+
+#include <cstdint>
+
+namespace sopfast::cuda {
+
+// Storage type of a float tensor; math runs in float32 (float64 for kFloat64).
+enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+
+const char* error_string(int code);
+
+// x [rows, n] -> p [rows, n] in `dtype`.
+int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, void* stream);
+// p, grad [rows, n] -> grad_x [rows, n], all in `dtype`.
+int sparsemax_backward_launch(const void* p, const void* grad, void* grad_x, int64_t rows, int64_t n, FloatType dtype,
+                              void* stream);
+
+// top_tau forward.  lam, attention, blur_kernel and scratch are in the math type (float64 for
+// kFloat64 logits, else float32).  scratch [rows, d] is needed only when blur_kernel is set.
+struct TopTauForwardArgs {
+  const void* logits = nullptr;  // [rows, d] in logits_type
+  FloatType logits_type = FloatType::kFloat32;
+  const bool* valid = nullptr;  // [rows, d] or nullptr (all valid)
+  const int64_t* k = nullptr;   // [rows]; clamped to [0, d]
+  int64_t rows = 0, d = 0, k_max = 0;
+  bool largest = true;
+  const void* blur_kernel = nullptr;  // [blur_size] or nullptr
+  int64_t blur_size = 0, grid_h = 0, grid_w = 0;
+  void* scratch = nullptr;     // [rows, d]
+  int64_t* indices = nullptr;  // [rows, k_max] out
+  bool* mask = nullptr;        // [rows, d] out
+  void* lam = nullptr;         // [rows] out
+  void* attention = nullptr;   // [rows, d] out
+};
+int top_tau_forward_launch(const TopTauForwardArgs& args, void* stream);
+
+// top_tau backward; every float buffer is float32 (or float64 when `is_double`).
+struct TopTauBackwardArgs {
+  bool is_double = false;
+  const void* attention = nullptr;       // [rows, d]
+  const bool* mask = nullptr;            // [rows, d]
+  const void* lam = nullptr;             // [rows]
+  const void* grad_lam = nullptr;        // [rows]
+  const void* grad_attention = nullptr;  // [rows, d] or nullptr
+  int64_t rows = 0, d = 0;
+  const void* blur_kernel = nullptr;  // [blur_size] or nullptr
+  int64_t blur_size = 0, grid_h = 0, grid_w = 0;
+  void* scratch = nullptr;      // [rows, d], needed with a blur
+  void* grad_logits = nullptr;  // [rows, d] out
+};
+int top_tau_backward_launch(const TopTauBackwardArgs& args, void* stream);
+
+// gather_tokens shapes: x [batch, tokens, embed], indices [batch, groups, keep].
+struct GatherTokensDims {
+  int64_t batch = 0, tokens = 0, embed = 0, groups = 0, keep = 0, prefix = 0;
+};
+// out [batch * groups, prefix + keep, embed]; indices outside [0, tokens) give zero rows.
+int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensDims& dims,
+                                 FloatType dtype, void* stream);
+// grad [batch * groups, prefix + keep, embed] -> grad_x [batch, tokens, embed] (scatter-add,
+// float32 accumulation, deterministic); indices outside [0, tokens) are skipped.
+int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensDims& dims,
+                                  FloatType dtype, void* stream);
+
+}  // namespace sopfast::cuda

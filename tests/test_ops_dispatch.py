@@ -1,0 +1,110 @@
+"""Backend selection of the ops (SOPFAST_BACKEND, backends()) and torch.compile over them."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from sopfast.ops import _backends, backends, gather_tokens, select_backend, sparsemax, top_tau
+
+# the modules (sopfast.ops re-exports functions of the same names)
+gather_tokens_module = importlib.import_module("sopfast.ops.gather_tokens")
+sparsemax_module = importlib.import_module("sopfast.ops.sparsemax")
+top_tau_module = importlib.import_module("sopfast.ops.top_tau")
+
+needs_cpp = pytest.mark.skipif(not _backends.has_cpp(), reason="sopfast._C is not built")
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
+
+class CallCounter:
+    """Wraps a function and counts its calls."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def run_every_op(requires_grad: bool = True) -> None:
+    x = torch.randn(3, 8, requires_grad=requires_grad)
+    loss = sparsemax(x).square().sum() + top_tau(x, tau=0.25).lam.sum()
+    tokens = torch.randn(3, 8, 4, requires_grad=requires_grad)
+    loss = loss + gather_tokens(tokens, torch.randint(-1, 8, (3, 2, 3)), prefix=1).sum()
+    loss.backward()
+
+
+@pytest.fixture
+def reference_counters(monkeypatch):
+    """Counts the calls of every op's reference forward and backward."""
+    counters = {}
+    for module, names in [
+        (sparsemax_module, ["sparsemax_reference", "sparsemax_backward_reference"]),
+        (top_tau_module, ["top_tau_reference", "top_tau_backward_reference"]),
+        (gather_tokens_module, ["gather_tokens_reference", "gather_tokens_backward_reference"]),
+    ]:
+        for name in names:
+            counters[name] = CallCounter(getattr(module, name))
+            monkeypatch.setattr(module, name, counters[name])
+    return counters
+
+
+@needs_cpp
+def test_backends_report_cpp_when_built(monkeypatch):
+    monkeypatch.delenv("SOPFAST_BACKEND", raising=False)
+    info = backends()
+    assert info["available"]["cpp"] is True and info["cpu"] == "cpp" and info["forced"] is None
+    assert select_backend(torch.zeros(1)) == "cpp"
+    assert info["available"]["cuda"] == (_backends.has_cuda_kernels() and torch.cuda.is_available())
+
+
+@needs_cpp
+def test_cpu_tensors_run_the_extension_by_default(monkeypatch, reference_counters):
+    monkeypatch.delenv("SOPFAST_BACKEND", raising=False)
+    run_every_op()
+    assert all(counter.calls == 0 for counter in reference_counters.values())
+
+
+def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):
+    monkeypatch.setenv("SOPFAST_BACKEND", "torch")
+    assert backends()["cpu"] == "torch" and select_backend(torch.zeros(1)) == "torch"
+    run_every_op()
+    assert all(counter.calls == 1 for counter in reference_counters.values()), reference_counters
+
+
+def test_unknown_backend_raises(monkeypatch):
+    monkeypatch.setenv("SOPFAST_BACKEND", "fortran")
+    with pytest.raises(ValueError, match="not a backend"):
+        sparsemax(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="not a backend"):
+        backends()
+
+
+@needs_cpp
+def test_torch_compile_matches_eager(monkeypatch):
+    monkeypatch.delenv("SOPFAST_BACKEND", raising=False)
+    torch._dynamo.reset()
+
+    def pipeline(logits, tokens, indices):
+        weights = sparsemax(logits)
+        groups = top_tau(logits, tau=0.25, blur_kernel_size=3)
+        picked = gather_tokens(tokens, indices, prefix=1)
+        return (weights * groups.attention).sum(dim=-1) * groups.lam + picked.mean(dim=(1, 2))
+
+    logits = torch.randn(4, 16, requires_grad=True)
+    tokens = torch.randn(4, 16, 8)
+    indices = torch.randint(0, 16, (4, 1, 5))
+    # aot_eager traces the custom ops through their fake implementations without inductor's codegen
+    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=False)
+    eager_out = pipeline(logits, tokens, indices)
+    compiled_out = compiled(logits, tokens, indices)
+    torch.testing.assert_close(compiled_out, eager_out)
+    (eager_grad,) = torch.autograd.grad(eager_out.sum(), logits)
+    (compiled_grad,) = torch.autograd.grad(compiled(logits, tokens, indices).sum(), logits)
+    torch.testing.assert_close(compiled_grad, eager_grad)
