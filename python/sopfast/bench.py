@@ -73,19 +73,31 @@ def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float | N
     return None if before is None or peak is None else max(0, peak - before) / 1024
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
-    times = []
-    for i in range(warmup + repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure(
+    fn: Callable[[], object], repeats: int, warmup: int, device: torch.device, memory: bool = True
+) -> tuple[float, float | None]:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs, and the peak memory
+    of the last run (MiB; ``None`` when not measured)."""
+    for _ in range(warmup):
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [_timed(fn, device) for _ in range(repeats - 1)]
+    peak: list[float | None] = [None]
+
+    def last() -> None:
+        peak[0] = peak_memory_mib(fn, device) if memory else (fn(), None)[1]
+
+    times.append(_timed(last, device))
+    return statistics.median(times), peak[0]
 
 
 def step_functions(model: SOP, args: tuple, labels: torch.Tensor, train: bool) -> dict[str, Callable[[], object]]:
@@ -121,14 +133,14 @@ def compare_modes(
     model: SOP, args: tuple, labels: torch.Tensor, train: bool = False, repeats: int = 3, warmup: int = 1,
     memory: bool = True,
 ) -> list[BenchResult]:
-    """Time reference / exact / drop on one batch (``args`` as passed to ``model``)."""
+    """Time reference / exact / drop on one batch (``args`` as passed to ``model``); the peak
+    memory is read during the last timed run."""
     model.train(train)
     device = next(model.parameters()).device
     batch = int(args[0].shape[0])
     results = []
     for name, fn in step_functions(model, args, labels, train).items():
-        seconds = median_seconds(fn, repeats, warmup, device)
-        peak = peak_memory_mib(fn, device) if memory else None
+        seconds, peak = measure(fn, max(1, repeats), warmup, device, memory)
         results.append(BenchResult(name, seconds, batch / seconds, peak))
     return results
 

