@@ -83,21 +83,27 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def measure(
-    fn: Callable[[], object], repeats: int, warmup: int, device: torch.device, memory: bool = True
-) -> tuple[float, float | None]:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs, and the peak memory
-    of the last run (MiB; ``None`` when not measured)."""
+def measure_interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device, memory: bool = True
+) -> dict[str, tuple[float, float | None]]:
+    """Median wall time of each function over ``repeats`` rounds, the functions taking turns in
+    every round (so a noisy machine slows them alike), after ``warmup`` rounds; and each one's
+    peak memory in the last round (MiB; ``None`` when not measured)."""
     for _ in range(warmup):
-        fn()
-    times = [_timed(fn, device) for _ in range(repeats - 1)]
-    peak: list[float | None] = [None]
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    peaks: dict[str, float | None] = dict.fromkeys(fns)
+    for round_ in range(max(1, repeats)):
+        for name, fn in fns.items():
+            if round_ == repeats - 1 and memory:
+                def run(fn=fn, name=name) -> None:
+                    peaks[name] = peak_memory_mib(fn, device)
 
-    def last() -> None:
-        peak[0] = peak_memory_mib(fn, device) if memory else (fn(), None)[1]
-
-    times.append(_timed(last, device))
-    return statistics.median(times), peak[0]
+                times[name].append(_timed(run, device))
+            else:
+                times[name].append(_timed(fn, device))
+    return {name: (statistics.median(times[name]), peaks[name]) for name in fns}
 
 
 def step_functions(model: SOP, args: tuple, labels: torch.Tensor, train: bool) -> dict[str, Callable[[], object]]:
@@ -133,14 +139,14 @@ def compare_modes(
     model: SOP, args: tuple, labels: torch.Tensor, train: bool = False, repeats: int = 3, warmup: int = 1,
     memory: bool = True,
 ) -> list[BenchResult]:
-    """Time reference / exact / drop on one batch (``args`` as passed to ``model``); the peak
-    memory is read during the last timed run."""
+    """Time reference / exact / drop on one batch (``args`` as passed to ``model``), interleaved;
+    the peak memory is read during the last round."""
     model.train(train)
     device = next(model.parameters()).device
     batch = int(args[0].shape[0])
     results = []
-    for name, fn in step_functions(model, args, labels, train).items():
-        seconds, peak = measure(fn, max(1, repeats), warmup, device, memory)
+    measured = measure_interleaved(step_functions(model, args, labels, train), repeats, warmup, device, memory)
+    for name, (seconds, peak) in measured.items():
         results.append(BenchResult(name, seconds, batch / seconds, peak))
     return results
 

@@ -101,7 +101,7 @@ def _text_batches(dataset: TextDataset, device: torch.device, batch: int = 64):
 
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
-    results = compare_modes(model, (x,), y, train=True, repeats=2, warmup=1)
+    results = compare_modes(model, (x,), y, train=True, repeats=7, warmup=1)
     cfg = model.backbone.config
     d = model.adapter.num_features(model.prepare(x))
     kept = max(1, int(model.tau * d)) + 1
