@@ -125,7 +125,9 @@ def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str)
     if mode == "drop" and model.adapter.modality == "image" and bool((sizes != sizes.flatten()[:1]).any()):
         mode = "exact"
     with torch.no_grad():
-        return model.adapter.run_groups(inputs, masks_to_groups(masks), mode, model.group_batch_size)
+        groups = masks_to_groups(masks)
+        chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode))
+        return model.adapter.run_groups(inputs, groups, mode, chunk)
 
 
 def combine_groups(model: SOP, preds: GroupPredictions, masks: torch.Tensor, how: str) -> Prediction:
@@ -467,13 +469,13 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
         with torch.enable_grad():
             return ca.IntegratedGradients(forward).attribute(
                 ones, baselines=0.0, target=target, additional_forward_args=tensors, n_steps=budget,
-                internal_batch_size=model.group_batch_size,
+                internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
             ).detach().float()
     hard = _hard_forward(model, names)
     if method == "occlusion":
         return ca.Occlusion(hard).attribute(
             ones, sliding_window_shapes=(window,), strides=window, baselines=0.0, target=target,
-            additional_forward_args=tensors, perturbations_per_eval=model.group_batch_size,
+            additional_forward_args=tensors, perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
         ).float()
     explainer = ca.Lime(hard) if method == "lime" else ca.KernelShap(hard)
     valid = candidate_mask(model, inputs)

@@ -15,6 +15,7 @@ from .selector import GroupSelector
 from .types import FeatureInputs, Groups
 
 TASKS = ("classification", "regression")
+TOKENS_PER_CALL = 4096
 
 
 def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -38,7 +39,8 @@ class SOP(nn.Module):
         group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
         blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
         deletion: groups keep the lowest-attention features instead of the highest.
-        group_batch_size: groups per backbone call (bounds memory).
+        group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
+            ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
         adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone.
@@ -58,7 +60,7 @@ class SOP(nn.Module):
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
         deletion: bool = False,
-        group_batch_size: int = 64,
+        group_batch_size: int | None = None,
         task: str = "classification",
         class_weights: torch.Tensor | None = None,
         adapter: BackboneAdapter | None = None,
@@ -69,7 +71,9 @@ class SOP(nn.Module):
             raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
         self.num_groups = _check_positive_int("num_groups", num_groups)
         self.tau = tau
-        self.group_batch_size = _check_positive_int("group_batch_size", group_batch_size)
+        self.group_batch_size = (
+            None if group_batch_size is None else _check_positive_int("group_batch_size", group_batch_size)
+        )
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         self.task = task
@@ -178,8 +182,9 @@ class SOP(nn.Module):
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector."""
         mode = self.mode if mode is None else check_mode(self.adapter, mode)
+        chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode))
         with torch.no_grad():
-            preds = self.adapter.run_groups(inputs, groups, mode, self.group_batch_size)
+            preds = self.adapter.run_groups(inputs, groups, mode, chunk)
         scores = self.selector(preds.keys)
         logits = aggregate(scores, groups.lam, preds.logits)
         return SOPOutput(
@@ -205,6 +210,12 @@ class SOP(nn.Module):
         from .checkpoint import load_pretrained
 
         return load_pretrained(directory, backbone, **overrides)
+
+    def group_chunk_size(self, tokens_per_group: int) -> int:
+        """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens."""
+        if self.group_batch_size is not None:
+            return self.group_batch_size
+        return max(1, TOKENS_PER_CALL // max(1, tokens_per_group))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""

@@ -84,6 +84,12 @@ class BackboneAdapter(ABC):
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         """Run the frozen backbone on every group (no autograd), ``chunk_size`` groups at a time."""
 
+    def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
+        """How many tokens (or feature cells) one group pass processes, to size the chunks."""
+        if mode == "exact":
+            return groups.mask.shape[-1] + 1
+        return int(groups.mask.sum(dim=-1).max()) + 1
+
     @abstractmethod
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Plain forward of the backbone on (already masked) inputs: logits ``[N, C]``, keys ``[N, H]``."""

@@ -63,6 +63,12 @@ class HFBertAdapter(BackboneAdapter):
         """``[B, T]`` bool: the second segment, never masked."""
         return inputs.attention_mask.bool() & (inputs.token_type_ids == 1)
 
+    def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
+        if mode == "exact":
+            return groups.mask.shape[-1]
+        kept = (groups.mask | self.always_kept(inputs).unsqueeze(1)).sum(dim=-1)
+        return int(kept.max()) + 1
+
     @property
     def embed_dim(self) -> int:
         return int(self.backbone.config.hidden_size)
