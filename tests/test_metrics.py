@@ -10,15 +10,15 @@ import torch
 from sopfast import metrics as M
 
 
-def _close(value: torch.Tensor | float, expected: float, tol: float = 1e-6) -> None:
+def _assert_close(value: torch.Tensor | float, expected: float, tol: float = 1e-6) -> None:
     assert float(value) == pytest.approx(expected, abs=tol)
 
 
 def test_accuracy_and_error():
     logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, 2.0], [5.0, 0.0, 0.0]])
     labels = torch.tensor([0, 1, 1, 0])
-    _close(M.accuracy(logits, labels), 0.75)
-    _close(M.error(logits, labels), 0.25)
+    _assert_close(M.accuracy(logits, labels), 0.75)
+    _assert_close(M.error(logits, labels), 0.25)
     assert M.accuracy(logits, labels, reduction="none").tolist() == [1.0, 1.0, 0.0, 1.0]
 
 
@@ -26,14 +26,14 @@ def test_mse_per_output_and_single_output():
     preds = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
     targets = torch.tensor([[0.0, 2.0], [1.0, 1.0]])
     assert M.mse(preds, targets, reduction="none").tolist() == [0.5, 1.0]
-    _close(M.mse(preds, targets), 0.75)
-    _close(M.mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0])), 2.5)
+    _assert_close(M.mse(preds, targets), 0.75)
+    _assert_close(M.mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0])), 2.5)
 
 
 def test_fidelity_hand_value_and_zero_for_exact_sums():
     logits = torch.tensor([[0.0, 0.0]])
     attributions = torch.tensor([[[0.0], [math.log(3.0)]]])
-    _close(M.fidelity(logits, attributions), 0.5 * math.log(4.0 / 3.0))
+    _assert_close(M.fidelity(logits, attributions), 0.5 * math.log(4.0 / 3.0))
     alpha = torch.randn(5, 4, 7)
     assert float(M.fidelity(alpha.sum(-1), alpha)) < 1e-6
 
@@ -45,20 +45,20 @@ def _step_logits(probs: list[list[list[float]]]) -> torch.Tensor:
 def test_insertion_is_auc_relative_to_full_input():
     steps = _step_logits([[[0.6, 0.4], [0.3, 0.7], [0.2, 0.8]]])
     assert M.probability_curve(steps).flatten().tolist() == pytest.approx([0.6, 0.7, 0.8])
-    _close(M.insertion(steps), 0.7 / 0.8)
-    _close(M.curve_auc(M.probability_curve(steps)), 0.7)
+    _assert_close(M.insertion(steps), 0.7 / 0.8)
+    _assert_close(M.curve_auc(M.probability_curve(steps)), 0.7)
 
 
 def test_deletion_scores_a_switched_prediction_as_one():
     steps = _step_logits([[[0.6, 0.4], [0.3, 0.7], [0.2, 0.8]]])
     assert M.probability_curve(steps, penalize_switch=True).flatten().tolist() == pytest.approx([1.0, 0.7, 0.8])
-    _close(M.deletion(steps), (2.5 / 3) / 0.8)
+    _assert_close(M.deletion(steps), (2.5 / 3) / 0.8)
 
 
 def test_mse_curve_and_sparsity_curve():
     curve = M.mse_curve(torch.tensor([[[1.0], [2.0]]]), torch.tensor([1.0]))
     assert curve.tolist() == [[0.0, 1.0]]
-    _close(M.curve_auc(curve), 0.5)
+    _assert_close(M.curve_auc(curve), 0.5)
     outputs = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]]])
     assert M.sparsity_curve(outputs, torch.tensor([0, 0]), [0.5, 1.0]) == {0.5: 1.0, 1.0: 0.5}
 
@@ -68,10 +68,10 @@ GT = torch.tensor([[0, 1, 1, 0]], dtype=torch.bool)
 
 
 def test_iou_coverage_object_ratio():
-    _close(M.group_iou(MASKS, GT), (1 / 3 + 2 / 3) / 2)
-    _close(M.group_coverage(MASKS, GT), (1 / 2 + 1) / 2)
-    _close(M.object_ratio(MASKS, GT), (1 / 2 + 2 / 3) / 2)
-    _close(M.group_iou(MASKS, GT, used=torch.tensor([[True, False]])), 1 / 3)
+    _assert_close(M.group_iou(MASKS, GT), (1 / 3 + 2 / 3) / 2)
+    _assert_close(M.group_coverage(MASKS, GT), (1 / 2 + 1) / 2)
+    _assert_close(M.object_ratio(MASKS, GT), (1 / 2 + 2 / 3) / 2)
+    _assert_close(M.group_iou(MASKS, GT, used=torch.tensor([[True, False]])), 1 / 3)
 
 
 def test_empty_ground_truth_is_left_out_of_the_mean():
@@ -79,7 +79,7 @@ def test_empty_ground_truth_is_left_out_of_the_mean():
     gt = torch.cat([GT, torch.zeros_like(GT)])
     values = M.group_iou(masks, gt, reduction="none")
     assert math.isnan(float(values[1]))
-    _close(M.group_iou(masks, gt), 0.5)
+    _assert_close(M.group_iou(masks, gt), 0.5)
 
 
 def test_object_ratio_by_correctness():
@@ -108,9 +108,9 @@ def test_cosmogrid_alignment():
 def test_cosmogrid_purity_per_output_and_thresholds():
     masks, x = _cosmo_case()
     used = torch.tensor([[[True, False, True, False], [False, True, False, True]]])
-    _close(M.cosmogrid_purity(masks, x, used), ((0.5 + 0.0) / 2 + (0.5 + 0.5) / 2) / 2)
-    _close(M.cosmogrid_purity(masks, x, used, tau_v=0.3), ((0.5 + 0.5) / 2 + 0.5) / 2)
-    _close(M.cosmogrid_purity(masks, x), (0.5 + 0.5 + 0.0 + 0.5) / 4)
+    _assert_close(M.cosmogrid_purity(masks, x, used), ((0.5 + 0.0) / 2 + (0.5 + 0.5) / 2) / 2)
+    _assert_close(M.cosmogrid_purity(masks, x, used, tau_v=0.3), ((0.5 + 0.5) / 2 + 0.5) / 2)
+    _assert_close(M.cosmogrid_purity(masks, x), (0.5 + 0.5 + 0.0 + 0.5) / 4)
 
 
 def test_leakage_probe_finds_a_planted_label_and_not_noise():
