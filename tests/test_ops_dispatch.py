@@ -7,6 +7,7 @@ import importlib
 import pytest
 import torch
 
+from op_testing import needs_cpp
 from sopfast.ops import _backends, backends, gather_tokens, select_backend, sparsemax, top_tau
 
 # the modules (sopfast.ops re-exports functions of the same names)
@@ -14,7 +15,6 @@ gather_tokens_module = importlib.import_module("sopfast.ops.gather_tokens")
 sparsemax_module = importlib.import_module("sopfast.ops.sparsemax")
 top_tau_module = importlib.import_module("sopfast.ops.top_tau")
 
-needs_cpp = pytest.mark.skipif(not _backends.has_cpp(), reason="sopfast._C is not built")
 
 
 @pytest.fixture(autouse=True)

@@ -10,16 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, gather_tokens, gather_tokens_backward_reference, gather_tokens_reference
 
 # the modules (sopfast.ops re-exports functions of the same names)
 gather_tokens_module = importlib.import_module("sopfast.ops.gather_tokens")
 
-needs_cpp = pytest.mark.skipif(not _backends.has_cpp(), reason="sopfast._C is not built")
-needs_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _backends.has_cuda_kernels()), reason="needs a GPU and the CUDA kernels"
-)
-NATIVE = [pytest.param("cpp", "cpu", marks=needs_cpp), pytest.param("cuda", "cuda", marks=needs_cuda)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # backward sums up to m * (prefix + k) rows in fp32 on both sides, in different orders, then
 # rounds to the output dtype: a few fp32 roundings, or one rounding of the 16-bit output
@@ -29,14 +25,6 @@ BACKWARD_ATOL = {torch.float64: 1e-6, torch.float32: 1e-5, torch.float16: 1e-2, 
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
-
-@pytest.fixture
-def use_backend(monkeypatch):
-    def select(name: str) -> None:
-        monkeypatch.setenv("SOPFAST_BACKEND", name)
-
-    return select
-
 
 def random_indices(b, m, k, tokens, seed, device="cpu", padding=True):
     gen = torch.Generator().manual_seed(seed)

@@ -10,17 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, sparsemax, sparsemax_backward_reference, sparsemax_reference
 
 # the modules (sopfast.ops re-exports functions of the same names)
 sparsemax_module = importlib.import_module("sopfast.ops.sparsemax")
 
-needs_cpp = pytest.mark.skipif(not _backends.has_cpp(), reason="sopfast._C is not built")
-needs_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _backends.has_cuda_kernels()), reason="needs a GPU and the CUDA kernels"
-)
-# (backend, device) pairs of the native kernels
-NATIVE = [pytest.param("cpp", "cpu", marks=needs_cpp), pytest.param("cuda", "cuda", marks=needs_cuda)]
 # absolute tolerance of the kernels against the reference, per output dtype (probabilities in [0, 1]:
 # a few fp32 rounding steps, or one rounding of the 16-bit output)
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -30,14 +25,6 @@ DTYPES = list(ATOL)
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
-
-@pytest.fixture
-def use_backend(monkeypatch):
-    def select(name: str) -> None:
-        monkeypatch.setenv("SOPFAST_BACKEND", name)
-
-    return select
-
 
 def project_by_bisection(x: torch.Tensor, steps: int = 200) -> torch.Tensor:
     """Euclidean projection of each row of finite ``x [N, n]`` onto the simplex, found by

@@ -11,16 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, top_tau, top_tau_reference
 
 # the modules (sopfast.ops re-exports functions of the same names)
 top_tau_module = importlib.import_module("sopfast.ops.top_tau")
 
-needs_cpp = pytest.mark.skipif(not _backends.has_cpp(), reason="sopfast._C is not built")
-needs_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _backends.has_cuda_kernels()), reason="needs a GPU and the CUDA kernels"
-)
-NATIVE = [pytest.param("cpp", "cpu", marks=needs_cpp), pytest.param("cuda", "cuda", marks=needs_cuda)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # lam and attention are computed in fp32 (fp64 for fp64 logits) by both sides: a few roundings apart
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-6, torch.bfloat16: 2e-6}
@@ -40,14 +36,6 @@ SHAPES = {
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
-
-@pytest.fixture
-def use_backend(monkeypatch):
-    def select(name: str) -> None:
-        monkeypatch.setenv("SOPFAST_BACKEND", name)
-
-    return select
-
 
 def run_top_tau(use_backend, backend, logits, **kwargs):
     use_backend(backend)
