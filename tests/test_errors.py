@@ -28,17 +28,26 @@ def test_num_groups_below_one(hf_vit, m):
         sopfast.SOP(hf_vit, num_groups=m)
 
 
-def test_more_groups_than_features(hf_vit):
-    model = sopfast.SOP(hf_vit, num_groups=17)
-    with pytest.raises(ValueError, match=r"num_groups=17 exceeds the number of candidate features \(16\)"):
-        model(torch.randn(1, 3, 32, 32))
+def test_more_groups_than_features_repeat_query_rows(hf_vit):
+    """As in the authors' code, rows floor(j·d/m) repeat when m > d: no error, repeated groups."""
+    model = sopfast.SOP(hf_vit, num_groups=20).eval()  # d = 16 patches
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 32, 32))
+    rows = [j * 16 // 20 for j in range(20)]
+    assert out.group_masks.shape == (1, 20, 16)
+    for j in range(19):
+        assert torch.equal(out.group_masks[0, j], out.group_masks[0, j + 1]) == (rows[j] == rows[j + 1])
 
 
-def test_more_groups_than_text_candidates(bert):
-    model = sopfast.SOP(bert, num_groups=9)
-    ids, mask, types = text_batch()
-    with pytest.raises(ValueError, match="exceeds the number of candidate features"):
-        model(ids, mask, types)
+def test_one_short_example_does_not_fail_the_batch(bert):
+    """A batch holding one example with fewer candidates than groups runs; that example repeats rows."""
+    model = sopfast.SOP(bert, num_groups=9).eval()
+    ids, mask, types = text_batch()  # candidates: 10, 8 and 8 tokens
+    with torch.no_grad():
+        out = model(ids, mask, types)
+    assert out.logits.shape[0] == 3 and torch.isfinite(out.logits).all()
+    masks = out.group_masks[2]
+    assert len({tuple(m.tolist()) for m in masks}) <= 8
 
 
 @pytest.mark.parametrize(
@@ -152,9 +161,11 @@ def test_unknown_task(hf_vit):
         sopfast.SOP(hf_vit, task="ranking")
 
 
-def test_heads_must_divide_embedding(hf_vit):
-    with pytest.raises(ValueError, match="num_heads must be ≥ 1 and divide"):
-        sopfast.SOP(hf_vit, num_heads=3)
+def test_heads_are_full_width_and_need_not_divide_embedding(hf_vit):
+    model = sopfast.SOP(hf_vit, num_heads=3)  # E = 32
+    assert model.generator.weight.shape == (3, 96, 32)
+    with pytest.raises(ValueError, match="num_heads must be an integer ≥ 1"):
+        sopfast.SOP(hf_vit, num_heads=0)
 
 
 def test_blur_too_large_for_grid(hf_vit):

@@ -34,7 +34,7 @@ class CallCounter:
 
 def run_every_op(requires_grad: bool = True) -> None:
     x = torch.randn(3, 8, requires_grad=requires_grad)
-    loss = sparsemax(x).square().sum() + top_tau(x, tau=0.25).lam.sum()
+    loss = sparsemax(x).square().sum() + top_tau(x, tau=0.25, ties="logits").lam.sum()
     tokens = torch.randn(3, 8, 4, requires_grad=requires_grad)
     loss = loss + gather_tokens(tokens, torch.randint(-1, 8, (3, 2, 3)), prefix=1).sum()
     loss.backward()

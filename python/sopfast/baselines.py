@@ -102,7 +102,7 @@ def top_tau_masks(scores: torch.Tensor, valid: torch.Tensor, tau: float, largest
     b, m, d = scores.shape
     rows_valid = None if bool(valid.all()) else valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d)
     flat = torch.nan_to_num(scores.detach().float(), nan=0.0).reshape(b * m, d)
-    return top_tau(flat, tau, valid=rows_valid, largest=largest).mask.view(b, m, d)
+    return top_tau(flat, tau, valid=rows_valid, largest=largest, ties="logits").mask.view(b, m, d)
 
 
 def masks_to_groups(masks: torch.Tensor) -> Groups:

@@ -92,14 +92,43 @@ def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load ``state`` (from :func:`trainable_state_dict`) into ``model``; every non-backbone entry must match."""
-    result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if not k.startswith(BACKBONE_PREFIX)]
-    if missing or result.unexpected_keys:
+def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Load ``state`` (from :func:`trainable_state_dict`) into ``model``.
+
+    Only the entries SOP owns (everything outside ``backbone.``) are accepted, each with its
+    shape: a missing, extra or reshaped key — a ``backbone.*`` key above all, which would
+    overwrite the caller's frozen backbone — is a ValueError naming ``source``.
+    """
+    owned = {k: t for k, t in model.state_dict().items() if not k.startswith(BACKBONE_PREFIX)}
+    missing = sorted(set(owned) - set(state))
+    unexpected = sorted(set(state) - set(owned))
+    if missing or unexpected:
         raise ValueError(
-            f"checkpoint does not match the model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+            f"{source} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]} "
+            "(only the projection, generator and selector are loaded; the backbone is never)"
         )
+    reshaped = [f"{k} {tuple(state[k].shape)} != {tuple(t.shape)}" for k, t in owned.items() if state[k].shape != t.shape]
+    if reshaped:
+        raise ValueError(f"{source} does not match the model: shapes differ for {reshaped[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Bring a checkpoint of sopfast 0.1 to the current layout, in place.
+
+    0.1 ranked top-τ ties by the logits (now ``ties="logits"``) and kept one ``[3E, E]``
+    generator weight split into ``E/H``-wide heads; with one head that is ``weight[0]`` of
+    today's ``[H, 3E, E]``, and a split multi-head model has no equivalent.
+    """
+    config.setdefault("ties", "logits")
+    weight = state.get("generator.weight")
+    if weight is not None and weight.dim() == 2:
+        if config.get("num_heads", 1) != 1:
+            raise ValueError(
+                "this checkpoint (sopfast 0.1) splits one generator weight into E/H-wide heads; "
+                "sopfast now keeps H full-width heads as the authors do, so it cannot be loaded"
+            )
+        state["generator.weight"] = weight.unsqueeze(0)
 
 
 def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, Any]:
@@ -176,7 +205,9 @@ def load_pretrained(
         raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {WEIGHTS_NAME} is missing")
     check_backbone(meta["backbone_sha256"], backbone, strict=strict_backbone)
     state = safetensors_load(weights_path.read_bytes())
-    kwargs = {**meta["config"], **overrides}
+    config = dict(meta["config"])
+    upgrade_legacy_state(state, config)
+    kwargs = {**config, **overrides}
     if "class_weights" not in kwargs and "selector.class_queries" in state:
         # The saved queries stand in for a classifier the backbone may not have.
         kwargs["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
@@ -186,7 +217,7 @@ def load_pretrained(
             f"the checkpoint was saved with adapter {meta['adapter']}, but this backbone gets "
             f"{type(model.adapter).__name__}; pass adapter=... to load_pretrained"
         )
-    load_trainable_state_dict(model, state)
+    load_trainable_state_dict(model, state, source=str(weights_path))
     return model
 
 

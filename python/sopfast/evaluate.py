@@ -38,7 +38,6 @@ from . import metrics as M
 from .adapters.base import check_mode
 from .adapters.images import upsample_mask
 from .baselines import Method, Prediction, available_baselines, candidate_mask, make_baseline
-from .ops import top_tau
 from .types import FeatureInputs, Groups
 
 if TYPE_CHECKING:
@@ -83,21 +82,10 @@ class SOPMethod(Method):
     def groups(self, model: SOP, state: _SOPState, tau: float, largest: bool, num_groups: int | None = None) -> Groups:
         """What ``model.make_groups`` returns for this τ (eval mode; ``largest=False`` = ``deletion=True``)."""
         m = model.num_groups if num_groups is None else num_groups
-        fewest = int(state.valid.sum(dim=1).min())
-        if m > fewest:
-            raise ValueError(f"num_groups={m} exceeds the number of candidate features ({fewest}) in this batch")
         if m not in state.logits:
             with torch.no_grad(), torch.autocast(device_type=state.emb.device.type, enabled=False):
                 state.logits[m] = model.generator.logits(state.emb, state.valid, m, None)
-        s = state.logits[m]
-        b, _, d = s.shape
-        rows_valid = None if bool(state.valid.all()) else state.valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d)
-        gen = model.generator
-        r = top_tau(
-            s.reshape(b * m, d), tau, valid=rows_valid, largest=largest,
-            blur_kernel_size=gen.blur_kernel_size, blur_sigma=gen.blur_sigma, grid=state.grid,
-        )
-        return Groups(r.mask.view(b, m, d), r.indices.view(b, m, -1), r.lam.view(b, m), r.attention.view(b, m, d))
+        return model.generator.binarise(state.logits[m], state.valid, tau, deletion=not largest, grid=state.grid)
 
     def predict(
         self,

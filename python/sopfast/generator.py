@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .ops import top_tau
+from .ops.top_tau import TIES
 from .types import Groups
 
 
@@ -23,7 +24,8 @@ def query_rows(
 
     ``counts [B]`` candidate features per example.  Training (``head`` given): rows
     ``floor(j·d/m)`` of that head.  Evaluation (``head=None``): the heads' rows stacked,
-    ``H·d`` candidates, rows ``floor(j·H·d/m)``.  Returns ``(head [B, m], candidate [B, m])``.
+    ``H·d`` candidates, rows ``floor(j·H·d/m)``.  With more groups than candidates the rows
+    repeat, as in the authors' code.  Returns ``(head [B, m], candidate [B, m])``.
     """
     j = torch.arange(num_groups, device=counts.device).view(1, -1)
     d = counts.view(-1, 1).long()
@@ -34,10 +36,13 @@ def query_rows(
 
 
 class GroupGenerator(nn.Module):
-    """Multi-head attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
+    """Attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
 
-    ``weight [3E, E]`` (no bias, Xavier-uniform over the whole matrix): keys use rows
-    ``E:2E``, queries rows ``2E:3E``; logits ``s = scale · Q Kᵀ`` per head (no 1/√E).
+    ``weight [H, 3E, E]``: ``H`` full-width heads (the authors'
+    ``multihead_attns[h].input_weights``), each without bias and Xavier-uniform over its whole
+    ``[3E, E]`` matrix; keys use rows ``E:2E``, queries rows ``2E:3E``; logits
+    ``s = scale · Q_h K_hᵀ`` (no 1/√E).  ``ties`` is the top-τ tie rule
+    (:func:`sopfast.ops.top_tau`).
     """
 
     def __init__(
@@ -47,33 +52,65 @@ class GroupGenerator(nn.Module):
         scale: float = 1.0,
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
+        ties: str = "authors",
     ):
         super().__init__()
-        if num_heads < 1 or embed_dim % num_heads:
-            raise ValueError(f"num_heads must be ≥ 1 and divide the embedding size {embed_dim}, got {num_heads}")
+        if ties not in TIES:
+            raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.scale = scale
         self.blur_kernel_size = blur_kernel_size
         self.blur_sigma = blur_sigma
-        self.weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
-        nn.init.xavier_uniform_(self.weight)
+        self.ties = ties
+        self.weight = nn.Parameter(torch.empty(num_heads, 3 * embed_dim, embed_dim))
+        for h in range(num_heads):
+            nn.init.xavier_uniform_(self.weight.data[h])
 
-    def logits(
-        self, emb: torch.Tensor, valid: torch.Tensor, num_groups: int, head: int | None
-    ) -> torch.Tensor:
-        """Attention logits ``[B, m, d]`` of the kept query rows (fp32) from ``emb [B, d, E]``."""
+    def logits(self, emb: torch.Tensor, valid: torch.Tensor, num_groups: int, head: int | None) -> torch.Tensor:
+        """Attention logits ``[B, m, d]`` of the kept query rows (fp32) from ``emb [B, d, E]``.
+
+        ``head`` picks one head for every row (training); ``None`` stacks the heads (evaluation).
+        """
         b, _, e = emb.shape
-        h = self.num_heads
         emb = emb.float()
-        w = self.weight.float()
-        head_idx, cand = query_rows(valid.sum(dim=1), num_groups, h, head)
+        head_idx, cand = query_rows(valid.sum(dim=1), num_groups, self.num_heads, head)
         qpos = candidate_positions(valid).gather(1, cand)
         q_emb = emb.gather(1, qpos.unsqueeze(-1).expand(b, num_groups, e))
-        q = (q_emb @ w[2 * e:].t()).view(b, num_groups, h, e // h)
-        one_head = torch.nn.functional.one_hot(head_idx, h).to(q.dtype).unsqueeze(-1)
-        keys = emb @ w[e:2 * e].t()
-        return self.scale * ((q * one_head).reshape(b, num_groups, e) @ keys.transpose(1, 2))
+        out = None
+        for h in range(self.num_heads) if head is None else (head,):
+            w = self.weight[h].float()
+            s_h = (q_emb @ w[2 * e:].t()) @ (emb @ w[e:2 * e].t()).transpose(1, 2)
+            out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
+        return self.scale * out
+
+    def binarise(
+        self,
+        logits: torch.Tensor,
+        valid: torch.Tensor,
+        tau: float,
+        deletion: bool = False,
+        grid: tuple[int, int] | None = None,
+    ) -> Groups:
+        """Top-τ groups (with λ and attention) from attention ``logits [B, m, d]``."""
+        b, m, d = logits.shape
+        rows_valid = valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d)
+        result = top_tau(
+            logits.reshape(b * m, d),
+            tau,
+            valid=None if bool(valid.all()) else rows_valid,
+            largest=not deletion,
+            ties=self.ties,
+            blur_kernel_size=self.blur_kernel_size,
+            blur_sigma=self.blur_sigma,
+            grid=grid,
+        )
+        return Groups(
+            mask=result.mask.view(b, m, d),
+            indices=result.indices.view(b, m, -1),
+            lam=result.lam.view(b, m),
+            attention=result.attention.view(b, m, d),
+        )
 
     def forward(
         self,
@@ -91,19 +128,4 @@ class GroupGenerator(nn.Module):
             valid = torch.ones(b, d, dtype=torch.bool, device=emb.device)
         with torch.autocast(device_type=emb.device.type, enabled=False):
             s = self.logits(emb, valid, num_groups, head)
-        rows_valid = valid.unsqueeze(1).expand(b, num_groups, d).reshape(b * num_groups, d)
-        result = top_tau(
-            s.reshape(b * num_groups, d),
-            tau,
-            valid=None if bool(valid.all()) else rows_valid,
-            largest=not deletion,
-            blur_kernel_size=self.blur_kernel_size,
-            blur_sigma=self.blur_sigma,
-            grid=grid,
-        )
-        return Groups(
-            mask=result.mask.view(b, num_groups, d),
-            indices=result.indices.view(b, num_groups, -1),
-            lam=result.lam.view(b, num_groups),
-            attention=result.attention.view(b, num_groups, d),
-        )
+        return self.binarise(s, valid, tau, deletion, grid)

@@ -33,9 +33,14 @@ class SOP(nn.Module):
         num_groups: ``m``, groups per input.
         tau: fraction of features per group, ``k = max(1, floor(τ·d))``; changeable later
             (``model.tau = ...`` or ``model(x, tau=...)``).
-        mode: ``"exact"`` (equals the authors' algorithm) or ``"drop"`` (ViT/BERT run only the
-            kept tokens; exact for BERT, an approximation for ViT).
-        num_heads: generator attention heads (training uses head ``epoch mod H``).
+        mode: ``"exact"`` (the authors' algorithm, see ``docs/method.md`` for where it differs)
+            or ``"drop"`` (ViT/BERT run only the kept tokens; equal to ``exact`` for BERT, an
+            approximation for ViT).
+        num_heads: generator heads, each a full-width ``[3E, E]`` weight as in the authors' code
+            (training uses head ``epoch mod H``; evaluation stacks the heads' rows).
+        ties: top-τ tie rule: ``"authors"`` (rank the fp32 attention, equal values to the
+            higher index, as the authors' code) or ``"logits"`` (rank the blurred logits, ties to
+            the lower index: the paper's math at infinite precision).
         group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
         blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
         deletion: groups keep the lowest-attention features instead of the highest.
@@ -55,6 +60,7 @@ class SOP(nn.Module):
         mode: str = "exact",
         *,
         num_heads: int = 1,
+        ties: str = "authors",
         group_gen_scale: float = 1.0,
         group_sel_scale: float = 1.0,
         blur_kernel_size: int = 0,
@@ -90,12 +96,13 @@ class SOP(nn.Module):
             scale=group_gen_scale,
             blur_kernel_size=blur_kernel_size,
             blur_sigma=blur_sigma,
+            ties=ties,
         )
         self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
         self.epoch = 0
         self.config = {
             "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
-            "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
+            "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
             "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
             "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
         }
@@ -146,17 +153,14 @@ class SOP(nn.Module):
         return self.adapter.prepare(given[0], attention_mask, token_type_ids)
 
     def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:
-        """Run the generator on prepared ``inputs``: ``m`` groups per example (with λ)."""
+        """Run the generator on prepared ``inputs``: ``m`` groups per example (with λ).
+
+        An example with fewer candidate features than groups repeats query rows (the rows
+        ``floor(j·d/m)``), as the authors' code does.
+        """
         tau = self.tau if tau is None else check_tau(tau)
         m = self.num_groups if num_groups is None else _check_positive_int("num_groups", num_groups)
         valid = self.adapter.candidates(inputs)
-        d = self.adapter.num_features(inputs)
-        fewest = d if valid is None else int(valid.sum(dim=1).min())
-        if m > fewest:
-            raise ValueError(
-                f"num_groups={m} exceeds the number of candidate features ({fewest}); "
-                "use at most as many groups as features"
-            )
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
         return self.generator(

@@ -2,8 +2,10 @@
 
 It computes what the authors' public code computes, the way it computes it: the full
 projection forward with ``output_hidden_states``; attention for **all** ``d`` candidate
-query rows of every head; torchvision's ``gaussian_blur``; a sort-based top-k with
-``int(d·τ)``; **full-resolution** pixel masks; ``m`` masked full forwards of the backbone in
+query rows of every head (``H`` full-width weights); torchvision's ``gaussian_blur``; the
+authors' top-k (``k = int(d·τ)``; the fp32 softmax values sorted ascending by a stable sort,
+then flipped, so equal values go to the higher index), or with ``ties="logits"`` a stable
+descending sort of the blurred logits; **full-resolution** pixel masks; ``m`` masked full forwards of the backbone in
 chunks of 16 with autograd left on; a sort-based sparsemax.  It is deliberately not
 optimised.  :func:`reference_forward` reads the parameters of a :class:`sopfast.SOP`, so both
 can be compared on the same weights.
@@ -64,21 +66,21 @@ def _blur(logits: torch.Tensor, model: SOP, grid: tuple[int, int] | None) -> tor
     return F.conv1d(rows, kernel).reshape(shape)
 
 
-def _all_attention(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> torch.Tensor:
-    """Softmax attention of every query position over the keys: ``[B, H, d, d]``."""
+def _all_logits(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> torch.Tensor:
+    """Blurred attention logits of every query position over the keys, per head: ``[B, H, d, d]``
+    (invalid keys at ``-inf``)."""
     b, d, e = emb.shape
-    heads = model.generator.num_heads
-    w = model.generator.weight
-    keys = (emb @ w[e:2 * e].t()).view(b, d, heads, e // heads).transpose(1, 2)
-    queries = (emb @ w[2 * e:].t()).view(b, d, heads, e // heads).transpose(1, 2)
-    logits = model.generator.scale * queries @ keys.transpose(-1, -2)
-    logits = _blur(logits, model, grid)
-    logits = logits.masked_fill(~valid.view(b, 1, 1, d), float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    heads = []
+    for w in model.generator.weight:
+        keys = emb @ w[e:2 * e].t()
+        queries = emb @ w[2 * e:].t()
+        heads.append(model.generator.scale * queries @ keys.transpose(-1, -2))
+    logits = _blur(torch.stack(heads, dim=1), model, grid)
+    return logits.masked_fill(~valid.view(b, 1, 1, d), float("-inf"))
 
 
 def _select_rows(model: SOP, attn: torch.Tensor, valid: torch.Tensor, m: int) -> torch.Tensor:
-    """The ``m`` kept attention rows per example ``[B, m, d]`` (SPEC §2.5)."""
+    """The ``m`` kept rows ``[B, m, d]`` of ``attn [B, H, d, d]`` per example (SPEC §2.5)."""
     rows = []
     for b in range(attn.shape[0]):
         cand = valid[b].nonzero().flatten()
@@ -92,16 +94,25 @@ def _select_rows(model: SOP, attn: torch.Tensor, valid: torch.Tensor, m: int) ->
     return torch.stack(rows)
 
 
-def _binarise(model: SOP, a: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
-    """Sort-based top-k with ``k = int(d·τ)`` per example (stable sort: ties to the lower index)."""
+def _authors_order(a: torch.Tensor, deletion: bool) -> torch.Tensor:
+    """The authors' ranking of attention rows ``a [m, d]``: ascending sort, flipped unless deleting."""
+    order = torch.sort(a, dim=-1, stable=True).indices
+    return order if deletion else order.flip(-1)
+
+
+def _binarise(model: SOP, a: torch.Tensor, s: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
+    """Top-k with ``k = int(d·τ)`` (at least 1) per example: the authors' ranking of the attention
+    ``a`` (``ties="authors"``) or a stable sort of the blurred logits ``s`` (``ties="logits"``)."""
     masks = torch.zeros_like(a, dtype=torch.bool)
     for b in range(a.shape[0]):
         d = int(valid[b].sum())
         k = max(1, int(d * tau))
-        fill = float("inf") if model.deletion else float("-inf")
-        scores = a[b].masked_fill(~valid[b], fill)
-        order = torch.sort(scores, dim=-1, descending=not model.deletion, stable=True).indices[:, :k]
-        masks[b].scatter_(-1, order, True)
+        if model.generator.ties == "authors":
+            order = _authors_order(a[b].masked_fill(~valid[b], 2.0 if model.deletion else -1.0), model.deletion)
+        else:
+            scores = s[b].masked_fill(~valid[b], float("inf") if model.deletion else float("-inf"))
+            order = torch.sort(scores, dim=-1, descending=not model.deletion, stable=True).indices
+        masks[b].scatter_(-1, order[:, :k], True)
     return masks
 
 
@@ -142,9 +153,10 @@ def reference_forward(
     if valid is None:
         valid = torch.ones(b, d, dtype=torch.bool, device=inputs.device)
     grid = adapter.feature_grid(inputs)
-    attn = _all_attention(model, _embedding(model, inputs).float(), valid, grid)
-    a = _select_rows(model, attn, valid, m)
-    masks = _binarise(model, a, valid, tau)
+    logits = _all_logits(model, _embedding(model, inputs).float(), valid, grid)
+    s = _select_rows(model, logits, valid, m)
+    a = torch.softmax(s, dim=-1)
+    masks = _binarise(model, a, s, valid, tau)
     lam = (a * masks).sum(-1) - (a * ~masks).sum(-1)
     masked = _masked_inputs(model, inputs, masks, grid)
     outputs = [adapter.full_forward(_rows(masked, slice(s, s + CHUNK))) for s in range(0, b * m, CHUNK)]

@@ -6,7 +6,14 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
 2. ``a = softmax(s)`` over the valid keys (invalid keys get ``a = 0``; ``+inf`` logits
    share the mass uniformly);
 3. the group keeps the ``k`` valid features with the largest (``largest=False``: smallest)
-   blurred logit — equivalently the largest ``a``; ties go to the lower feature index;
+   attention.  How equal values are ordered is ``ties``:
+
+   * ``"authors"`` (default) – rank the fp32 softmax values ``a`` as the authors' code does
+     (a stable ascending sort, flipped for ``largest``): among equal ``a`` — including
+     attention that underflows to exactly 0 — the **higher** feature index comes first
+     (``largest=False``: the lower);
+   * ``"logits"`` – rank the blurred logits (the same order without softmax rounding),
+     ties to the lower feature index: the paper's math at infinite precision;
 4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
 
 Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ)`` with
@@ -47,9 +54,17 @@ def _softmax_with_inf(s: torch.Tensor) -> torch.Tensor:
     return torch.where(n_inf > 0, posinf.to(s.dtype) / n_inf.clamp_min(1), a)
 
 
-def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
-    """Feature order per row: valid first, then by score, ties to the lower index."""
-    order = torch.sort(scores, dim=-1, descending=largest, stable=True).indices
+TIES = ("authors", "logits")
+
+
+def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool, higher_first: bool) -> torch.Tensor:
+    """Feature order per row: valid first, then by score; equal scores in index order, or in
+    reverse index order when ``higher_first``."""
+    if higher_first:
+        d = scores.shape[-1]
+        order = (d - 1) - torch.sort(scores.flip(-1), dim=-1, descending=largest, stable=True).indices
+    else:
+        order = torch.sort(scores, dim=-1, descending=largest, stable=True).indices
     invalid_in_order = (~valid).gather(-1, order).to(torch.uint8)
     return order.gather(-1, torch.sort(invalid_in_order, dim=-1, stable=True).indices)
 
@@ -63,9 +78,13 @@ def top_tau_reference(
     blur_kernel: torch.Tensor | None = None,
     grid_h: int = 0,
     grid_w: int = 0,
+    ties_authors: bool = False,
 ) -> TopTauResult:
     """Pure-PyTorch top-τ on ``logits [N, d]`` with per-row ``k [N]``; differentiable in ``lam``
-    and ``attention`` through autograd (the oracle for the kernels' backward)."""
+    and ``attention`` through autograd (the oracle for the kernels' backward).
+
+    ``ties_authors`` ranks the attention with the authors' tie rule (higher index first for
+    ``largest``), else the blurred logits with ties to the lower index (see the module docstring)."""
     n, d = logits.shape
     compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
     s = logits.to(compute)
@@ -74,7 +93,10 @@ def top_tau_reference(
     if valid is None:
         valid = torch.ones(n, d, dtype=torch.bool, device=logits.device)
     a = _softmax_with_inf(s.masked_fill(~valid, float("-inf")))
-    order = _ranking(s.detach(), valid, largest)
+    if ties_authors:
+        order = _ranking(a.detach(), valid, largest, higher_first=largest)
+    else:
+        order = _ranking(s.detach(), valid, largest, higher_first=False)
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(d, device=logits.device).expand(n, d))
     mask = rank < k.view(-1, 1)
     lam = 2 * (a * mask).sum(dim=-1) - 1
@@ -107,9 +129,12 @@ def top_tau_backward_reference(
     return g
 
 
-def _forward_impl(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
-    backend = _backends.select_backend(logits)
+def _forward_impl(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
     args = (logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+    if ties_authors:  # the native kernels implement only the logits rule so far
+        with torch.no_grad():
+            return tuple(top_tau_reference(*args, ties_authors=True))
+    backend = _backends.select_backend(logits)
     if backend == "cpp":
         return tuple(_backends.native_extension().top_tau_forward(*args))
     if backend == "cuda":
@@ -139,17 +164,20 @@ def top_tau_forward(
     k_max: int,
     valid: torch.Tensor | None,
     largest: bool,
+    ties_authors: bool,
     blur_kernel: torch.Tensor | None,
     grid_h: int,
     grid_w: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-τ forward on contiguous ``logits [N, d]`` on the active backend."""
-    indices, mask, lam, attention = _forward_impl(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+    indices, mask, lam, attention = _forward_impl(
+        logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w
+    )
     return indices, mask, lam, attention
 
 
 @top_tau_forward.register_fake
-def _(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
+def _(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
     n, d = logits.shape
     compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return (
@@ -184,9 +212,9 @@ class TopTauFunction(torch.autograd.Function):
     """Autograd wrapper: ``lam`` and ``attention`` are differentiable, ``indices``/``mask`` not."""
 
     @staticmethod
-    def forward(ctx, logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w):
+    def forward(ctx, logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
         indices, mask, lam, attention = torch.ops.sopfast.top_tau_forward(
-            logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w
+            logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w
         )
         ctx.save_for_backward(attention, mask, lam, blur_kernel)
         ctx.grid = (grid_h, grid_w)
@@ -204,7 +232,7 @@ class TopTauFunction(torch.autograd.Function):
             None if grad_attention is None else grad_attention.contiguous(),
             blur_kernel, *ctx.grid,
         )
-        return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None
+        return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None, None
 
 
 def _resolve_k(
@@ -231,6 +259,7 @@ def top_tau(
     k: int | torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     largest: bool = True,
+    ties: str = "authors",
     blur_kernel_size: int = 0,
     blur_sigma: float = 1.0,
     grid: tuple[int, int] | None = None,
@@ -243,6 +272,8 @@ def top_tau(
         k: or an explicit count (int or ``[N]``), instead of ``tau``.
         valid: optional ``[N, d]`` bool; invalid features are never kept and get ``a = 0``.
         largest: keep the highest-attention features (``False``: the lowest, for deletion).
+        ties: ``"authors"`` (rank the fp32 attention; equal values → higher index first, as
+            the authors' code) or ``"logits"`` (rank the blurred logits; ties → lower index).
         blur_kernel_size, blur_sigma: Gaussian blur of each row before the softmax
             (``kernel_size <= 1`` disables it).
         grid: ``(h, w)`` with ``h · w = d`` to blur on a 2-D grid; ``None`` blurs along ``d``.
@@ -250,6 +281,8 @@ def top_tau(
     check_tensor("logits", logits)
     check_float("logits", logits)
     check_rank("logits", logits, 2, "[N, d]")
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
     n, d = logits.shape
     if d == 0:
         raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
@@ -278,5 +311,7 @@ def top_tau(
         if logits.dtype == torch.float64:
             blur_kernel = blur_kernel.double()
     return TopTauResult(
-        *TopTauFunction.apply(logits.contiguous(), k_rows, k_max, valid, largest, blur_kernel, grid_h, grid_w)
+        *TopTauFunction.apply(
+            logits.contiguous(), k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w
+        )
     )
