@@ -48,7 +48,7 @@ def test_round_trip_gives_identical_outputs(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {WEIGHTS_NAME, CONFIG_NAME}
     weights = load_file(tmp_path / WEIGHTS_NAME)
     assert weights and not any(k.startswith("backbone.") for k in weights)
-    assert any(k.startswith("projection.") for k in weights) and "generator.weight" in weights
+    assert any(k.startswith("projection.") for k in weights) and "generator.heads.0" in weights
     meta = json.loads((tmp_path / CONFIG_NAME).read_text())
     assert meta["adapter"] == "HFViTAdapter" and meta["sopfast_version"] == sopfast.__version__
     assert meta["backbone_sha256"] == hash_backbone(model.backbone) and meta["config"]["tau"] == 0.25

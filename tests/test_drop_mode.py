@@ -73,7 +73,7 @@ def test_gradients_reach_generator_and_selector_in_both_modes(mode):
         loss = model(x).loss(labels)
         opt.zero_grad()
         loss.backward()
-        for name in ("generator.weight", "selector.class_queries", "selector.key_proj.weight"):
+        for name in ("generator.heads.0", "selector.class_queries", "selector.key_proj.weight"):
             grad = dict(model.named_parameters())[name].grad
             assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
         opt.step()

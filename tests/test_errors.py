@@ -163,7 +163,7 @@ def test_unknown_task(hf_vit):
 
 def test_heads_are_full_width_and_need_not_divide_embedding(hf_vit):
     model = sopfast.SOP(hf_vit, num_heads=3)  # E = 32
-    assert model.generator.weight.shape == (3, 96, 32)
+    assert [tuple(w.shape) for w in model.generator.heads] == [(96, 32)] * 3
     with pytest.raises(ValueError, match="num_heads must be an integer ≥ 1"):
         sopfast.SOP(hf_vit, num_heads=0)
 

@@ -228,3 +228,32 @@ def test_callback_can_stop_training(tmp_path):
 
     result = train(vit_sop(), image_data(8), batch_size=2, output_dir=tmp_path, callbacks=[stop], progress=False)
     assert result.step == 1 and load_training_state(tmp_path)["batches_done"] == 1
+
+
+def test_head_phases_follow_the_authors_schedule():
+    """num_heads=2, 4 steps: head 0 trains in steps 0-1, head 1 in steps 2-3; the LR warms up in each phase."""
+    model = vit_sop("exact", num_heads=2)
+    start = [w.detach().clone() for w in model.generator.heads]
+    seen: list = []
+    snapshots: list = []
+
+    def record(trainer, event, rec):
+        if event == "step":
+            seen.append((trainer.step, trainer.model.epoch, rec["lr"]))
+            snapshots.append([w.detach().clone() for w in trainer.model.generator.heads])
+
+    train(model, image_data(8), epochs=1, lr=1e-2, batch_size=2, warmup_steps=1, schedule="cosine",
+          progress=False, callbacks=[record])
+    assert [epoch for _, epoch, _ in seen] == [0, 0, 1, 1]
+    after_phase0 = snapshots[1]
+    assert not torch.equal(after_phase0[0], start[0]) and torch.equal(after_phase0[1], start[1])
+    assert torch.equal(snapshots[3][0], after_phase0[0]) and not torch.equal(snapshots[3][1], start[1])
+    assert lr_factor("cosine", 1, 2, period=2)(2) == lr_factor("cosine", 1, 2, period=2)(0) == 0.5
+
+
+def test_epoch_head_schedule_uses_epoch_mod_heads():
+    model = vit_sop("exact", num_heads=2)
+    heads: list = []
+    train(model, image_data(4), epochs=2, lr=1e-3, batch_size=2, head_schedule="epochs", progress=False,
+          callbacks=[lambda t, ev, rec: heads.append(t.model.epoch) if ev == "step" else None])
+    assert heads == [0, 0, 1, 1]

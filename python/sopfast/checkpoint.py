@@ -117,18 +117,18 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
     """Bring a checkpoint of sopfast 0.1 to the current layout, in place.
 
     0.1 ranked top-τ ties by the logits (now ``ties="logits"``) and kept one ``[3E, E]``
-    generator weight split into ``E/H``-wide heads; with one head that is ``weight[0]`` of
-    today's ``[H, 3E, E]``, and a split multi-head model has no equivalent.
+    generator weight split into ``E/H``-wide heads; with one head that is today's
+    ``generator.heads.0``, and a split multi-head model has no equivalent.
     """
     config.setdefault("ties", "logits")
-    weight = state.get("generator.weight")
-    if weight is not None and weight.dim() == 2:
+    weight = state.pop("generator.weight", None)
+    if weight is not None:
         if config.get("num_heads", 1) != 1:
             raise ValueError(
                 "this checkpoint (sopfast 0.1) splits one generator weight into E/H-wide heads; "
                 "sopfast now keeps H full-width heads as the authors do, so it cannot be loaded"
             )
-        state["generator.weight"] = weight.unsqueeze(0)
+        state["generator.heads.0"] = weight
 
 
 def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, Any]:

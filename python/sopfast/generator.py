@@ -38,9 +38,9 @@ def query_rows(
 class GroupGenerator(nn.Module):
     """Attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
 
-    ``weight [H, 3E, E]``: ``H`` full-width heads (the authors'
-    ``multihead_attns[h].input_weights``), each without bias and Xavier-uniform over its whole
-    ``[3E, E]`` matrix; keys use rows ``E:2E``, queries rows ``2E:3E``; logits
+    ``heads``: ``H`` full-width weights ``[3E, E]`` (the authors'
+    ``multihead_attns[h].input_weights``), separate parameters so that a head that does not
+    train gets no gradient, each without bias and Xavier-uniform over its whole matrix; keys use rows ``E:2E``, queries rows ``2E:3E``; logits
     ``s = scale · Q_h K_hᵀ`` (no 1/√E).  ``ties`` is the top-τ tie rule
     (:func:`sopfast.ops.top_tau`).
     """
@@ -63,9 +63,9 @@ class GroupGenerator(nn.Module):
         self.blur_kernel_size = blur_kernel_size
         self.blur_sigma = blur_sigma
         self.ties = ties
-        self.weight = nn.Parameter(torch.empty(num_heads, 3 * embed_dim, embed_dim))
-        for h in range(num_heads):
-            nn.init.xavier_uniform_(self.weight.data[h])
+        self.heads = nn.ParameterList(
+            nn.Parameter(nn.init.xavier_uniform_(torch.empty(3 * embed_dim, embed_dim))) for _ in range(num_heads)
+        )
 
     def logits(self, emb: torch.Tensor, valid: torch.Tensor, num_groups: int, head: int | None) -> torch.Tensor:
         """Attention logits ``[B, m, d]`` of the kept query rows (fp32) from ``emb [B, d, E]``.
@@ -79,7 +79,7 @@ class GroupGenerator(nn.Module):
         q_emb = emb.gather(1, qpos.unsqueeze(-1).expand(b, num_groups, e))
         out = None
         for h in range(self.num_heads) if head is None else (head,):
-            w = self.weight[h].float()
+            w = self.heads[h].float()
             s_h = (q_emb @ w[2 * e:].t()) @ (emb @ w[e:2 * e].t()).transpose(1, 2)
             out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
         return self.scale * out

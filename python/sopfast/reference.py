@@ -71,7 +71,7 @@ def _all_logits(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> tor
     (invalid keys at ``-inf``)."""
     b, d, e = emb.shape
     heads = []
-    for w in model.generator.weight:
+    for w in model.generator.heads:
         keys = emb @ w[e:2 * e].t()
         queries = emb @ w[2 * e:].t()
         heads.append(model.generator.scale * queries @ keys.transpose(-1, -2))

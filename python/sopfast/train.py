@@ -52,6 +52,7 @@ from .model import SOP
 from .output import SOPOutput
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+HEAD_SCHEDULES = ("phases", "epochs")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
 STATE_FORMAT = 1
@@ -100,6 +101,10 @@ class TrainConfig:
         max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
         find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
             whether some trainable parameter gets no gradient (CNN projections have such layers).
+        head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
+            authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
+            ``h``, and warm-up and decay of the learning rate restart in every phase) or
+            ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
     """
 
     epochs: int = 1
@@ -124,6 +129,7 @@ class TrainConfig:
     device: str | torch.device | None = None
     max_steps: int | None = None
     find_unused_parameters: bool | None = None
+    head_schedule: str = "phases"
 
     def __post_init__(self) -> None:
         _check_int("epochs", self.epochs, 1)
@@ -149,6 +155,7 @@ class TrainConfig:
         _check_int("max_steps", self.max_steps, 1, optional=True)
         _check_int("seed", self.seed, 0)
         _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
         _check_choice("amp", self.amp, (None, *AMP_DTYPES))
         _check_choice("metric", self.metric, (None, *METRICS))
         if self.output_dir is not None:
@@ -169,10 +176,15 @@ class TrainResult:
     output_dir: Path | None = None
 
 
-def lr_factor(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``."""
+def lr_factor(schedule: str, warmup: int, total: int, period: int | None = None) -> Callable[[int], float]:
+    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``.
+
+    With ``period`` the schedule restarts every ``period`` steps (``total`` is then one period).
+    """
 
     def factor(step: int) -> float:
+        if period is not None:
+            step %= period
         if step < warmup:
             return (step + 1) / (warmup + 1)
         if schedule == "cosine":
@@ -401,15 +413,19 @@ class Trainer:
         self.batches_per_epoch = self._num_batches(self.train_loader)
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.total_steps = cfg.epochs * self.steps_per_epoch
+        heads = self.model.generator.num_heads
+        phases = cfg.head_schedule == "phases" and heads > 1
+        self.head_phase = max(1, self.total_steps // heads) if phases else None
+        period = self.head_phase
         self.warmup_steps = (
-            cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * self.total_steps)
+            cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * (period or self.total_steps))
         )
         params = self.model.trainable_parameters()
         if not params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, self.total_steps)
+            self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, period or self.total_steps, period)
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16" and self.device.type == "cuda")
         self._resume()
@@ -458,7 +474,7 @@ class Trainer:
             "seed": cfg.seed, "world_size": self.info.world_size, "batch_size": self.train_loader.batch_size,
             "grad_accum": cfg.grad_accum, "batches_per_epoch": self.batches_per_epoch, "epochs": cfg.epochs,
             "lr": cfg.lr, "schedule": cfg.schedule, "warmup_steps": self.warmup_steps,
-        }
+        } | ({"head_schedule": cfg.head_schedule} if self.model.generator.num_heads > 1 else {})
 
     def _resume_path(self) -> Path | None:
         resume, output_dir = self.config.resume, self.config.output_dir
@@ -516,7 +532,6 @@ class Trainer:
         return islice(iter(loader), self.batches_done, None)
 
     def _run_epoch(self) -> None:
-        self.model.epoch = self.epoch
         self.model.train()
         # A state saved mid-epoch was captured after this epoch's iterator drew its seeds.
         if self.batches_done == 0:
@@ -537,6 +552,7 @@ class Trainer:
         group_start = index - index % accum
         group_size = min(accum, self.batches_per_epoch - group_start)
         last = index + 1 == group_start + group_size
+        self.model.epoch = self.epoch if self.head_phase is None else self.step // self.head_phase
         with no_sync(self.ddp_model, skip=not last):
             with self._autocast():
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
@@ -689,6 +705,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         ("--log-file", {"default": None}),
         ("--device", {"default": None}),
         ("--max-steps", {"type": int, "default": None}),
+        ("--head-schedule", {"choices": HEAD_SCHEDULES, "default": d.head_schedule,
+                             "help": "which generator head trains when num_heads > 1"}),
     ]
     for flag, kwargs in arguments:
         if flag not in parser._option_string_actions:
