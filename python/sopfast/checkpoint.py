@@ -107,7 +107,9 @@ def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
             f"{source} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]} "
             "(only the projection, generator and selector are loaded; the backbone is never)"
         )
-    reshaped = [f"{k} {tuple(state[k].shape)} != {tuple(t.shape)}" for k, t in owned.items() if state[k].shape != t.shape]
+    reshaped = [
+        f"{k} {tuple(state[k].shape)} != {tuple(t.shape)}" for k, t in owned.items() if state[k].shape != t.shape
+    ]
     if reshaped:
         raise ValueError(f"{source} does not match the model: shapes differ for {reshaped[:3]}")
     model.load_state_dict(state, strict=False)
@@ -176,8 +178,7 @@ def check_backbone(expected: str, backbone: nn.Module, *, strict: bool = True, w
     if actual == expected:
         return
     message = (
-        f"the backbone differs from the one the {where} was trained with "
-        f"(sha256 {actual[:12]}… != {expected[:12]}…)"
+        f"the backbone differs from the one the {where} was trained with (sha256 {actual[:12]}… != {expected[:12]}…)"
     )
     if strict:
         raise ValueError(message + "; pass strict_backbone=False to load anyway")

@@ -40,9 +40,9 @@ class GroupGenerator(nn.Module):
 
     ``heads``: ``H`` full-width weights ``[3E, E]`` (the authors'
     ``multihead_attns[h].input_weights``), separate parameters so that a head that does not
-    train gets no gradient, each without bias and Xavier-uniform over its whole matrix; keys use rows ``E:2E``, queries rows ``2E:3E``; logits
-    ``s = scale · Q_h K_hᵀ`` (no 1/√E).  ``ties`` is the top-τ tie rule
-    (:func:`sopfast.ops.top_tau`).
+    train gets no gradient, each without bias and Xavier-uniform over its whole matrix; keys
+    use rows ``E:2E``, queries rows ``2E:3E``; logits ``s = scale · Q_h K_hᵀ`` (no 1/√E).
+    ``ties`` is the top-τ tie rule (:func:`sopfast.ops.top_tau`).
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class GroupGenerator(nn.Module):
         out = None
         for h in range(self.num_heads) if head is None else (head,):
             w = self.heads[h].float()
-            s_h = (q_emb @ w[2 * e:].t()) @ (emb @ w[e:2 * e].t()).transpose(1, 2)
+            s_h = (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
             out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
         return self.scale * out
 

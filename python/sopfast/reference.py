@@ -43,7 +43,7 @@ def _embedding(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
         hidden_states = [x]
         for block in proj.blocks:
             hidden_states.append(block(hidden_states[-1]))
-        return hidden_states[-2][:, adapter.prefix:]
+        return hidden_states[-2][:, adapter.prefix :]
     return adapter.embed(proj, inputs)
 
 
@@ -72,8 +72,8 @@ def _all_logits(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> tor
     b, d, e = emb.shape
     heads = []
     for w in model.generator.heads:
-        keys = emb @ w[e:2 * e].t()
-        queries = emb @ w[2 * e:].t()
+        keys = emb @ w[e : 2 * e].t()
+        queries = emb @ w[2 * e :].t()
         heads.append(model.generator.scale * queries @ keys.transpose(-1, -2))
     logits = _blur(torch.stack(heads, dim=1), model, grid)
     return logits.masked_fill(~valid.view(b, 1, 1, d), float("-inf"))

@@ -364,8 +364,13 @@ class Trainer:
             for batch in self.val_loader:
                 with self._autocast():
                     out, labels = forward_batch(model, to_device(batch, device))
-                sums += torch.stack([out.loss(labels).double() * labels.shape[0], self._score(out, labels),
-                                     torch.tensor(labels.shape[0], device=device, dtype=torch.float64)])
+                sums += torch.stack(
+                    [
+                        out.loss(labels).double() * labels.shape[0],
+                        self._score(out, labels),
+                        torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
+                    ]
+                )
         model.train(was_training)
         loss, score, count = all_reduce_sum(sums, self.info).tolist()
         if count == 0:
@@ -434,8 +439,13 @@ class Trainer:
             find_unused = self._has_unused_parameters()
         self.ddp_model = wrap_ddp(self.model, self.device, info, bool(find_unused))
         last = self.total_steps if cfg.max_steps is None else min(cfg.max_steps, self.total_steps)
-        self.pbar = tqdm(total=last, initial=min(self.step, last), desc="sopfast train",
-                         disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
+        self.pbar = tqdm(
+            total=last,
+            initial=min(self.step, last),
+            desc="sopfast train",
+            disable=not (cfg.progress and info.is_main),
+            dynamic_ncols=True,
+        )
         self._loss_sum = torch.zeros((), device=self.device)
         self._norm_sum = torch.zeros((), device=self.device)
         self._logged_steps = 0
@@ -471,9 +481,15 @@ class Trainer:
         """Settings a resumed run must share with the saved one to continue it exactly."""
         cfg = self.config
         return {
-            "seed": cfg.seed, "world_size": self.info.world_size, "batch_size": self.train_loader.batch_size,
-            "grad_accum": cfg.grad_accum, "batches_per_epoch": self.batches_per_epoch, "epochs": cfg.epochs,
-            "lr": cfg.lr, "schedule": cfg.schedule, "warmup_steps": self.warmup_steps,
+            "seed": cfg.seed,
+            "world_size": self.info.world_size,
+            "batch_size": self.train_loader.batch_size,
+            "grad_accum": cfg.grad_accum,
+            "batches_per_epoch": self.batches_per_epoch,
+            "epochs": cfg.epochs,
+            "lr": cfg.lr,
+            "schedule": cfg.schedule,
+            "warmup_steps": self.warmup_steps,
         } | ({"head_schedule": cfg.head_schedule} if self.model.generator.num_heads > 1 else {})
 
     def _resume_path(self) -> Path | None:
@@ -598,8 +614,13 @@ class Trainer:
             callback(self, event, record)
 
     def _record(self, event: str, **values: Any) -> dict[str, Any]:
-        record = {"event": event, "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4), **values,
-                  "time": round(time.time() - self._start_time, 3)}
+        record = {
+            "event": event,
+            "step": self.step,
+            "epoch": round(self.step / self.steps_per_epoch, 4),
+            **values,
+            "time": round(time.time() - self._start_time, 3),
+        }
         self.log.write(record)
         return record
 
@@ -705,8 +726,14 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         ("--log-file", {"default": None}),
         ("--device", {"default": None}),
         ("--max-steps", {"type": int, "default": None}),
-        ("--head-schedule", {"choices": HEAD_SCHEDULES, "default": d.head_schedule,
-                             "help": "which generator head trains when num_heads > 1"}),
+        (
+            "--head-schedule",
+            {
+                "choices": HEAD_SCHEDULES,
+                "default": d.head_schedule,
+                "help": "which generator head trains when num_heads > 1",
+            },
+        ),
     ]
     for flag, kwargs in arguments:
         if flag not in parser._option_string_actions:
