@@ -23,23 +23,23 @@ class TinyCNN(nn.Module):
         return self.fc(torch.relu(self.fc1(h)))
 
 
-def make_hf_vit(num_labels: int = 3, seed: int = 0):
+def make_hf_vit(num_labels: int = 3, seed: int = 0, image_size: int = 32):
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
     cfg = ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        image_size=32, patch_size=8, num_labels=num_labels,
+        image_size=image_size, patch_size=8, num_labels=num_labels,
     )
     return ViTForImageClassification(cfg).eval()
 
 
-def make_timm_vit(num_classes: int = 3, seed: int = 0, global_pool: str = "token"):
+def make_timm_vit(num_classes: int = 3, seed: int = 0, global_pool: str = "token", image_size: int = 32):
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(seed)
     return VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=num_classes,
+        img_size=image_size, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=num_classes,
         global_pool=global_pool, class_token=global_pool == "token",
     ).eval()
 

@@ -1,4 +1,4 @@
-"""The ``sopfast`` command line: ``demo``, ``train``, ``evaluate``, ``explain``, ``bench``, ``theory``.
+"""The ``sopfast`` command line: ``demo``, ``train``, ``evaluate``, ``explain``, ``bench``, ``convert``, ``theory``.
 
 Every subcommand takes ``--config FILE`` (YAML or JSON with the same keys as the long flags,
 dashes or underscores); flags given on the command line win over the file.
@@ -168,6 +168,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .authors import from_authors
+
+    if not os.path.isdir(args.authors):
+        raise CLIError(f"--authors directory not found: {args.authors}")
+    model = from_authors(args.authors, load_backbone(args.backbone), tau=args.tau)
+    print(model.save_pretrained(args.out))
+    return 0
+
+
 def _cmd_theory(args: argparse.Namespace) -> int:
     from . import theory
 
@@ -225,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", action="store_true", help="time a training step instead of a forward")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+
+    p = add("convert", _cmd_convert, "Convert an authors' SOP checkpoint (exlib SOPImageCls) to sopfast's format.")
+    p.add_argument("--config", help="YAML/JSON file with option values (flags override it)")
+    p.add_argument("--authors", required=True, help="the authors' checkpoint directory (config.json + weights)")
+    p.add_argument("--backbone", required=True, help="the frozen backbone, a Hugging Face directory")
+    p.add_argument("--out", required=True, help="output directory (SOP.save_pretrained format)")
+    p.add_argument("--tau", type=float, default=0.2, help="the authors' k: fraction of features per group")
 
     p = add("theory", _cmd_theory, "Lower bounds on per-feature SANN error vs the group construction.")
     from . import theory

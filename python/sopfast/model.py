@@ -215,6 +215,14 @@ class SOP(nn.Module):
 
         return load_pretrained(directory, backbone, **overrides)
 
+    @classmethod
+    def from_authors(cls, directory: str, backbone: nn.Module, **overrides) -> SOP:
+        """The model of an authors' checkpoint (``exlib`` ``SOPImageCls``/``SOPTextCls`` directory) over
+        ``backbone``, which must be the checkpoint's frozen backbone; see :mod:`sopfast.authors`."""
+        from .authors import from_authors
+
+        return from_authors(directory, backbone, **overrides)
+
     def group_chunk_size(self, tokens_per_group: int) -> int:
         """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens."""
         if self.group_batch_size is not None:

@@ -36,6 +36,9 @@ class BackboneAdapter(ABC):
 
     modality: str = "image"
     supported_modes: tuple[str, ...] = ("exact",)
+    #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
+    #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
+    projection_source: str = ""
 
     def __init__(self, backbone: nn.Module):
         self.backbone = backbone

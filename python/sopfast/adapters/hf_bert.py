@@ -24,6 +24,7 @@ from .base import BackboneAdapter, chunks, freeze_, group_batch_index
 class HFBertAdapter(BackboneAdapter):
     modality = "text"
     supported_modes = ("exact", "drop")
+    projection_source = "bert"
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import freeze_
-from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact
+from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
 def _layer_out(out) -> torch.Tensor:
@@ -19,6 +19,8 @@ def _layer_out(out) -> torch.Tensor:
 class HFViTAdapter(PatchGridAdapter):
     """HF ViT: features are the ``(H/p)·(W/p)`` patches; keys are the pre-LayerNorm CLS state."""
 
+    projection_source = "vit"
+
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
         self.vit = backbone.vit
@@ -26,6 +28,7 @@ class HFViTAdapter(PatchGridAdapter):
         size = cfg.image_size if isinstance(cfg.image_size, (tuple, list)) else (cfg.image_size, cfg.image_size)
         patch = cfg.patch_size if isinstance(cfg.patch_size, (tuple, list)) else (cfg.patch_size, cfg.patch_size)
         self.image_size = (int(size[0]), int(size[1]))
+        self.patch_size = (int(patch[0]), int(patch[1]))
         self.grid = (self.image_size[0] // patch[0], self.image_size[1] // patch[1])
         self.channels = int(cfg.num_channels)
 
@@ -62,6 +65,13 @@ class HFViTAdapter(PatchGridAdapter):
         patches = emb.patch_embeddings(pixels)
         cls = (emb.cls_token + emb.position_embeddings[:, :1])
         positions = emb.position_embeddings[:, 1:]
+        if mode == "exact" and not self.patch_aligned:
+
+            def tokens_of(masked: torch.Tensor) -> torch.Tensor:
+                tokens = emb.patch_embeddings(masked) + positions
+                return torch.cat([cls.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+
+            return run_vit_groups_exact_pixels(pixels, self.grid, tokens_of, self._encode, groups, chunk_size)
         if mode == "exact":
             blank = emb.patch_embeddings(torch.zeros_like(pixels[:1]))
 

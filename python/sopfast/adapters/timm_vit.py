@@ -7,7 +7,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import freeze_
-from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact
+from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
 class TimmViTAdapter(PatchGridAdapter):
@@ -25,6 +25,7 @@ class TimmViTAdapter(PatchGridAdapter):
         pe = backbone.patch_embed
         self.image_size = tuple(int(s) for s in pe.img_size)
         self.grid = tuple(int(g) for g in pe.grid_size)
+        self.patch_size = tuple(int(p) for p in pe.patch_size)
         self.channels = int(pe.proj.in_channels)
         self.prefix = int(backbone.num_prefix_tokens)
 
@@ -66,6 +67,9 @@ class TimmViTAdapter(PatchGridAdapter):
 
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         model = self.backbone
+        if mode == "exact" and not self.patch_aligned:
+            tokens_of = lambda masked: model._pos_embed(model.patch_embed(masked))
+            return run_vit_groups_exact_pixels(inputs.pixels, self.grid, tokens_of, self._encode, groups, chunk_size)
         patches = model.patch_embed(inputs.pixels)
         if mode == "exact":
             blank = model.patch_embed(torch.zeros_like(inputs.pixels[:1]))

@@ -2,7 +2,10 @@
 
 ``exact``: every group runs all tokens; a masked patch token is the patch embedding of a
 blank patch (the conv bias) plus its position embedding — equal to masking the pixels.
-The patch embedding runs once per image, not once per group.
+The patch embedding runs once per image, not once per group.  When the image side is not a
+multiple of the patch size, the patch mask upsampled to pixels (nearest, as the authors'
+code does) no longer follows the patch borders: ``exact`` then masks the pixels and embeds
+every group's image (:func:`run_vit_groups_exact_pixels`).
 ``drop``: only the group's ``k`` patch tokens (after the position embedding) plus the
 prefix tokens (CLS / registers) run, gathered with :func:`sopfast.ops.gather_tokens`.
 """
@@ -16,7 +19,7 @@ import torch
 from ..ops import gather_tokens
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, chunks, group_batch_index
-from .images import prepare_pixels
+from .images import pixel_grid_mask, prepare_pixels
 
 Encoder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -28,7 +31,13 @@ class PatchGridAdapter(BackboneAdapter):
     supported_modes = ("exact", "drop")
     image_size: tuple[int, int]
     grid: tuple[int, int]
+    patch_size: tuple[int, int]
     channels: int
+
+    @property
+    def patch_aligned(self) -> bool:
+        """Whether the patches tile the image exactly (side = grid · patch)."""
+        return all(g * p == s for g, p, s in zip(self.grid, self.patch_size, self.image_size))
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
         return prepare_pixels(x, self.channels, self.image_size)
@@ -56,6 +65,29 @@ def run_vit_groups_exact(
     for sl in chunks(b * m, chunk_size):
         tokens = torch.where(flat_mask[sl], patch_tokens[example[sl]], blank_tokens)
         y, z = encode(add_positions(tokens))
+        logits.append(y)
+        keys.append(z)
+    return _stack(logits, keys, b, m)
+
+
+def run_vit_groups_exact_pixels(
+    pixels: torch.Tensor,
+    grid: tuple[int, int],
+    tokens_of: Callable[[torch.Tensor], torch.Tensor],
+    encode: Encoder,
+    groups: Groups,
+    chunk_size: int,
+) -> GroupPredictions:
+    """``pixels [B, C, H, W]`` masked by each group's patch mask upsampled to pixels (nearest),
+    then ``tokens_of`` (patch embedding + positions) and ``encode``, chunk by chunk."""
+    b, m, _ = groups.mask.shape
+    flat_mask = groups.mask.reshape(b * m, -1)
+    example = group_batch_index(groups)
+    size = (pixels.shape[-2], pixels.shape[-1])
+    logits, keys = [], []
+    for sl in chunks(b * m, chunk_size):
+        masked = pixels[example[sl]] * pixel_grid_mask(flat_mask[sl], grid, size).to(pixels.dtype)
+        y, z = encode(tokens_of(masked))
         logits.append(y)
         keys.append(z)
     return _stack(logits, keys, b, m)

@@ -1,0 +1,264 @@
+"""Load the authors' SOP checkpoints (BrachioLab ``exlib``: ``SOPImageCls`` / ``SOPTextCls``).
+
+Their checkpoints are Hugging Face ``save_pretrained`` directories: ``config.json`` (``SOPConfig``)
+and ``model.safetensors`` or ``pytorch_model.bin`` (read with ``weights_only=True``; sharded
+``*.index.json`` layouts too) holding
+
+* ``class_weights [C, E]`` – the selector's class queries;
+* ``input_attn.multihead_attns.{h}.input_weights [3E, E]`` – generator head ``h`` (rows
+  ``E:2E`` keys, ``2E:3E`` queries; ``output_projection`` is unused);
+* ``output_attn.multihead_attn.input_weights [3E, E]`` – the selector (rows ``E:2E`` ``W_K'``,
+  ``2E:3E`` ``W_Q'``);
+* ``projection.<wrapper>.<backbone name>…`` – the trainable backbone copy, under wrapper
+  prefixes that vary (matched by the name after them);
+* ``blackbox_model.<wrapper>.<backbone name>…`` – the frozen backbone, which must equal the
+  backbone given here.
+
+Names written by transformers 4.x (``vit.encoder.layer.N.attention.attention.query`` …) are
+mapped to the installed layout.  ``projected_input_scale`` ``s`` multiplies both keys and queries
+in the authors' generator, so it is folded into γ as ``γ·s²``.  :func:`from_authors` builds the
+equivalent :class:`sopfast.SOP` (``ties="authors"``, ``mode="exact"`` unless overridden);
+``sopfast convert`` writes it in sopfast's own format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .model import SOP
+
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+ARCHITECTURES = ("SOPImageCls", "SOPTextCls")
+GENERATOR_HEAD = re.compile(r"^input_attn\.multihead_attns\.(\d+)\.input_weights$")
+SELECTOR_WEIGHT = "output_attn.multihead_attn.input_weights"
+CLASS_WEIGHTS = "class_weights"
+PROJECTION, BLACKBOX = "projection.", "blackbox_model."
+# Buffers older transformers saved that hold no weights (recomputed by the model).
+_IGNORED_BUFFERS = re.compile(r"(^|\.)position_ids$")
+# transformers 4.x names of HF ViT weights → the 5.x layout (order matters: the attention output first).
+_HF_VIT_LEGACY = (
+    (re.compile(r"\.encoder\.layer\.(\d+)\."), r".layers.\1."),
+    (re.compile(r"\.attention\.attention\.(query|key|value)\."), None),
+    (re.compile(r"\.attention\.output\.dense\."), ".attention.o_proj."),
+    (re.compile(r"\.intermediate\.dense\."), ".mlp.fc1."),
+    (re.compile(r"\.output\.dense\."), ".mlp.fc2."),
+)
+_QKV = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
+
+
+class AuthorsCheckpointError(ValueError):
+    """The directory is not a usable authors' SOP checkpoint for this backbone."""
+
+
+def _hf_vit_legacy_name(name: str) -> str:
+    """``name`` (transformers 4.x ViT layout) in the 5.x layout; other names pass unchanged."""
+    for pattern, replacement in _HF_VIT_LEGACY:
+        if replacement is None:
+            name = pattern.sub(lambda m: f".attention.{_QKV[m.group(1)]}.", name)
+        else:
+            name = pattern.sub(replacement, name)
+    return name
+
+
+def read_authors_config(directory: Path) -> dict[str, Any]:
+    """``config.json`` of an authors' checkpoint (with ``SOPConfig``'s defaults filled in)."""
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise AuthorsCheckpointError(f"no authors' SOP checkpoint in {directory}: {CONFIG_FILE} is missing")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise AuthorsCheckpointError(f"{path} is not valid JSON: {err}") from err
+    missing = [k for k in ("hidden_size", "num_labels", "num_heads", "num_masks_sample") if k not in config]
+    if missing:
+        raise AuthorsCheckpointError(f"{path} lacks the SOPConfig key(s) {missing}")
+    architectures = config.get("architectures") or ["SOPImageCls"]
+    if not set(architectures) & set(ARCHITECTURES):
+        raise AuthorsCheckpointError(f"{path}: architectures {architectures} is not one of {list(ARCHITECTURES)}")
+    defaults = {"group_gen_scale": 1, "group_sel_scale": 1, "group_gen_blur_ks1": -1, "group_gen_blur_sigma1": -1,
+                "projected_input_scale": 1}
+    return {**defaults, **config, "architectures": architectures}
+
+
+def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise AuthorsCheckpointError(f"{path} does not hold a state dict")
+    return state
+
+
+def read_authors_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint (single file or sharded), on the CPU."""
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return _load_file(directory / name)
+    for name in INDEX_FILES:
+        index = directory / name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for shard in shards for k, v in _load_file(directory / shard).items()}
+    raise AuthorsCheckpointError(f"no weights in {directory}: expected one of {list(WEIGHT_FILES + INDEX_FILES)}")
+
+
+def _backbone_name(key: str, names: set[str]) -> str | None:
+    """The backbone state-dict name that ``key`` (wrapper prefixes, maybe 4.x names) stands for."""
+    parts = key.split(".")
+    for start in range(len(parts)):
+        candidate = ".".join(parts[start:])
+        for name in (candidate, _hf_vit_legacy_name(candidate)):
+            if name in names:
+                return name
+    return None
+
+
+def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module) -> None:
+    """The checkpoint's ``blackbox_model`` must be ``backbone``, tensor for tensor."""
+    reference = backbone.state_dict()
+    covered: set[str] = set()
+    for key, tensor in weights.items():
+        if not key.startswith(BLACKBOX) or _IGNORED_BUFFERS.search(key):
+            continue
+        name = _backbone_name(key[len(BLACKBOX):], set(reference))
+        if name is None:
+            raise AuthorsCheckpointError(f"the checkpoint's backbone has a weight {key!r} the given backbone lacks")
+        expected = reference[name]
+        if tensor.shape != expected.shape or not torch.equal(tensor.to(expected), expected.cpu()):
+            raise AuthorsCheckpointError(
+                f"the given backbone is not the checkpoint's: {key!r} differs from the backbone's {name!r} "
+                f"(shapes {tuple(tensor.shape)} vs {tuple(expected.shape)})"
+            )
+        covered.add(name)
+    missing = sorted(set(reference) - covered)
+    if missing:
+        raise AuthorsCheckpointError(f"the checkpoint's blackbox_model lacks backbone weights {missing[:5]}")
+
+
+def _projection_state(weights: dict[str, torch.Tensor], backbone: nn.Module, source: str) -> dict[str, torch.Tensor]:
+    """sopfast ``projection.*`` entries from the checkpoint's trainable backbone copy."""
+    names = set(backbone.state_dict())
+    prefix = f"{source}." if source else ""
+    state = {}
+    for key, tensor in weights.items():
+        if not key.startswith(PROJECTION) or _IGNORED_BUFFERS.search(key):
+            continue
+        name = _backbone_name(key[len(PROJECTION):], names)
+        if name is None:
+            raise AuthorsCheckpointError(f"the checkpoint's projection has a weight {key!r} the backbone lacks")
+        if name.startswith(prefix):
+            state["projection." + name[len(prefix):]] = tensor
+    return state
+
+
+def _head_weights(weights: dict[str, torch.Tensor], num_heads: int, embed_dim: int) -> dict[str, torch.Tensor]:
+    heads = {int(m.group(1)): t for k, t in weights.items() if (m := GENERATOR_HEAD.match(k))}
+    if sorted(heads) != list(range(num_heads)):
+        raise AuthorsCheckpointError(
+            f"config num_heads={num_heads} but the checkpoint has generator heads {sorted(heads)} "
+            "(input_attn.multihead_attns.{h}.input_weights)"
+        )
+    for h, w in heads.items():
+        if tuple(w.shape) != (3 * embed_dim, embed_dim):
+            raise AuthorsCheckpointError(
+                f"input_attn.multihead_attns.{h}.input_weights has shape {tuple(w.shape)}, "
+                f"expected [3E, E] = {(3 * embed_dim, embed_dim)}"
+            )
+    return {f"generator.heads.{h}": w for h, w in heads.items()}
+
+
+def _selector_weights(weights: dict[str, torch.Tensor], embed_dim: int, num_labels: int) -> dict[str, torch.Tensor]:
+    for key in (CLASS_WEIGHTS, SELECTOR_WEIGHT):
+        if key not in weights:
+            raise AuthorsCheckpointError(f"the checkpoint lacks {key!r}")
+    selector, queries = weights[SELECTOR_WEIGHT], weights[CLASS_WEIGHTS]
+    if tuple(selector.shape) != (3 * embed_dim, embed_dim):
+        raise AuthorsCheckpointError(
+            f"{SELECTOR_WEIGHT} has shape {tuple(selector.shape)}, expected [3E, E] = {(3 * embed_dim, embed_dim)}"
+        )
+    if tuple(queries.shape) != (num_labels, embed_dim):
+        raise AuthorsCheckpointError(
+            f"{CLASS_WEIGHTS} has shape {tuple(queries.shape)}, expected [num_labels, E] = {(num_labels, embed_dim)}"
+        )
+    return {
+        "selector.class_queries": queries,
+        "selector.key_proj.weight": selector[embed_dim : 2 * embed_dim],
+        "selector.query_proj.weight": selector[2 * embed_dim :],
+    }
+
+
+def sop_options(config: dict[str, Any]) -> dict[str, Any]:
+    """``sopfast.SOP`` keyword arguments equivalent to an authors' ``SOPConfig``."""
+    blur = int(config["group_gen_blur_ks1"])
+    scale = float(config["projected_input_scale"])
+    return {
+        "num_groups": int(config["num_masks_sample"]),
+        "num_heads": int(config["num_heads"]),
+        "group_gen_scale": float(config["group_gen_scale"]) * scale * scale,
+        "group_sel_scale": float(config["group_sel_scale"]),
+        "blur_kernel_size": blur if blur > 1 else 0,
+        "blur_sigma": float(config["group_gen_blur_sigma1"]) if blur > 1 else 1.0,
+        "ties": "authors",
+    }
+
+
+def _check_geometry(model: SOP, config: dict[str, Any]) -> None:
+    adapter = model.adapter
+    if config["hidden_size"] != adapter.embed_dim:
+        raise AuthorsCheckpointError(
+            f"config hidden_size={config['hidden_size']} but the backbone's embeddings have {adapter.embed_dim}"
+        )
+    patch = config.get("attn_patch_size")
+    patch_size = getattr(adapter, "patch_size", None)
+    if patch is not None and patch_size is not None and tuple(patch_size) != (int(patch), int(patch)):
+        raise AuthorsCheckpointError(
+            f"config attn_patch_size={patch} but the backbone's patches are {tuple(patch_size)}"
+        )
+
+
+def from_authors(directory: str | Path, backbone: nn.Module, **overrides: Any) -> SOP:
+    """The :class:`sopfast.SOP` equal to the authors' checkpoint in ``directory`` over ``backbone``.
+
+    ``overrides`` go to ``SOP`` (``tau`` — the authors' ``k``, not saved in their config,
+    default 0.2 —, ``mode``, ``group_batch_size`` …).  Raises :class:`AuthorsCheckpointError`
+    (a ValueError) naming what does not fit: missing keys, wrong shapes, another backbone.
+    """
+    from .checkpoint import load_trainable_state_dict
+    from .model import SOP
+
+    directory = Path(directory)
+    config = read_authors_config(directory)
+    weights = read_authors_weights(directory)
+    _check_blackbox(weights, backbone)
+    options = {**sop_options(config), "mode": "exact", **overrides}
+    model = SOP(backbone, **options)
+    _check_geometry(model, config)
+    if "SOPTextCls" in config["architectures"]:
+        warnings.warn(
+            "SOPTextCls: the authors' public text code does not run as published; the weights load into "
+            "sopfast's BERT semantics (top-τ groups, masked tokens → [PAD]), see docs/method.md",
+            UserWarning,
+            stacklevel=2,
+        )
+    embed_dim = model.adapter.embed_dim
+    state = {
+        **_projection_state(weights, backbone, model.adapter.projection_source),
+        **_head_weights(weights, model.generator.num_heads, embed_dim),
+        **_selector_weights(weights, embed_dim, int(config["num_labels"])),
+    }
+    owned = model.state_dict()
+    state = {k: v.to(owned[k].dtype) if k in owned else v for k, v in state.items()}
+    load_trainable_state_dict(model, state, source=f"authors' checkpoint {directory}")
+    return model.to(next(backbone.parameters()).device)
