@@ -157,7 +157,7 @@ def test_another_backbone_is_refused(tmp_path):
 
 
 def test_missing_files_and_config_keys(tmp_path):
-    with pytest.raises(AuthorsCheckpointError, match="config.json is missing"):
+    with pytest.raises(AuthorsCheckpointError, match=r"config\.json is missing"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     with pytest.raises(AuthorsCheckpointError, match="lacks the SOPConfig key"):

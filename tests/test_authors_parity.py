@@ -91,7 +91,8 @@ def test_saturated_gradients_match_the_authors(family):
         torch.testing.assert_close(
             torch.zeros_like(p) if a is None else a, torch.zeros_like(p) if b is None else b, atol=1e-5, rtol=1e-4
         )
-    assert model.generator.heads[0].grad is None or float(g_fast[params.index(model.generator.heads[0])].abs().sum()) == 0
+    head0 = next(i for i, p in enumerate(params) if p is model.generator.heads[0])
+    assert g_fast[head0] is None  # epoch 1 trains head 1 only
 
 
 @pytest.mark.parametrize("family", list(FACTORIES))
