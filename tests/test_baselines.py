@@ -268,3 +268,54 @@ def test_registry_and_argument_errors(monkeypatch):
     assert "ig-f" not in B.available_baselines()
     with pytest.raises(ImportError, match="pip install captum"):
         B.make_baseline("ig-f")
+
+
+def test_registered_user_adapter_gets_grad_cam_and_fresh_or_clear_errors():
+    """A user's adapter registered with register_adapter: the hooks it implements drive Grad-CAM and
+    FRESH; the ones it lacks are errors that name the hook."""
+    from sopfast.adapters import HFViTAdapter, register_adapter
+    from sopfast.adapters import _REGISTRY as registry
+    from sopfast.adapters.base import AdapterHookMissing
+
+    class MyViT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = make_hf_vit()
+
+        def forward(self, pixel_values, **kwargs):
+            return self.inner(pixel_values=pixel_values, **kwargs)
+
+    class MyAdapter(HFViTAdapter):
+        """The HF ViT adapter reached through a wrapper; Grad-CAM and FRESH come from its hooks."""
+
+        def __init__(self, backbone):
+            super().__init__(backbone.inner)
+
+    class Bare(MyAdapter):
+        """Without the optional hooks."""
+
+        def cam_layer(self):
+            raise AdapterHookMissing(self, "cam_layer", "Grad-CAM")
+
+        has_cls_attention = False
+
+    x = torch.randn(2, 3, 32, 32)
+    register_adapter(lambda m: isinstance(m, MyViT), MyAdapter)
+    try:
+        model = sopfast.SOP(MyViT(), num_groups=4)
+        assert isinstance(model.adapter, MyAdapter)
+        inputs = model.prepare(x)
+        target = torch.tensor([0, 1])
+        cam = B.grad_cam(model, inputs, target)
+        assert cam.shape == (2, 16) and (cam >= 0).all()
+        fresh = B.make_baseline("fresh").scores(model, inputs)
+        assert fresh.shape == (2, 1, 16)
+        torch.testing.assert_close(fresh[:, 0], model.adapter.cls_attention(inputs))
+        bare = sopfast.SOP(MyViT(), num_groups=4, adapter=Bare(MyViT()))
+        with pytest.raises(NotImplementedError, match=r"Bare does not implement BackboneAdapter.cam_layer\(\)"):
+            B.grad_cam(bare, bare.prepare(x), target)
+        with pytest.raises(ValueError, match="has no cls_attention"):
+            B.cls_attention(bare, bare.prepare(x))
+        assert B.make_baseline("fresh").scores(bare, bare.prepare(x)).shape == (2, 1, 16)  # auto → generator
+    finally:
+        registry.pop(0)

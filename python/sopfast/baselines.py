@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .adapters import CNNAdapter, HFBertAdapter, HFViTAdapter, TimmViTAdapter
-from .adapters.images import upsample_mask
 from .ops import aggregate, top_tau
 from .types import FeatureInputs, GroupPredictions, Groups
 
@@ -89,11 +87,7 @@ class Method(ABC):
 # -- shared group execution -----------------------------------------------------------------
 def candidate_mask(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
     """``[B, d]`` bool: the features that may join a group."""
-    valid = model.adapter.candidates(inputs)
-    if valid is not None:
-        return valid
-    d = model.adapter.num_features(inputs)
-    return torch.ones(inputs.batch_size, d, dtype=torch.bool, device=inputs.device)
+    return model.adapter.candidate_mask(inputs)
 
 
 def top_tau_masks(scores: torch.Tensor, valid: torch.Tensor, tau: float, largest: bool = True) -> torch.Tensor:
@@ -328,29 +322,8 @@ def _fields(inputs: FeatureInputs) -> tuple[tuple[str, ...], tuple[torch.Tensor,
 
 def soft_forward(model: SOP, inputs: FeatureInputs, z: torch.Tensor) -> torch.Tensor:
     """Backbone logits ``[N, C]`` with each feature scaled by its presence ``z [N, d] ∈ [0, 1]``
-    (differentiable in ``z``).
-
-    Images: pixels times the feature mask upsampled to pixels (``z = 0`` is SOP's masking).
-    HF BERT: each token's embedding blended with [PAD]'s, ``z·e(id) + (1 − z)·e(pad)``; the
-    attention mask is left as it is (a soft stand-in for SOP's hard masking).
-    """
-    adapter = model.adapter
-    if isinstance(adapter, HFBertAdapter):
-        emb = adapter.backbone.get_input_embeddings()
-        ids = inputs.input_ids
-        z = torch.where(adapter.candidates(inputs), z, torch.ones_like(z)).unsqueeze(-1)
-        x = emb(ids) * z + emb(torch.full_like(ids, adapter.pad_token_id)) * (1 - z)
-        out = adapter.backbone(
-            inputs_embeds=x, attention_mask=inputs.attention_mask, token_type_ids=inputs.token_type_ids
-        )
-        return out.logits
-    grid = adapter.feature_grid(inputs)
-    if inputs.pixels is None or grid is None:
-        raise ValueError(
-            f"gradient attributions need an image backbone with a feature grid or HF BERT, got {type(adapter).__name__}"
-        )
-    mask = upsample_mask(z.view(-1, *grid), tuple(inputs.pixels.shape[-2:])).unsqueeze(1)
-    return adapter.full_forward(FeatureInputs(pixels=inputs.pixels * mask.to(inputs.pixels.dtype)))[0]
+    (differentiable in ``z``): the adapter's :meth:`~sopfast.adapters.BackboneAdapter.soft_forward`."""
+    return model.adapter.soft_forward(inputs, z)
 
 
 def _pick(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -390,28 +363,12 @@ def _captured(module: nn.Module, pre: bool) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def _cam_layer(model: SOP) -> tuple[nn.Module, bool, int]:
-    """``(module, capture its input?, prefix tokens)`` for Grad-CAM."""
-    adapter = model.adapter
-    if isinstance(adapter, CNNAdapter):
-        return dict(adapter.backbone.named_modules())[adapter.feature_layer], False, 0
-    if isinstance(adapter, HFViTAdapter):
-        return adapter.vit.layers[-1], True, 1
-    if isinstance(adapter, TimmViTAdapter):
-        return adapter.backbone.blocks[-1], True, adapter.prefix
-    if isinstance(adapter, HFBertAdapter):
-        return adapter.encoder_model.encoder.layer[-1], True, 0
-    raise ValueError(
-        f"grad_cam supports the built-in adapters (CNN, HF ViT, timm ViT, HF BERT), got {type(adapter).__name__}"
-    )
-
-
 def grad_cam(model: SOP, inputs: FeatureInputs, target: torch.Tensor) -> torch.Tensor:
     """Grad-CAM per feature ``[B, d]``: ``ReLU(Σ_e w_e A_e)`` with ``w`` the feature-averaged gradient.
 
     ``A`` is the CNN's ``feature_layer`` map, or the tokens entering the last Transformer block.
     """
-    module, pre, prefix = _cam_layer(model)
+    module, pre, prefix = model.adapter.cam_layer()
     with _captured(module, pre) as store, torch.enable_grad():
         logits = model.adapter.full_forward(inputs)[0]
         (grad,) = torch.autograd.grad(_pick(logits, target), store[-1])
@@ -490,60 +447,19 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
     return torch.cat(rows).float()
 
 
-@contextmanager
-def _eager_attention(backbone: nn.Module) -> Iterator[None]:
-    """Temporarily switch an HF model to eager attention (the only one that returns weights)."""
-    old = getattr(backbone.config, "_attn_implementation", "eager")
-    if old == "eager" or not hasattr(backbone, "set_attn_implementation"):
-        yield
-        return
-    backbone.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        backbone.set_attn_implementation(old)
-
-
 def has_cls_attention(model: SOP) -> bool:
     """Whether :func:`cls_attention` supports ``model``'s backbone."""
-    adapter = model.adapter
-    if isinstance(adapter, (HFViTAdapter, HFBertAdapter)):
-        return True
-    return isinstance(adapter, TimmViTAdapter) and adapter.backbone.global_pool == "token"
+    return model.adapter.has_cls_attention
 
 
 def cls_attention(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
     """``[B, d]``: last-layer attention from the CLS token to each feature, averaged over heads."""
-    adapter = model.adapter
     if not has_cls_attention(model):
         raise ValueError(
-            "FRESH(source='cls') needs a Transformer with a CLS token (HF ViT, HF BERT, timm ViT with "
-            f"global_pool='token'), got {type(adapter).__name__}; use Fresh(source='generator')"
+            f"FRESH(source='cls') needs a Transformer with a CLS token, got {type(model.adapter).__name__} "
+            "(its adapter has no cls_attention); use Fresh(source='generator')"
         )
-    if isinstance(adapter, TimmViTAdapter):
-        return _timm_cls_attention(adapter, inputs)
-    with torch.no_grad(), _eager_attention(adapter.backbone):
-        if isinstance(adapter, HFViTAdapter):
-            out = adapter.backbone(pixel_values=inputs.pixels, output_attentions=True)
-        else:
-            out = adapter.backbone(
-                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                token_type_ids=inputs.token_type_ids, output_attentions=True,
-            )
-    prefix = 1 if isinstance(adapter, HFViTAdapter) else 0
-    return out.attentions[-1][:, :, 0, prefix:].mean(dim=1).float()
-
-
-def _timm_cls_attention(adapter: TimmViTAdapter, inputs: FeatureInputs) -> torch.Tensor:
-    attn = adapter.backbone.blocks[-1].attn
-    with _captured(attn, True) as store:
-        adapter.full_forward(inputs)
-    x = store[-1].detach()
-    b, n, _ = x.shape
-    qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
-    weights = ((q[:, :, :1] * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-    return weights[:, :, 0, adapter.prefix:].mean(dim=1).float()
+    return model.adapter.cls_attention(inputs)
 
 
 # -- registry -------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .adapters import HFBertAdapter, HFViTAdapter, TimmViTAdapter
 from .model import SOP
 from .ops.sparsemax import sparsemax_reference
 from .output import SOPOutput
@@ -27,24 +26,7 @@ CHUNK = 16
 
 def _embedding(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
     """``hidden_states[-2]`` of the projection on the unmasked input, feature tokens only."""
-    adapter, proj = model.adapter, model.projection
-    if isinstance(adapter, HFViTAdapter):
-        return proj(pixel_values=inputs.pixels, output_hidden_states=True).hidden_states[-2][:, 1:]
-    if isinstance(adapter, HFBertAdapter):
-        out = proj(
-            input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            token_type_ids=inputs.token_type_ids,
-            output_hidden_states=True,
-        )
-        return out.hidden_states[-2]
-    if isinstance(adapter, TimmViTAdapter):
-        x = proj.norm_pre(proj.patch_drop(proj._pos_embed(proj.patch_embed(inputs.pixels))))
-        hidden_states = [x]
-        for block in proj.blocks:
-            hidden_states.append(block(hidden_states[-1]))
-        return hidden_states[-2][:, adapter.prefix :]
-    return adapter.embed(proj, inputs)
+    return model.adapter.reference_embed(model.projection, inputs)
 
 
 def _blur(logits: torch.Tensor, model: SOP, grid: tuple[int, int] | None) -> torch.Tensor:

@@ -16,6 +16,17 @@ The four duties (SPEC §2):
 * **classifier weights** – :meth:`classifier_weight` ``[C, H]`` initialises the selector's queries;
 * **feature grid** – :meth:`feature_grid` gives ``(h, w)`` for grid-shaped features (blur, pictures)
   or ``None`` for sequences; :meth:`candidates` marks which of the ``d`` features may join a group.
+
+Optional hooks, used by the baselines (:mod:`sopfast.baselines`) and the oracle; an adapter
+that lacks one raises :class:`AdapterHookMissing` naming it:
+
+* :meth:`soft_forward` – logits with each feature scaled by a presence in ``[0, 1]`` (gradient
+  and Integrated-Gradients baselines; images have a default, pixel masking);
+* :meth:`cam_layer` – the activation Grad-CAM reads;
+* :meth:`cls_attention` – last-layer attention from the CLS token (FRESH), with
+  :attr:`has_cls_attention`;
+* :meth:`reference_embed` – the generator embedding computed the authors' way (a full forward of
+  the projection with ``output_hidden_states``), for :mod:`sopfast.reference`; defaults to :meth:`embed`.
 """
 
 from __future__ import annotations
@@ -27,8 +38,19 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
+from .images import upsample_mask
 
 MODES = ("exact", "drop")
+
+
+class AdapterHookMissing(NotImplementedError):
+    """An optional adapter hook (``cam_layer``, ``cls_attention``, ``soft_forward``) is not provided."""
+
+    def __init__(self, adapter: BackboneAdapter, hook: str, needed_by: str):
+        super().__init__(
+            f"{type(adapter).__name__} does not implement BackboneAdapter.{hook}(), which {needed_by} needs; "
+            f"implement it in the adapter (see sopfast.adapters.base) or choose another method"
+        )
 
 
 class BackboneAdapter(ABC):
@@ -102,6 +124,44 @@ class BackboneAdapter(ABC):
     def classifier_weight(self) -> torch.Tensor:
         """The backbone classifier's weight ``[C, H]``."""
 
+    # -- optional hooks -------------------------------------------------------------------
+    def candidate_mask(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, d]`` bool: :meth:`candidates`, or every feature when that is ``None``."""
+        valid = self.candidates(inputs)
+        if valid is not None:
+            return valid
+        return torch.ones(inputs.batch_size, self.num_features(inputs), dtype=torch.bool, device=inputs.device)
+
+    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        """:meth:`embed` computed as the authors do (a plain full forward); the oracle's embedding."""
+        return self.embed(projection, inputs)
+
+    def soft_forward(self, inputs: FeatureInputs, presence: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, C]`` with feature ``j`` scaled by ``presence [B, d] ∈ [0, 1]`` (differentiable).
+
+        Image backbones with a feature grid: the pixels times the presence upsampled to pixels
+        (``presence = 0`` is SOP's masking).
+        """
+        grid = self.feature_grid(inputs)
+        if inputs.pixels is None or grid is None:
+            raise AdapterHookMissing(self, "soft_forward", "gradient and Integrated-Gradients attributions")
+        mask = upsample_mask(presence.view(-1, *grid), tuple(inputs.pixels.shape[-2:])).unsqueeze(1)
+        return self.full_forward(FeatureInputs(pixels=inputs.pixels * mask.to(inputs.pixels.dtype)))[0]
+
+    def cam_layer(self) -> tuple[nn.Module, bool, int]:
+        """``(module, read its input?, prefix tokens)``: the activation Grad-CAM weighs — a feature
+        map ``[B, E, h, w]`` or tokens ``[B, prefix + d, E]``."""
+        raise AdapterHookMissing(self, "cam_layer", "Grad-CAM")
+
+    @property
+    def has_cls_attention(self) -> bool:
+        """Whether :meth:`cls_attention` is available for this backbone."""
+        return False
+
+    def cls_attention(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, d]``: last-layer attention from the CLS token to each feature, averaged over heads."""
+        raise AdapterHookMissing(self, "cls_attention", "FRESH with source='cls'")
+
 
 def check_mode(adapter: BackboneAdapter, mode: str) -> str:
     """Validate ``mode`` for ``adapter`` (ValueError naming what is allowed)."""
@@ -134,7 +194,3 @@ def group_batch_index(groups: Groups) -> torch.Tensor:
     b, m = groups.mask.shape[:2]
     return torch.arange(b, device=groups.mask.device).repeat_interleave(m)
 
-
-def check_finite(name: str, t: torch.Tensor) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")

@@ -139,6 +139,9 @@ class CNNAdapter(BackboneAdapter):
             handle.remove()
         return logits, captured[0]
 
+    def cam_layer(self) -> tuple[nn.Module, bool, int]:
+        return dict(self.backbone.named_modules())[self.feature_layer], False, 0
+
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         b, m, d = groups.mask.shape
         grid = self.feature_grid(inputs)

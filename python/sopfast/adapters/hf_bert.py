@@ -19,6 +19,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, chunks, freeze_, group_batch_index
+from .hf_common import eager_attention
 
 
 class HFBertAdapter(BackboneAdapter):
@@ -148,3 +149,39 @@ class HFBertAdapter(BackboneAdapter):
             output_hidden_states=True,
         )
         return out.logits, out.hidden_states[-1][:, 0]
+
+    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        out = projection(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            token_type_ids=inputs.token_type_ids,
+            output_hidden_states=True,
+        )
+        return out.hidden_states[-2]
+
+    def soft_forward(self, inputs: FeatureInputs, presence: torch.Tensor) -> torch.Tensor:
+        """Each candidate token's embedding blended with [PAD]'s, ``z·e(id) + (1 − z)·e(pad)``; the
+        attention mask is left as it is (a soft stand-in for SOP's hard masking)."""
+        emb = self.backbone.get_input_embeddings()
+        ids = inputs.input_ids
+        z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
+        x = emb(ids) * z + emb(torch.full_like(ids, self.pad_token_id)) * (1 - z)
+        out = self.backbone(inputs_embeds=x, attention_mask=inputs.attention_mask, token_type_ids=inputs.token_type_ids)
+        return out.logits
+
+    def cam_layer(self) -> tuple[nn.Module, bool, int]:
+        return self.encoder_model.encoder.layer[-1], True, 0
+
+    @property
+    def has_cls_attention(self) -> bool:
+        return True
+
+    def cls_attention(self, inputs: FeatureInputs) -> torch.Tensor:
+        with torch.no_grad(), eager_attention(self.backbone):
+            out = self.backbone(
+                input_ids=inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                token_type_ids=inputs.token_type_ids,
+                output_attentions=True,
+            )
+        return out.attentions[-1][:, :, 0].mean(dim=1).float()

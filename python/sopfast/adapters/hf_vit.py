@@ -9,6 +9,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import freeze_
+from .hf_common import eager_attention
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
@@ -85,3 +86,18 @@ class HFViTAdapter(PatchGridAdapter):
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.backbone(pixel_values=inputs.pixels, output_hidden_states=True)
         return out.logits, out.hidden_states[-1][:, 0]
+
+    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        return projection(pixel_values=inputs.pixels, output_hidden_states=True).hidden_states[-2][:, 1:]
+
+    def cam_layer(self) -> tuple[nn.Module, bool, int]:
+        return self.vit.layers[-1], True, 1
+
+    @property
+    def has_cls_attention(self) -> bool:
+        return True
+
+    def cls_attention(self, inputs: FeatureInputs) -> torch.Tensor:
+        with torch.no_grad(), eager_attention(self.backbone):
+            out = self.backbone(pixel_values=inputs.pixels, output_attentions=True)
+        return out.attentions[-1][:, :, 0, 1:].mean(dim=1).float()

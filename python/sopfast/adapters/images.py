@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..types import FeatureInputs
-from .base import check_finite
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")
 
 
 def prepare_pixels(x: torch.Tensor, channels: int | None, size: tuple[int, int] | None) -> FeatureInputs:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import freeze_
+from .base import AdapterHookMissing, freeze_
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
@@ -80,3 +80,34 @@ class TimmViTAdapter(PatchGridAdapter):
         model = self.backbone
         x = model.blocks(self._tokens(model, inputs.pixels))
         return model.forward_head(model.norm(x)), self._key(x)
+
+    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+        hidden_states = [self._tokens(projection, inputs.pixels)]
+        for block in projection.blocks:
+            hidden_states.append(block(hidden_states[-1]))
+        return hidden_states[-2][:, self.prefix :]
+
+    def cam_layer(self) -> tuple[nn.Module, bool, int]:
+        return self.backbone.blocks[-1], True, self.prefix
+
+    @property
+    def has_cls_attention(self) -> bool:
+        return self.backbone.global_pool == "token"
+
+    def cls_attention(self, inputs: FeatureInputs) -> torch.Tensor:
+        if not self.has_cls_attention:
+            raise AdapterHookMissing(self, "cls_attention", "FRESH with source='cls' (a timm ViT with a class token)")
+        attn = self.backbone.blocks[-1].attn
+        captured: list[torch.Tensor] = []
+        handle = attn.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
+        try:
+            with torch.no_grad():
+                self.full_forward(inputs)
+        finally:
+            handle.remove()
+        x = captured[-1]
+        b, n, _ = x.shape
+        qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+        weights = ((q[:, :, :1] * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return weights[:, :, 0, self.prefix :].mean(dim=1).float()
