@@ -273,8 +273,8 @@ def test_registry_and_argument_errors(monkeypatch):
 def test_registered_user_adapter_gets_grad_cam_and_fresh_or_clear_errors():
     """A user's adapter registered with register_adapter: the hooks it implements drive Grad-CAM and
     FRESH; the ones it lacks are errors that name the hook."""
-    from sopfast.adapters import HFViTAdapter, register_adapter
     from sopfast.adapters import _REGISTRY as registry
+    from sopfast.adapters import HFViTAdapter, register_adapter
     from sopfast.adapters.base import AdapterHookMissing
 
     class MyViT(torch.nn.Module):
