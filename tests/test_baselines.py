@@ -254,7 +254,7 @@ def test_registry_and_argument_errors(monkeypatch):
     assert B.make_baseline("GxI-F").name == "GxI-F"
     with pytest.raises(ValueError, match="unknown baseline 'shap'"):
         B.make_baseline("shap")
-    with pytest.raises(ValueError, match="patch_size must be a positive integer or None, got 0"):
+    with pytest.raises(ValueError, match="patch_size must be an integer ≥ 1 or None, got 0"):
         B.PatchGrid(patch_size=0)
     with pytest.raises(ValueError, match="combine must be 'mean' or 'selector'"):
         B.RandomGroups(combine="sum")
@@ -262,7 +262,7 @@ def test_registry_and_argument_errors(monkeypatch):
         B.Fresh(source="attention")
     with pytest.raises(ValueError, match="method must be one of"):
         B.captum_attribution("rise")
-    with pytest.raises(ValueError, match="budget must be a positive integer"):
+    with pytest.raises(ValueError, match="budget must be an integer ≥ 1"):
         B.captum_attribution("ig", budget=0)
     monkeypatch.setattr(B, "captum_available", lambda method="ig": False)
     assert "ig-f" not in B.available_baselines()

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .checks import check_int
 from .ops import aggregate, top_tau
 from .types import FeatureInputs, GroupPredictions, Groups
 
@@ -46,14 +47,6 @@ AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor], torch.Tensor]
 COMBINES = ("mean", "selector", "per_output")
 FORWARD_BUDGET = 20
 INPUT_FIELDS = ("pixels", "input_ids", "attention_mask", "token_type_ids")
-
-
-def _check_positive_int(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = "a positive integer" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 @dataclass
@@ -236,7 +229,7 @@ class RandomGroups(ScoreBaseline):
     def __init__(self, num_groups: int | None = None, seed: int = 0, combine: str = "selector"):
         if combine not in ("mean", "selector"):
             raise ValueError(f"combine must be 'mean' or 'selector', got {combine!r}")
-        _check_positive_int("num_groups", num_groups, allow_none=True)
+        check_int("num_groups", num_groups, 1, optional=True)
         self.name = "Random"
         self.num_groups = num_groups
         self.combine = combine
@@ -259,8 +252,8 @@ class PatchGrid(Method):
     """
 
     def __init__(self, patch_size: int | None = None, max_groups: int = FORWARD_BUDGET):
-        _check_positive_int("patch_size", patch_size, allow_none=True)
-        _check_positive_int("max_groups", max_groups)
+        check_int("patch_size", patch_size, 1, optional=True)
+        check_int("max_groups", max_groups, 1)
         self.name = "PatchGrid"
         self.patch_size = patch_size
         self.max_groups = max_groups
@@ -399,8 +392,8 @@ def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 
     """
     if method not in CAPTUM_METHODS:
         raise ValueError(f"method must be one of {CAPTUM_METHODS}, got {method!r}")
-    _check_positive_int("budget", budget)
-    _check_positive_int("window", window)
+    check_int("budget", budget, 1)
+    check_int("window", window, 1)
     if not captum_available(method):
         raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
     return lambda model, inputs, target: _captum(method, budget, window, model, inputs, target)

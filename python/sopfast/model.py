@@ -7,21 +7,15 @@ from torch import nn
 
 from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
+from .checks import check_choice, check_int, check_tau
 from .generator import GroupGenerator
 from .ops import aggregate
-from .ops._validate import check_tau
 from .output import SOPOutput
 from .selector import GroupSelector
 from .types import FeatureInputs, Groups
 
 TASKS = ("classification", "regression")
 TOKENS_PER_CALL = 4096
-
-
-def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return value
 
 
 class SOP(nn.Module):
@@ -75,14 +69,12 @@ class SOP(nn.Module):
         super().__init__()
         if not isinstance(backbone, nn.Module):
             raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
-        self.num_groups = _check_positive_int("num_groups", num_groups)
+        self.num_groups = check_int("num_groups", num_groups, 1)
         self.tau = tau
         self.group_batch_size = (
-            None if group_batch_size is None else _check_positive_int("group_batch_size", group_batch_size)
+            None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
         )
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-        self.task = task
+        self.task = check_choice("task", task, TASKS)
         self.deletion = bool(deletion)
         backbone.requires_grad_(False)
         backbone.eval()
@@ -92,7 +84,7 @@ class SOP(nn.Module):
         self.projection = self.adapter.make_projection()
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
-            num_heads=_check_positive_int("num_heads", num_heads),
+            num_heads=check_int("num_heads", num_heads, 1),
             scale=group_gen_scale,
             blur_kernel_size=blur_kernel_size,
             blur_sigma=blur_sigma,
@@ -159,7 +151,7 @@ class SOP(nn.Module):
         ``floor(j·d/m)``), as the authors' code does.
         """
         tau = self.tau if tau is None else check_tau(tau)
-        m = self.num_groups if num_groups is None else _check_positive_int("num_groups", num_groups)
+        m = self.num_groups if num_groups is None else check_int("num_groups", num_groups, 1)
         valid = self.adapter.candidates(inputs)
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None

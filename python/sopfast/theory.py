@@ -37,6 +37,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 from scipy.optimize import linprog, minimize_scalar
 
+from .checks import check_choice, check_int
+
 Kind = Literal["monomial-deletion", "binomial-insertion"]
 KINDS: tuple[Kind, ...] = ("monomial-deletion", "binomial-insertion")
 METHODS = ("symmetric", "enumerate")
@@ -49,21 +51,6 @@ PAPER_FITS: dict[tuple[Kind, bool], tuple[float, float, float]] = {
 }
 Blocks = tuple[int, int, int]
 Number = int | float | Fraction
-
-
-# --------------------------------------------------------------------------- argument checks
-
-
-def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    """Return ``value`` as an int after checking it is an integer in ``[minimum, maximum]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
 
 
 def binomial_blocks(d: int, *, equal_blocks: bool = True) -> Blocks:
@@ -81,18 +68,6 @@ def binomial_blocks(d: int, *, equal_blocks: bool = True) -> Blocks:
         )
     q, r = divmod(d, 3)
     return q + (r > 0), q + (r > 1), q
-
-
-def _check_kind(kind: str) -> Kind:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    return kind  # type: ignore[return-value]
-
-
-def _check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    return method
 
 
 # --------------------------------------------------------------------------- LP and least squares
@@ -229,7 +204,7 @@ def min_total_error(
     ``method="symmetric"`` uses the exact reductions (closed forms for ``mse``), ``"enumerate"``
     the appendix programs over all ``2^d`` subsets (``d <= MAX_ENUMERATED_D``).
     """
-    kind, method = _check_kind(kind), _check_method(method)
+    kind, method = check_choice("kind", kind, KINDS), check_choice("method", method, METHODS)
     if method == "symmetric":
         if kind == "monomial-deletion":
             return float(monomial_deletion_mse(d) if mse else monomial_deletion_exact(d))
@@ -475,7 +450,7 @@ class BoundSeries:
 
 def valid_dimensions(kind: Kind, ds: Iterable[int], *, equal_blocks: bool = True) -> list[int]:
     """The ``d`` in ``ds`` at which ``kind`` is defined (binomial: multiples of 3 or ``d >= 2``)."""
-    if _check_kind(kind) == "monomial-deletion":
+    if check_choice("kind", kind, KINDS) == "monomial-deletion":
         return [d for d in ds if d >= 1]
     if equal_blocks:
         return [d for d in ds if d >= 3 and d % 3 == 0]

@@ -36,6 +36,7 @@ from .checkpoint import (
     save_pretrained,
     trainable_state_dict,
 )
+from .checks import check_choice, check_int
 from .distributed import (
     DistInfo,
     ResumableSampler,
@@ -58,18 +59,6 @@ METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
 STATE_FORMAT = 1
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
-
-
-def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}{' or None' if optional else ''}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
 @dataclass
@@ -132,7 +121,7 @@ class TrainConfig:
     head_schedule: str = "phases"
 
     def __post_init__(self) -> None:
-        _check_int("epochs", self.epochs, 1)
+        check_int("epochs", self.epochs, 1)
         for name in ("lr", "weight_decay", "warmup_ratio"):
             if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
@@ -146,18 +135,18 @@ class TrainConfig:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
         if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        _check_int("batch_size", self.batch_size, 1, optional=True)
-        _check_int("warmup_steps", self.warmup_steps, 0, optional=True)
-        _check_int("grad_accum", self.grad_accum, 1)
-        _check_int("eval_every", self.eval_every, 1, optional=True)
-        _check_int("save_every", self.save_every, 1, optional=True)
-        _check_int("log_every", self.log_every, 1)
-        _check_int("max_steps", self.max_steps, 1, optional=True)
-        _check_int("seed", self.seed, 0)
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
-        _check_choice("amp", self.amp, (None, *AMP_DTYPES))
-        _check_choice("metric", self.metric, (None, *METRICS))
+        check_int("batch_size", self.batch_size, 1, optional=True)
+        check_int("warmup_steps", self.warmup_steps, 0, optional=True)
+        check_int("grad_accum", self.grad_accum, 1)
+        check_int("eval_every", self.eval_every, 1, optional=True)
+        check_int("save_every", self.save_every, 1, optional=True)
+        check_int("log_every", self.log_every, 1)
+        check_int("max_steps", self.max_steps, 1, optional=True)
+        check_int("seed", self.seed, 0)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
+        check_choice("amp", self.amp, (None, *AMP_DTYPES))
+        check_choice("metric", self.metric, (None, *METRICS))
         if self.output_dir is not None:
             self.output_dir = Path(self.output_dir)
         if self.log_file is None and self.output_dir is not None:

@@ -1,0 +1,99 @@
+"""Argument checks shared by every part of sopfast.
+
+Each check names the argument, the value and what is allowed.  One exception type per kind of
+mistake: a value of the wrong **type** raises ``TypeError``; a value of the right type that is
+**not allowed** (out of range, not a choice, wrong shape) raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def _bounds(minimum: float | None, maximum: float | None, optional: bool) -> str:
+    parts = []
+    if minimum is not None:
+        parts.append(f"≥ {minimum}")
+    if maximum is not None:
+        parts.append(f"≤ {maximum}")
+    text = " and ".join(parts)
+    return (f" {text}" if text else "") + (" or None" if optional else "")
+
+
+def check_int(
+    name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *, optional: bool = False
+) -> Any:
+    """``value`` as an ``int`` in ``[minimum, maximum]`` (``None`` passes when ``optional``)."""
+    if value is None and optional:
+        return None
+    allowed = f"an integer{_bounds(minimum, maximum, optional)}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def check_number(
+    name: str,
+    value: Any,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    above: bool = False,
+    optional: bool = False,
+) -> Any:
+    """``value`` as a finite ``float`` in ``[minimum, maximum]`` (``(minimum, …]`` with ``above``)."""
+    if value is None and optional:
+        return None
+    low = "" if minimum is None else (f"> {minimum}" if above else f"≥ {minimum}")
+    high = "" if maximum is None else f"≤ {maximum}"
+    allowed = "a finite number" + (f" {' and '.join(p for p in (low, high) if p)}" if low or high else "")
+    allowed += " or None" if optional else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    too_low = minimum is not None and (value <= minimum if above else value < minimum)
+    if not math.isfinite(value) or too_low or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
+    """``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_tau(tau: Any, name: str = "tau") -> float:
+    """The fraction of features a group keeps, in ``(0, 1]``."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
+        raise TypeError(f"{name} must be a float in (0, 1], got {tau!r} ({type(tau).__name__})")
+    if not 0.0 < float(tau) <= 1.0:
+        raise ValueError(f"{name} must lie in (0, 1], got {tau!r}")
+    return float(tau)
+
+
+def check_tensor(name: str, value: Any) -> torch.Tensor:
+    """``value`` if it is a ``torch.Tensor``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_rank(name: str, value: Any, rank: int, layout: str) -> torch.Tensor:
+    """``value`` if it is a tensor of ``rank`` dimensions (``layout`` names them, e.g. ``"[N, C]"``)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(value).__name__}")
+    if value.dim() != rank:
+        raise ValueError(f"{name} must have shape {layout} ({rank} dimensions), got shape {tuple(value.shape)}")
+    return value
