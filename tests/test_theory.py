@@ -335,7 +335,7 @@ def test_fit_rejects_bad_input():
             ValueError,
             r"d must be <= 20 .* got 21",
         ),
-        (lambda: Polynomial.from_terms(3, [(1, [5])]), ValueError, r"feature index must be an integer ≥ 0 and ≤ 2, got 5"),
+        (lambda: Polynomial.from_terms(3, [(1, [5])]), ValueError, r"feature index must be .* ≤ 2, got 5"),
         (lambda: Polynomial.from_terms(3, [(1, {0: 0})]), ValueError, r"exponent of feature 0 .* ≥ 1, got 0"),
         (lambda: Polynomial.from_terms(3, [("1", [0])]), TypeError, r"coefficient must be .* got '1'"),
         (lambda: monomial_polynomial(3)([1, 2]), ValueError, r"x must have d = 3 entries, got 2"),
