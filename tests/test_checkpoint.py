@@ -120,3 +120,72 @@ def test_interrupted_write_keeps_the_old_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         atomic_write(path, half_write)
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_backbone_keys_in_the_weights_file_are_refused(tmp_path):
+    """A ``backbone.*`` entry must never be written into the caller's frozen backbone."""
+    save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    weights = load_file(tmp_path / WEIGHTS_NAME)
+    weights["backbone.classifier.bias"] = torch.full((3,), 100.0)
+    from safetensors.torch import save_file
+
+    save_file(weights, tmp_path / WEIGHTS_NAME)
+    backbone = make_hf_vit()
+    with pytest.raises(ValueError, match=r"unexpected \['backbone.classifier.bias'\]"):
+        load_pretrained(tmp_path, backbone)
+    assert torch.equal(backbone.classifier.bias, make_hf_vit().classifier.bias)
+
+
+def _vit_with(**changes):
+    """make_hf_vit's weights under another config (same shapes)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    base = make_hf_vit()
+    config = ViTConfig(**{**base.config.to_dict(), **changes})
+    other = ViTForImageClassification(config).eval()
+    other.load_state_dict(base.state_dict())
+    return other
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [({"num_attention_heads": 4}, "num_attention_heads: 2 → 4"), ({"layer_norm_eps": 1e-3}, "layer_norm_eps"),
+     ({"hidden_act": "relu"}, "hidden_act: 'gelu' → 'relu'")],
+)
+def test_same_weights_under_another_architecture_are_refused(tmp_path, changes, match):
+    save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    other = _vit_with(**changes)
+    assert hash_backbone(other) == hash_backbone(make_hf_vit())
+    with pytest.raises(ValueError, match=f"same weights, another architecture .*{match}"):
+        load_pretrained(tmp_path, other)
+    load_pretrained(tmp_path, make_hf_vit())  # the saved backbone itself still loads
+
+
+def test_corrupt_files_name_the_file(tmp_path):
+    save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    weights = (tmp_path / WEIGHTS_NAME).read_bytes()
+    (tmp_path / WEIGHTS_NAME).write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match=f"{WEIGHTS_NAME} is not a readable safetensors file"):
+        load_pretrained(tmp_path, make_hf_vit())
+    config = tmp_path / CONFIG_NAME
+    meta = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in meta.items() if k != "backbone_sha256"}))
+    with pytest.raises(ValueError, match=rf"{CONFIG_NAME} is not a valid SOP config: it lacks \['backbone_sha256'\]"):
+        load_pretrained(tmp_path, make_hf_vit())
+    config.write_text("{not json")
+    with pytest.raises(ValueError, match=rf"{CONFIG_NAME} is not a valid SOP config \(JSON"):
+        load_pretrained(tmp_path, make_hf_vit())
+    state = atomic_save({"step": 1, "w": torch.arange(1000)}, tmp_path / "state.pt")
+    state.write_bytes(state.read_bytes()[:300])
+    with pytest.raises(ValueError, match="state.pt is not a readable training state"):
+        load_training_state(state)
+
+
+def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
+    dead = tmp_path / f".{checkpoint.STATE_NAME}.999999999.0123abcd.tmp"
+    live = tmp_path / "best" / f".{WEIGHTS_NAME}.{os.getpid()}.0123abcd.tmp"
+    live.parent.mkdir()
+    dead.write_bytes(b"x" * 100)
+    live.write_bytes(b"y")
+    assert checkpoint.remove_stale_temp_files(tmp_path) == [dead]
+    assert not dead.exists() and live.exists()

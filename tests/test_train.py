@@ -257,3 +257,16 @@ def test_epoch_head_schedule_uses_epoch_mod_heads():
     train(model, image_data(4), epochs=2, lr=1e-3, batch_size=2, head_schedule="epochs", progress=False,
           callbacks=[lambda t, ev, rec: heads.append(t.model.epoch) if ev == "step" else None])
     assert heads == [0, 0, 1, 1]
+
+
+def test_resume_state_outside_the_epoch_is_refused_and_stale_temp_files_go(tmp_path):
+    model, data = vit_sop(), image_data(4)
+    train(model, data, batch_size=2, output_dir=tmp_path, max_steps=1, progress=False)
+    state = load_training_state(tmp_path / STATE_NAME)
+    state["batches_done"] = 7  # past the 2 batches of an epoch: would loop forever
+    torch.save(state, tmp_path / STATE_NAME)
+    stale = tmp_path / f".{STATE_NAME}.999999999.0123abcd.tmp"
+    stale.write_bytes(b"partial state")
+    with pytest.raises(ValueError, match=r"is not inside an epoch of 2 batches"):
+        train(model, data, batch_size=2, output_dir=tmp_path, progress=False)
+    assert not stale.exists()

@@ -5,8 +5,10 @@ is identified by a hash instead of being copied:
 
 * ``sop_model.safetensors`` – every parameter and buffer of the SOP module except those
   under ``backbone.`` (the projection copy, the generator, the selector);
-* ``sop_config.json`` – ``model.config``, the adapter class name, the sopfast version and
-  ``backbone_sha256``, a hash of the backbone's ``state_dict``.
+* ``sop_config.json`` – ``model.config``, the adapter class name, the sopfast version,
+  ``backbone_sha256``, a hash of the backbone's ``state_dict``, and ``backbone_architecture``,
+  a description of every backbone module (class, sizes, eps, heads, activation …) and of its
+  Hugging Face config — the same weights under another architecture compute something else.
 
 Training state (``training_state.pt``) is one ``torch.save`` file written atomically:
 a temporary file in the same directory, ``fsync``, then ``os.replace``.
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
+import re
 import uuid
 import warnings
 from collections.abc import Callable
@@ -37,6 +41,14 @@ STATE_NAME = "training_state.pt"
 BACKBONE_PREFIX = "backbone."
 # Attributes of SOP that may change after construction; their current values are saved.
 _MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size")
+_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+# Config entries and module attributes that say where a model came from or which kernel runs it,
+# not what it computes.
+_NOT_COMPUTATION = frozenset(
+    {"architectures", "id2label", "label2id", "transformers_version", "torch_dtype", "dtype", "problem_type",
+     "finetuning_task", "tokenizer_class", "output_hidden_states", "output_attentions", "return_dict",
+     "use_return_dict", "torchscript", "use_cache", "name_or_path", "fused_attn", "kernel_config", "inplace"}
+)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
@@ -68,6 +80,31 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temp files :func:`atomic_write` left in ``directory`` (and its subfolders) when its
+    process was killed; files of a process that is still running stay.  Returns what was removed."""
+    directory = Path(directory)
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for path in directory.rglob(".*.tmp"):
+        match = _TEMP_FILE.match(path.name)
+        if match and path.is_file() and not _pid_alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj, path)``, atomically."""
     return atomic_write(path, lambda f: torch.save(obj, f))
@@ -81,6 +118,44 @@ def hash_backbone(backbone: nn.Module) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, bool, numbers.Number)) or value is None
+
+
+def _computes(key: str) -> bool:
+    """Whether a module attribute / config entry named ``key`` can change what the frozen backbone
+    computes in eval mode (dropout, provenance and kernel choices cannot)."""
+    return not key.startswith("_") and "dropout" not in key and key not in _NOT_COMPUTATION
+
+
+def backbone_architecture(backbone: nn.Module) -> dict[str, dict[str, str]]:
+    """What the backbone computes apart from its weights: ``{"modules": {name: class, extra_repr and
+    scalar attributes (heads, eps …)}, "config": {scalar entries of its HF config}}``."""
+    modules = {}
+    for name, module in backbone.named_modules():
+        if isinstance(module, nn.Dropout):
+            continue
+        scalars = sorted(f"{k}={v!r}" for k, v in vars(module).items() if _computes(k) and _scalar(v))
+        modules[name or "<root>"] = f"{type(module).__name__}({module.extra_repr()}) {' '.join(scalars)}".strip()
+    config = getattr(backbone, "config", None)
+    entries = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
+    return {
+        "modules": modules,
+        "config": {k: repr(v) for k, v in sorted(entries.items()) if _computes(k) and _scalar(v)},
+    }
+
+
+def architecture_differences(saved: dict[str, dict[str, str]], backbone: nn.Module) -> list[str]:
+    """``"name: saved → now"`` for every config entry (present in both) and module that differs."""
+    now = backbone_architecture(backbone)
+    old_cfg, new_cfg = saved.get("config", {}), now["config"]
+    changed = [f"config.{k}: {old_cfg[k]} → {new_cfg[k]}" for k in sorted(set(old_cfg) & set(new_cfg))
+               if old_cfg[k] != new_cfg[k]]
+    old_mod, new_mod = saved.get("modules", {}), now["modules"]
+    names = sorted(set(old_mod) | set(new_mod))
+    return changed + [f"{k}: {old_mod.get(k)} → {new_mod.get(k)}" for k in names if old_mod.get(k) != new_mod.get(k)]
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -144,6 +219,7 @@ def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, An
         "adapter": type(model.adapter).__name__,
         "sopfast_version": __version__,
         "backbone_sha256": backbone_sha256 or hash_backbone(model.backbone),
+        "backbone_architecture": backbone_architecture(model.backbone),
     }
 
 
@@ -165,21 +241,45 @@ def save_pretrained(model: SOP, directory: str | os.PathLike, *, backbone_sha256
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
-    """The saved ``sop_config.json`` of a pretrained directory."""
+    """The saved ``sop_config.json`` of a pretrained directory (ValueError naming the file when it is
+    not valid JSON or lacks an entry)."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {CONFIG_NAME} is missing")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a valid SOP config (JSON: {err})") from err
+    missing = [key for key in ("config", "adapter", "backbone_sha256") if not isinstance(meta, dict) or key not in meta]
+    if missing or not isinstance(meta["config"], dict):
+        raise ValueError(f"{path} is not a valid SOP config: it lacks {missing or ['a config mapping']}")
+    return meta
 
 
-def check_backbone(expected: str, backbone: nn.Module, *, strict: bool = True, where: str = "checkpoint") -> None:
-    """Raise ValueError (or warn when not ``strict``) if ``backbone`` is not the one with hash ``expected``."""
+def check_backbone(
+    expected: str,
+    backbone: nn.Module,
+    *,
+    strict: bool = True,
+    where: str = "checkpoint",
+    architecture: dict[str, dict[str, str]] | None = None,
+) -> None:
+    """Raise ValueError (or warn when not ``strict``) if ``backbone`` is not the one with hash
+    ``expected`` and (when saved) the ``architecture`` description."""
     actual = hash_backbone(backbone)
-    if actual == expected:
+    changed = architecture_differences(architecture, backbone) if architecture else []
+    if actual == expected and not changed:
         return
-    message = (
-        f"the backbone differs from the one the {where} was trained with (sha256 {actual[:12]}… != {expected[:12]}…)"
-    )
+    if actual != expected:
+        message = (
+            f"the backbone differs from the one the {where} was trained with "
+            f"(weights sha256 {actual[:12]}… != {expected[:12]}…)"
+        )
+    else:
+        message = (
+            f"the backbone differs from the one the {where} was trained with: same weights, another "
+            f"architecture ({'; '.join(changed[:3])})"
+        )
     if strict:
         raise ValueError(message + "; pass strict_backbone=False to load anyway")
     warnings.warn(message, RuntimeWarning, stacklevel=3)
@@ -204,8 +304,13 @@ def load_pretrained(
     weights_path = directory / WEIGHTS_NAME
     if not weights_path.is_file():
         raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {WEIGHTS_NAME} is missing")
-    check_backbone(meta["backbone_sha256"], backbone, strict=strict_backbone)
-    state = safetensors_load(weights_path.read_bytes())
+    check_backbone(
+        meta["backbone_sha256"], backbone, strict=strict_backbone, architecture=meta.get("backbone_architecture")
+    )
+    try:
+        state = safetensors_load(weights_path.read_bytes())
+    except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
+        raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from err
     config = dict(meta["config"])
     upgrade_legacy_state(state, config)
     kwargs = {**config, **overrides}
@@ -229,4 +334,10 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
         path = path / STATE_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no training state to resume from: {path!s} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, unpickling error, ...
+        raise ValueError(f"{path} is not a readable training state ({type(err).__name__}: {err})") from err
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is not a sopfast training state")
+    return state

@@ -33,6 +33,7 @@ from .checkpoint import (
     hash_backbone,
     load_trainable_state_dict,
     load_training_state,
+    remove_stale_temp_files,
     save_pretrained,
     trainable_state_dict,
 )
@@ -400,6 +401,8 @@ class Trainer:
     def _setup(self) -> None:
         cfg, info = self.config, self.info
         self.device = resolve_device(cfg.device, info)
+        if info.is_main and cfg.output_dir is not None:
+            remove_stale_temp_files(cfg.output_dir)
         self.model.to(self.device)
         seed_everything(cfg.seed)
         self.train_loader = make_train_loader(self.train_data, cfg.batch_size, info, cfg.seed)
@@ -503,6 +506,15 @@ class Trainer:
             raise ValueError(
                 f"cannot resume from {path}: settings differ from the saved run ({changed}, saved → now); "
                 "use the same settings, resume=False or another output_dir"
+            )
+        counters = {k: state.get(k) for k in ("step", "epoch", "batches_done")}
+        if (
+            not all(isinstance(v, int) and v >= 0 for v in counters.values())
+            or counters["batches_done"] >= self.batches_per_epoch
+        ):
+            raise ValueError(
+                f"cannot resume from {path}: its position {counters} is not inside an epoch of "
+                f"{self.batches_per_epoch} batches"
             )
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
