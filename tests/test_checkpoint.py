@@ -177,7 +177,7 @@ def test_corrupt_files_name_the_file(tmp_path):
         load_pretrained(tmp_path, make_hf_vit())
     state = atomic_save({"step": 1, "w": torch.arange(1000)}, tmp_path / "state.pt")
     state.write_bytes(state.read_bytes()[:300])
-    with pytest.raises(ValueError, match="state.pt is not a readable training state"):
+    with pytest.raises(ValueError, match=r"state\.pt is not a readable training state"):
         load_training_state(state)
 
 
