@@ -245,3 +245,63 @@ def test_custom_adapter_protocol_is_usable():
     model = sopfast.SOP(net, num_groups=3, tau=0.5, adapter=TabularAdapter(net))
     out = model(torch.randn(4, 6))
     assert out.logits.shape == (4, 2) and out.group_masks.sum(-1).eq(3).all()
+
+
+@pytest.mark.parametrize("family", ["hf_vit", "timm_vit", "cnn", "bert"])
+def test_empty_batch_gives_empty_outputs_and_zero_loss(family, request):
+    backbone = request.getfixturevalue(family)
+    kwargs = {"feature_layer": "features"} if family == "cnn" else {}
+    model = sopfast.SOP(backbone, num_groups=4, **kwargs)
+    if family == "bert":
+        ids, mask, types = text_batch()
+        args = (ids[:0], mask[:0], types[:0])
+    else:
+        size = 16 if family == "cnn" else 32
+        args = (torch.randn(0, 3, size, size),)
+    for mode in model.adapter.supported_modes:
+        out = model(*args, mode=mode)
+        assert out.logits.shape == (0, model.num_classes) and out.group_masks.shape[:2] == (0, 4)
+        assert out.group_scores.shape == (0, model.num_classes, 4) and out.lam.shape == (0, 4)
+        loss = out.loss(torch.zeros(0, dtype=torch.long))
+        assert loss.item() == 0.0
+
+
+@pytest.mark.parametrize("family", ["hf_vit", "timm_vit", "cnn"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_half_and_double_images_run_in_the_backbone_dtype(family, dtype, request):
+    kwargs = {"feature_layer": "features"} if family == "cnn" else {}
+    model = sopfast.SOP(request.getfixturevalue(family), num_groups=4, **kwargs).eval()
+    x = torch.randn(2, 3, *((16, 16) if family == "cnn" else (32, 32)))
+    with torch.no_grad():
+        expected = model(x).logits
+        torch.testing.assert_close(model(x.to(dtype)).logits, expected, atol=5e-3 if dtype == torch.float16 else 1e-5,
+                                   rtol=0)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda ids, mask, types: (ids + 1000, mask, types), r"input_ids must lie in \[0, 59\]"),
+        (lambda ids, mask, types: (ids, mask, types * 5), r"token_type_ids must lie in \[0, 1\]"),
+        (lambda ids, mask, types: (ids.repeat(1, 5), mask.repeat(1, 5), types.repeat(1, 5)), "has 70 tokens but"),
+    ],
+)
+def test_text_outside_the_embedding_tables(bert, edit, match):
+    with pytest.raises(ValueError, match=match):
+        sopfast.SOP(bert, num_groups=3)(*edit(*text_batch()))
+
+
+def test_non_finite_scales_and_overflowing_inputs(hf_vit):
+    for name in ("group_gen_scale", "group_sel_scale"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number, got nan"):
+            sopfast.SOP(hf_vit, **{name: float("nan")})
+    with pytest.raises(ValueError, match="logits on the groups are not finite"):
+        sopfast.SOP(hf_vit, num_groups=4)(torch.randn(1, 3, 32, 32) * 1e30)
+
+
+def test_labels_outside_the_classes(hf_vit):
+    out = sopfast.SOP(hf_vit, num_groups=4)(torch.randn(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\]"):
+        out.loss(torch.tensor([0, 3]))
+    with pytest.raises(TypeError, match="labels must be integer class ids"):
+        out.loss(torch.tensor([0.0, 1.0]))

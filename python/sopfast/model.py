@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
-from .checks import check_choice, check_int, check_tau
+from .checks import check_choice, check_int, check_number, check_tau
 from .generator import GroupGenerator
-from .ops import aggregate
+from .ops import aggregate, num_kept
 from .output import SOPOutput
 from .selector import GroupSelector
-from .types import FeatureInputs, Groups
+from .types import FeatureInputs, GroupPredictions, Groups
 
 TASKS = ("classification", "regression")
 TOKENS_PER_CALL = 4096
+# Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
+# peak memory stops growing with the batch size.
+TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
 
 
 class SOP(nn.Module):
@@ -85,12 +89,13 @@ class SOP(nn.Module):
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
-            scale=group_gen_scale,
-            blur_kernel_size=blur_kernel_size,
-            blur_sigma=blur_sigma,
+            scale=check_number("group_gen_scale", group_gen_scale),
+            blur_kernel_size=check_int("blur_kernel_size", blur_kernel_size),
+            blur_sigma=check_number("blur_sigma", blur_sigma, 0.0, above=True),
             ties=ties,
         )
-        self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
+        selector_scale = check_number("group_sel_scale", group_sel_scale)
+        self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
         self.epoch = 0
         self.config = {
             "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
@@ -152,6 +157,8 @@ class SOP(nn.Module):
         """
         tau = self.tau if tau is None else check_tau(tau)
         m = self.num_groups if num_groups is None else check_int("num_groups", num_groups, 1)
+        if inputs.batch_size == 0:
+            return self._no_groups(inputs, m, tau)
         valid = self.adapter.candidates(inputs)
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
@@ -172,15 +179,51 @@ class SOP(nn.Module):
     ) -> SOPOutput:
         """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``."""
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
-        groups = self.make_groups(inputs, tau)
-        return self.predict_groups(inputs, groups, mode)
+        if torch.is_grad_enabled() or inputs.batch_size <= (size := self.example_chunk_size(inputs)):
+            return self.predict_groups(inputs, self.make_groups(inputs, tau), mode)
+        parts = []
+        for start in range(0, inputs.batch_size, size):
+            rows = inputs.rows(slice(start, start + size))
+            parts.append(self.predict_groups(rows, self.make_groups(rows, tau), mode))
+        return _concatenate(parts)
+
+    def example_chunk_size(self, inputs: FeatureInputs) -> int:
+        """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
+        with autograd on the batch runs whole."""
+        return max(1, TOKENS_PER_EXAMPLE_CHUNK // (self.adapter.num_features(inputs) + 1))
+
+    def _no_groups(self, inputs: FeatureInputs, m: int, tau: float) -> Groups:
+        """The groups of an empty batch: every tensor with a batch dimension of 0."""
+        d = self.adapter.num_features(inputs)
+        device = inputs.device
+        return Groups(
+            mask=torch.zeros(0, m, d, dtype=torch.bool, device=device),
+            indices=torch.zeros(0, m, num_kept(tau, d), dtype=torch.long, device=device),
+            lam=torch.zeros(0, m, device=device),
+            attention=torch.zeros(0, m, d, device=device),
+        )
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
-        """Run the frozen backbone on given ``groups`` and combine with the selector."""
+        """Run the frozen backbone on given ``groups`` and combine with the selector.
+
+        Raises ValueError when the backbone's logits on the groups are not finite (inputs far
+        outside what the backbone can represent, e.g. pixels of 1e30).
+        """
         mode = self.mode if mode is None else check_mode(self.adapter, mode)
-        chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode))
-        with torch.no_grad():
-            preds = self.adapter.run_groups(inputs, groups, mode, chunk)
+        if inputs.batch_size == 0:
+            preds = GroupPredictions(
+                logits=groups.lam.new_zeros(0, groups.mask.shape[1], self.num_classes),
+                keys=groups.lam.new_zeros(0, groups.mask.shape[1], self.selector.class_queries.shape[1]),
+            )
+        else:
+            chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode))
+            with torch.no_grad():
+                preds = self.adapter.run_groups(inputs, groups, mode, chunk)
+            if not bool(torch.isfinite(preds.logits).all()):
+                raise ValueError(
+                    "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
+                    "represent (check their scale and normalisation)"
+                )
         scores = self.selector(preds.keys)
         logits = aggregate(scores, groups.lam, preds.logits)
         return SOPOutput(
@@ -224,3 +267,15 @@ class SOP(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
         return [p for p in self.parameters() if p.requires_grad]
+
+
+def _concatenate(parts: list[SOPOutput]) -> SOPOutput:
+    """The outputs of consecutive example chunks as one (group indices ``-1``-padded to one width)."""
+    width = max(p.group_indices.shape[-1] for p in parts)
+    indices = [F.pad(p.group_indices, (0, width - p.group_indices.shape[-1]), value=-1) for p in parts]
+    fields = ("logits", "group_logits", "group_scores", "lam", "group_masks", "attention")
+    return SOPOutput(
+        **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields},
+        group_indices=torch.cat(indices),
+        task=parts[0].task,
+    )

@@ -30,6 +30,10 @@ class FeatureInputs:
         ref = self.pixels if self.pixels is not None else self.input_ids
         return ref.device
 
+    def rows(self, index: slice | torch.Tensor) -> FeatureInputs:
+        """The examples ``index`` of the batch."""
+        return FeatureInputs(**{k: None if v is None else v[index] for k, v in vars(self).items()})
+
 
 @dataclass
 class Groups:

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, chunks, freeze_, group_batch_index
-from .images import pixel_grid_mask, prepare_pixels
+from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
 
 
 class _Stop(Exception):
@@ -71,7 +71,7 @@ class CNNAdapter(BackboneAdapter):
         self._grids: dict[tuple[int, int], tuple[int, int]] = {}
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
-        return prepare_pixels(x, self.channels, None)
+        return prepare_pixels(x, self.channels, None, parameter_dtype(self.backbone))
 
     @property
     def embed_dim(self) -> int:

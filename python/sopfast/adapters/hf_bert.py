@@ -51,9 +51,27 @@ class HFBertAdapter(BackboneAdapter):
             raise ValueError(
                 f"token_type_ids shape {tuple(token_type_ids.shape)} must equal input_ids shape {tuple(x.shape)}"
             )
+        self._check_vocabulary(x, token_type_ids)
         return FeatureInputs(
             input_ids=x.long(), attention_mask=attention_mask.long(), token_type_ids=token_type_ids.long()
         )
+
+    def _check_vocabulary(self, ids: torch.Tensor, token_type_ids: torch.Tensor) -> None:
+        """Token ids, token types and the length must fit the model's embedding tables."""
+        cfg = self.backbone.config
+        limits = (("input_ids", ids, cfg.vocab_size), ("token_type_ids", token_type_ids, cfg.type_vocab_size))
+        for name, values, size in limits:
+            if values.numel() and (int(values.min()) < 0 or int(values.max()) >= size):
+                raise ValueError(
+                    f"{name} must lie in [0, {size - 1}] for this model, got values in "
+                    f"[{int(values.min())}, {int(values.max())}]"
+                )
+        absolute = getattr(cfg, "position_embedding_type", "absolute") == "absolute"
+        if absolute and ids.shape[1] > cfg.max_position_embeddings:
+            raise ValueError(
+                f"input_ids has {ids.shape[1]} tokens but this model has {cfg.max_position_embeddings} positions; "
+                "truncate the text (tokenizer(..., truncation=True))"
+            )
 
     def num_features(self, inputs: FeatureInputs) -> int:
         return int(inputs.input_ids.shape[1])

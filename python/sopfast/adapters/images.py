@@ -12,8 +12,11 @@ def check_finite(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")
 
 
-def prepare_pixels(x: torch.Tensor, channels: int | None, size: tuple[int, int] | None) -> FeatureInputs:
-    """Validate an image batch ``[B, C, H, W]`` (floating, finite, expected channels / size)."""
+def prepare_pixels(
+    x: torch.Tensor, channels: int | None, size: tuple[int, int] | None, dtype: torch.dtype | None = None
+) -> FeatureInputs:
+    """Validate an image batch ``[B, C, H, W]`` (floating, finite, expected channels / size) and cast
+    it to the backbone's ``dtype`` (fp16 or fp64 images for an fp32 backbone)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"images must be a torch.Tensor [B, C, H, W], got {type(x).__name__}")
     if x.dim() != 4:
@@ -25,7 +28,12 @@ def prepare_pixels(x: torch.Tensor, channels: int | None, size: tuple[int, int] 
     if size is not None and tuple(x.shape[-2:]) != tuple(size):
         raise ValueError(f"images must be {size[0]}x{size[1]} pixels for this backbone, got {tuple(x.shape[-2:])}")
     check_finite("images", x)
-    return FeatureInputs(pixels=x)
+    return FeatureInputs(pixels=x if dtype is None else x.to(dtype))
+
+
+def parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of ``module``'s first floating parameter (``None`` without one)."""
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
 
 
 def upsample_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from ..ops import gather_tokens
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, chunks, group_batch_index
-from .images import pixel_grid_mask, prepare_pixels
+from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
 
 Encoder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -40,7 +40,7 @@ class PatchGridAdapter(BackboneAdapter):
         return all(g * p == s for g, p, s in zip(self.grid, self.patch_size, self.image_size))
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
-        return prepare_pixels(x, self.channels, self.image_size)
+        return prepare_pixels(x, self.channels, self.image_size, parameter_dtype(self.backbone))
 
     def num_features(self, inputs: FeatureInputs) -> int:
         return self.grid[0] * self.grid[1]

@@ -3,6 +3,7 @@ dispatcher (CUDA → Triton or CUDA C++, CPU → C++, otherwise the PyTorch refe
 with ``SOPFAST_BACKEND``)."""
 
 from ._backends import available_backends, backends, select_backend
+from ._validate import num_kept
 from .blur import gaussian_kernel1d
 from .gather_tokens import gather_tokens, gather_tokens_backward_reference, gather_tokens_reference
 from .group_select import aggregate, aggregate_reference, group_select, group_select_reference
@@ -21,6 +22,7 @@ __all__ = [
     "gaussian_kernel1d",
     "group_select",
     "group_select_reference",
+    "num_kept",
     "select_backend",
     "sparsemax",
     "sparsemax_backward_reference",

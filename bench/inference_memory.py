@@ -1,0 +1,56 @@
+"""Peak memory of SOP inference vs batch size (issue #14.8): does it stop growing with the batch?
+
+Runs ``model(x)`` under ``torch.no_grad()`` for each mode and batch size and reports the process's
+extra peak memory during the call (``sopfast.bench.peak_memory_mib``: RSS high-water mark above
+the level before the call, heap trimmed first; ``torch.cuda.max_memory_allocated`` on CUDA), with
+the inputs already allocated.  Memory is not affected by other load on the machine, unlike time.
+
+    python bench/inference_memory.py                      # ViT-S/16-sized, batches 16 and 128
+    python bench/inference_memory.py --batches 16 64 128 --model vit-b16
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import sopfast
+from sopfast.bench import peak_memory_mib
+
+MODELS = {
+    "vit-s16": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536},
+    "vit-b16": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+}
+
+
+def vit(name: str) -> torch.nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=224, patch_size=16, num_labels=1000, **MODELS[name])
+    return ViTForImageClassification(config).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=tuple(MODELS), default="vit-s16")
+    parser.add_argument("--batches", type=int, nargs="+", default=[16, 128])
+    parser.add_argument("--modes", nargs="+", default=["exact", "drop"])
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model = sopfast.SOP(vit(args.model), num_groups=20, tau=0.2).eval()
+    print(f"| mode | batch | extra peak MiB | × batch {args.batches[0]} |")
+    print("|---|---:|---:|---:|")
+    for mode in args.modes:
+        first = None
+        for batch in args.batches:
+            x = torch.randn(batch, 3, 224, 224)
+            with torch.no_grad():
+                peak = peak_memory_mib(lambda: model(x, mode=mode), torch.device("cpu"))  # noqa: B023
+            first = first or peak
+            print(f"| {mode} | {batch} | {peak:.0f} | {peak / first:.2f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
