@@ -160,6 +160,12 @@ class SOP(nn.Module):
         if inputs.batch_size == 0:
             return self._no_groups(inputs, m, tau)
         valid = self.adapter.candidates(inputs)
+        if valid is not None and not bool(valid.any(dim=1).all()):
+            empty = (~valid.any(dim=1)).nonzero().flatten().tolist()
+            raise ValueError(
+                f"examples {empty[:5]} of the batch have no candidate features (every token is padding "
+                "or in the always-kept second segment); SOP needs at least one"
+            )
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
         return self.generator(

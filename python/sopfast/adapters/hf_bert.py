@@ -69,8 +69,8 @@ class HFBertAdapter(BackboneAdapter):
         absolute = getattr(cfg, "position_embedding_type", "absolute") == "absolute"
         if absolute and ids.shape[1] > cfg.max_position_embeddings:
             raise ValueError(
-                f"input_ids has {ids.shape[1]} tokens but this model has {cfg.max_position_embeddings} positions; "
-                "truncate the text (tokenizer(..., truncation=True))"
+                f"input_ids must have at most {cfg.max_position_embeddings} tokens (the model's positions), "
+                f"got {ids.shape[1]}; truncate the text (tokenizer(..., truncation=True))"
             )
 
     def num_features(self, inputs: FeatureInputs) -> int:
