@@ -283,7 +283,7 @@ def test_half_and_double_images_run_in_the_backbone_dtype(family, dtype, request
     [
         (lambda ids, mask, types: (ids + 1000, mask, types), r"input_ids must lie in \[0, 59\]"),
         (lambda ids, mask, types: (ids, mask, types * 5), r"token_type_ids must lie in \[0, 1\]"),
-        (lambda ids, mask, types: (ids.repeat(1, 5), mask.repeat(1, 5), types.repeat(1, 5)), "at most 64 tokens .* got 70"),
+        (lambda ids, mask, types: tuple(t.repeat(1, 5) for t in (ids, mask, types)), "at most 64 tokens .* got 70"),
     ],
 )
 def test_text_outside_the_embedding_tables(bert, edit, match):
