@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -90,10 +91,7 @@ class BackboneAdapter(ABC):
     # -- generator ------------------------------------------------------------------------
     def make_projection(self) -> nn.Module:
         """A trainable deep copy of what :meth:`embed` runs (the generator's encoder)."""
-        projection = copy.deepcopy(self.backbone)
-        for p in projection.parameters():
-            p.requires_grad_(True)
-        return projection
+        return trainable_copy(self.backbone)
 
     @abstractmethod
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
@@ -173,6 +171,26 @@ def check_mode(adapter: BackboneAdapter, mode: str) -> str:
             f"supported: {adapter.supported_modes}"
         )
     return mode
+
+
+def trainable_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with every parameter trainable."""
+    copied = copy.deepcopy(module)
+    for p in copied.parameters():
+        p.requires_grad_(True)
+    return copied
+
+
+def run_chunked(
+    groups: Groups, chunk_size: int, run: Callable[[slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+) -> GroupPredictions:
+    """``run(rows, example)`` on each chunk of ``chunk_size`` of the ``B·m`` flattened groups (``example``:
+    the example index of each row) returning ``(logits [n, C], keys [n, H])``; stacked to ``[B, m, ·]``."""
+    b, m = groups.mask.shape[:2]
+    example = group_batch_index(groups)
+    outputs = [run(rows, example[rows]) for rows in chunks(b * m, chunk_size)]
+    logits = torch.cat([y for y, _ in outputs]).reshape(b, m, -1)
+    return GroupPredictions(logits=logits, keys=torch.cat([z for _, z in outputs]).reshape(b, m, -1))
 
 
 def chunks(total: int, size: int):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, chunks, freeze_, group_batch_index
+from .base import BackboneAdapter, freeze_, run_chunked
 from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
 
 
@@ -147,11 +147,9 @@ class CNNAdapter(BackboneAdapter):
         grid = self.feature_grid(inputs)
         size = tuple(inputs.pixels.shape[-2:])
         flat_mask = groups.mask.reshape(b * m, d)
-        example = group_batch_index(groups)
-        logits, keys = [], []
-        for sl in chunks(b * m, chunk_size):
-            masked = inputs.pixels[example[sl]] * pixel_grid_mask(flat_mask[sl], grid, size)
-            y, z = self.full_forward(FeatureInputs(pixels=masked))
-            logits.append(y)
-            keys.append(z)
-        return GroupPredictions(torch.cat(logits).reshape(b, m, -1), torch.cat(keys).reshape(b, m, -1))
+
+        def run(rows: slice, example: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            masked = inputs.pixels[example] * pixel_grid_mask(flat_mask[rows], grid, size)
+            return self.full_forward(FeatureInputs(pixels=masked))
+
+        return run_chunked(groups, chunk_size, run)

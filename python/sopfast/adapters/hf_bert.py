@@ -12,13 +12,11 @@ and token-type ids — exact, since masked keys receive zero attention.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, chunks, freeze_, group_batch_index
+from .base import BackboneAdapter, freeze_, run_chunked, trainable_copy
 from .hf_common import eager_attention
 
 
@@ -94,9 +92,7 @@ class HFBertAdapter(BackboneAdapter):
         return int(self.backbone.config.hidden_size)
 
     def make_projection(self) -> nn.Module:
-        projection = copy.deepcopy(self.encoder_model)
-        for p in projection.parameters():
-            p.requires_grad_(True)
+        projection = trainable_copy(self.encoder_model)
         freeze_(projection.encoder.layer[-1], getattr(projection, "pooler", None))
         return projection
 
@@ -124,14 +120,10 @@ class HFBertAdapter(BackboneAdapter):
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         b, m, t = groups.mask.shape
         keep = (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
-        example = group_batch_index(groups)
-        run = self._exact_batch if mode == "exact" else self._drop_batch
-        logits, keys = [], []
-        for sl in chunks(b * m, chunk_size):
-            y, z = self._encode(**run(inputs, example[sl], keep[sl]))
-            logits.append(y)
-            keys.append(z)
-        return GroupPredictions(torch.cat(logits).reshape(b, m, -1), torch.cat(keys).reshape(b, m, -1))
+        batch = self._exact_batch if mode == "exact" else self._drop_batch
+        return run_chunked(
+            groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows]))
+        )
 
     def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
         ids = inputs.input_ids[example]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import freeze_
+from .base import freeze_, trainable_copy
 from .hf_common import eager_attention
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
@@ -38,9 +36,7 @@ class HFViTAdapter(PatchGridAdapter):
         return int(self.backbone.config.hidden_size)
 
     def make_projection(self) -> nn.Module:
-        projection = copy.deepcopy(self.vit)
-        for p in projection.parameters():
-            p.requires_grad_(True)
+        projection = trainable_copy(self.vit)
         freeze_(projection.layers[-1], projection.layernorm, getattr(projection, "pooler", None))
         return projection
 

@@ -18,7 +18,7 @@ import torch
 
 from ..ops import gather_tokens
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, chunks, group_batch_index
+from .base import BackboneAdapter, run_chunked
 from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
 
 Encoder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -58,16 +58,12 @@ def run_vit_groups_exact(
     chunk_size: int,
 ) -> GroupPredictions:
     """``patch_tokens [B, d, E]`` and ``blank_tokens [1, d, E]`` (before positions) → predictions."""
-    b, m, _ = groups.mask.shape
-    flat_mask = groups.mask.reshape(b * m, -1, 1)
-    example = group_batch_index(groups)
-    logits, keys = [], []
-    for sl in chunks(b * m, chunk_size):
-        tokens = torch.where(flat_mask[sl], patch_tokens[example[sl]], blank_tokens)
-        y, z = encode(add_positions(tokens))
-        logits.append(y)
-        keys.append(z)
-    return _stack(logits, keys, b, m)
+    flat_mask = groups.mask.flatten(0, 1).unsqueeze(-1)
+    return run_chunked(
+        groups,
+        chunk_size,
+        lambda rows, example: encode(add_positions(torch.where(flat_mask[rows], patch_tokens[example], blank_tokens))),
+    )
 
 
 def run_vit_groups_exact_pixels(
@@ -80,40 +76,24 @@ def run_vit_groups_exact_pixels(
 ) -> GroupPredictions:
     """``pixels [B, C, H, W]`` masked by each group's patch mask upsampled to pixels (nearest),
     then ``tokens_of`` (patch embedding + positions) and ``encode``, chunk by chunk."""
-    b, m, _ = groups.mask.shape
-    flat_mask = groups.mask.reshape(b * m, -1)
-    example = group_batch_index(groups)
+    flat_mask = groups.mask.flatten(0, 1)
     size = (pixels.shape[-2], pixels.shape[-1])
-    logits, keys = [], []
-    for sl in chunks(b * m, chunk_size):
-        masked = pixels[example[sl]] * pixel_grid_mask(flat_mask[sl], grid, size).to(pixels.dtype)
-        y, z = encode(tokens_of(masked))
-        logits.append(y)
-        keys.append(z)
-    return _stack(logits, keys, b, m)
+
+    def run(rows: slice, example: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        masked = pixels[example] * pixel_grid_mask(flat_mask[rows], grid, size).to(pixels.dtype)
+        return encode(tokens_of(masked))
+
+    return run_chunked(groups, chunk_size, run)
 
 
 def run_vit_groups_drop(
     positioned: torch.Tensor, prefix: int, encode: Encoder, groups: Groups, chunk_size: int
 ) -> GroupPredictions:
     """``positioned [B, prefix + d, E]`` (positions added) → predictions on gathered tokens."""
-    b, m, _ = groups.mask.shape
     if bool((groups.indices < 0).any()):
         raise ValueError(
             "ViT drop mode needs groups of equal size (index -1 padding would run as zero tokens); "
             "use mode='exact' for groups of different sizes"
         )
-    indices = groups.indices + prefix
-    gathered = gather_tokens(positioned, indices, prefix=prefix)
-    logits, keys = [], []
-    for sl in chunks(b * m, chunk_size):
-        y, z = encode(gathered[sl])
-        logits.append(y)
-        keys.append(z)
-    return _stack(logits, keys, b, m)
-
-
-def _stack(logits: list[torch.Tensor], keys: list[torch.Tensor], b: int, m: int) -> GroupPredictions:
-    y = torch.cat(logits).reshape(b, m, -1)
-    z = torch.cat(keys).reshape(b, m, -1)
-    return GroupPredictions(logits=y, keys=z)
+    gathered = gather_tokens(positioned, groups.indices + prefix, prefix=prefix)
+    return run_chunked(groups, chunk_size, lambda rows, _example: encode(gathered[rows]))
