@@ -8,7 +8,8 @@ from ..types import FeatureInputs
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    """ValueError if ``t`` holds NaN or ±Inf (a min/max reduction: no tensor of ``t``'s size is made)."""
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
         raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")
 
 
