@@ -177,11 +177,18 @@ class SOP(nn.Module):
         pixel_values: torch.Tensor | None = None,
         tau: float | None = None,
         mode: str | None = None,
+        labels: torch.Tensor | None = None,
     ) -> SOPOutput:
-        """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``."""
+        """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``.
+
+        With ``labels`` (``[B]`` class ids, or regression targets) the output's ``.loss`` is the
+        paper's loss as a tensor (and ``out[0]``), so Hugging Face ``Trainer``-style and
+        Lightning-style loops work unchanged.
+        """
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         groups = self.make_groups(inputs, tau)
-        return self.predict_groups(inputs, groups, mode)
+        out = self.predict_groups(inputs, groups, mode)
+        return out if labels is None else out.with_labels(labels)
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector."""
