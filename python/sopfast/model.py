@@ -24,6 +24,11 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
+class SOPConfig(dict):
+    """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
+    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
+
+
 class SOP(nn.Module):
     """Sum-of-Parts wrapper around a frozen ``backbone`` (SPEC §1–§3).
 
@@ -100,12 +105,12 @@ class SOP(nn.Module):
         )
         self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
         self.epoch = 0
-        self.config = {
+        self.config = SOPConfig({
             "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
             "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
             "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
             "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
-        }
+        })
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
