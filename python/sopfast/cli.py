@@ -431,7 +431,25 @@ def load_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
 # -- data --------------------------------------------------------------------------------------------
 def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None):
     """The dataset for ``role`` (train / val / test) of ``--data``, built-in or your own, and a line
-    saying which split it is."""
+    saying which split it is; its first example is checked to make a batch the model takes."""
+    import torch
+
+    from .batches import parse_batch
+
+    dataset, info = _read_split(args, model, backbone, role, limit)
+    if len(dataset) == 0:
+        raise CLIError(f"--data {args.data}: the {role} split is empty")
+    batch = parse_batch(torch.utils.data.default_collate([dataset[0]]))
+    if batch.labels is None:
+        raise CLIError(f"--data {args.data}: the {role} examples have no labels")
+    try:
+        model.prepare(**batch.model_inputs())
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"--data {args.data} ({role}) does not fit the backbone: {err}") from err
+    return dataset, info
+
+
+def _read_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None):
     modality = model.adapter.modality
     if args.data in DATASETS:
         if BUILTIN_MODALITY[args.data] != modality:
