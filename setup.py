@@ -104,8 +104,21 @@ setup(
         "data": ["datasets>=2.14", "scikit-learn"],  # saved Hugging Face datasets; the digits demo data
         "explain": ["captum>=0.7", "quantus>=0.6"],  # the Captum / Quantus interop of sopfast.explain
         "theory": ["scipy"],  # sopfast theory
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "transformers>=4.40", "timm>=1.0", "torchvision",
-                 "scikit-learn", "scipy", "ruff", "datasets>=2.14", "captum>=0.7", "quantus>=0.6", "accelerate"],
+        "test": [
+            "pytest",
+            "hypothesis",
+            "pytest-benchmark",
+            "transformers>=4.40",
+            "timm>=1.0",
+            "torchvision",
+            "scikit-learn",
+            "scipy",
+            "ruff",
+            "datasets>=2.14",
+            "captum>=0.7",
+            "quantus>=0.6",
+            "accelerate",
+        ],
         "bench": ["pytest-benchmark", "entmax"],
         "triton": ["triton"],
         "baselines": ["captum>=0.7", "scikit-learn"],
