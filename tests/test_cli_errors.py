@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import sopfast
 from backbones import make_hf_vit
-from sopfast.cli import main
+from sopfast.cli import CLIError, main
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "convert", "theory")
 OPTIONAL = ("scipy", "sklearn", "transformers", "timm", "torchvision", "datasets", "captum", "quantus", "pandas")
@@ -166,6 +166,13 @@ def test_backbone_and_checkpoint_come_from_config_and_output_folders_are_made_fi
     assert len(seen) == 1  # the bad output path failed before any evaluation
 
 
+def test_config_is_read_after_root_options(files):
+    config = _config(files, "root.yaml", "limit: -2\n")
+    model = ["--backbone", files["vit"], "--checkpoint", files["ckpt"]]
+    with pytest.raises(CLIError, match="argument --limit"):
+        main(["--debug", "evaluate", "--config", config, *model])
+
+
 def test_command_line_flags_win_over_the_config(files, monkeypatch):
     seen = []
     monkeypatch.setattr(
@@ -271,7 +278,7 @@ def test_every_help_works_without_optional_packages():
     script = (
         "import sys\n"
         f"for name in {OPTIONAL!r}: sys.modules[name] = None\n"
-        "from sopfast.cli import main\n"
+        "from sopfast.cli import CLIError, main\n"
         f"for command in ([], *([c] for c in {SUBCOMMANDS!r})):\n"
         "    try:\n"
         "        main([*command, '--help'])\n"
@@ -288,7 +295,7 @@ def test_every_help_works_without_optional_packages():
 
 def test_help_imports_no_optional_package():
     script = (
-        "import sys\nfrom sopfast.cli import main\n"
+        "import sys\nfrom sopfast.cli import CLIError, main\n"
         "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))\n"
     )

@@ -780,11 +780,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     prog = "sopfast"
     try:
-        command = argv[0] if argv and not argv[0].startswith("-") else None
-        config = _split_config(argv[1:]) if command else None
-        if command in parser.subcommands and config is not None:
-            argv = [command, *_config_tokens(parser.subcommands[command], config), *argv[1:]]
-        if command is not None:
+        at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
+        command = argv[at] if at is not None else None
+        config = _split_config(argv[at + 1 :]) if command in parser.subcommands else None
+        if config is not None:
+            argv = [*argv[: at + 1], *_config_tokens(parser.subcommands[command], config), *argv[at + 1 :]]
+        if command in parser.subcommands:
             prog = f"sopfast {command}"
         args = parser.parse_args(argv)
         _check_paths(args)
