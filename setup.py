@@ -98,13 +98,30 @@ setup(
     packages=["sopfast"] + [f"sopfast.{p}" for p in find_packages("python/sopfast")] + ["sop_kernels"],
     package_data={"sopfast": ["data/*"]},
     install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "pyyaml", "matplotlib"],
+    # Optional, imported only where used: `sopfast --help` needs none of them.
     extras_require={
-        "models": ["transformers>=4.40", "timm>=1.0"],
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "transformers>=4.40", "timm>=1.0",
-                 "scikit-learn", "scipy", "ruff"],
+        "models": ["transformers>=4.40", "timm>=1.0", "torchvision"],  # HF / timm / torchvision backbones
+        "data": ["datasets>=2.14", "scikit-learn"],  # saved Hugging Face datasets; the digits demo data
+        "explain": ["captum>=0.7", "quantus>=0.6"],  # the Captum / Quantus interop of sopfast.explain
+        "theory": ["scipy"],  # sopfast theory
+        "test": [
+            "pytest",
+            "hypothesis",
+            "pytest-benchmark",
+            "transformers>=4.40",
+            "timm>=1.0",
+            "torchvision",
+            "scikit-learn",
+            "scipy",
+            "ruff",
+            "datasets>=2.14",
+            "captum>=0.7",
+            "quantus>=0.6",
+            "accelerate",
+        ],
         "bench": ["pytest-benchmark", "entmax"],
         "triton": ["triton"],
-        "baselines": ["captum"],
+        "baselines": ["captum>=0.7", "scikit-learn"],
     },
     entry_points={"console_scripts": ["sopfast=sopfast.cli:main"]},
     ext_modules=ext_modules,

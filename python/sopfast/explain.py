@@ -1,15 +1,137 @@
-"""Pictures of SOP explanations: a PNG per image, a self-contained HTML page per text."""
+"""SOP explanations for people and for tools.
+
+* Pictures: a PNG per image (:func:`explain_image`), a self-contained HTML page per text
+  (:func:`explain_text`).
+* Maps shaped like the input, for the attribution tools people already use:
+  :func:`to_input_space` lifts per-feature attributions (:meth:`SOPOutput.feature_attributions`,
+  ``[B, d]``) to ``[B, C, H, W]`` images or ``[B, T]`` tokens; :func:`attribute` does both steps;
+  :class:`SOPAttribution` is a Captum-style ``attribute(inputs, target=...)`` object;
+  :func:`quantus_explain_func` is an ``explain_func`` for Quantus metrics, which evaluate
+  :class:`SOPClassifier` (the SOP model as a plain ``x → logits`` module).
+"""
 
 from __future__ import annotations
 
 import html
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from .adapters.images import upsample_mask
 from .output import SOPOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .model import SOP
+
+Target = int | Sequence[int] | torch.Tensor | None
+
+
+def to_input_space(model: SOP, feature_attributions: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Per-feature attributions ``[B, d]`` as a map shaped like the model input.
+
+    Images ``inputs [B, C, H, W]``: each pixel gets the value of the feature (patch / CNN cell) it
+    lies in (nearest upsampling of the feature grid, the rule SOP masks pixels with), repeated over
+    the ``C`` channels → ``[B, C, H, W]``.  Text ``inputs [B, T]`` (token ids): the features are the
+    tokens → ``[B, T]``.
+    """
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (2, 4):
+        shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+        raise ValueError(f"inputs must be images [B, C, H, W] or token ids [B, T], got {shape}")
+    b = inputs.shape[0]
+    if model.adapter.modality == "text":
+        if tuple(feature_attributions.shape) != tuple(inputs.shape[:2]):
+            raise ValueError(
+                f"feature_attributions {tuple(feature_attributions.shape)} must be [B, T] = {tuple(inputs.shape[:2])}"
+            )
+        return feature_attributions
+    grid = model.adapter.feature_grid(model.prepare(inputs))
+    if grid is None or inputs.dim() != 4:
+        raise ValueError(f"{type(model.adapter).__name__} has no feature grid to map onto images [B, C, H, W]")
+    if tuple(feature_attributions.shape) != (b, grid[0] * grid[1]):
+        raise ValueError(
+            f"feature_attributions {tuple(feature_attributions.shape)} must be [B, d] = {(b, grid[0] * grid[1])}"
+        )
+    pixels = upsample_mask(feature_attributions.reshape(b, *grid), tuple(inputs.shape[-2:]))
+    return pixels.unsqueeze(1).expand(-1, inputs.shape[1], -1, -1).contiguous()
+
+
+def attribute(
+    model: SOP,
+    inputs: torch.Tensor,
+    target: Target = None,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SOP's attributions for ``target`` (class id(s); ``None``: the prediction), shaped like ``inputs``.
+
+    One forward without autograd, then :meth:`SOPOutput.feature_attributions` and
+    :func:`to_input_space`: ``[B, C, H, W]`` for images, ``[B, T]`` for token ids (give
+    ``attention_mask`` and optionally ``token_type_ids`` for text).
+    """
+    with torch.no_grad():
+        out = model(inputs, attention_mask, token_type_ids)
+    return to_input_space(model, out.feature_attributions(target), inputs).float()
+
+
+class SOPAttribution:
+    """Captum-style attribution object: ``SOPAttribution(model).attribute(inputs, target=...)``.
+
+    ``inputs`` a tensor (or a 1-tuple, as Captum allows); for text pass
+    ``additional_forward_args=(attention_mask, token_type_ids)``.  Returns attributions shaped like
+    ``inputs`` (a tuple when a tuple came in).  SOP's attributions are exact by construction, so
+    there is no convergence delta.
+    """
+
+    def __init__(self, model: SOP):
+        self.forward_func = model
+
+    def has_convergence_delta(self) -> bool:
+        return False
+
+    def attribute(
+        self, inputs: torch.Tensor | tuple[torch.Tensor], target: Target = None, additional_forward_args: Any = None
+    ) -> torch.Tensor | tuple[torch.Tensor]:
+        as_tuple = isinstance(inputs, tuple)
+        if as_tuple and len(inputs) != 1:
+            raise ValueError(f"SOPAttribution takes one input tensor, got a tuple of {len(inputs)}")
+        x = inputs[0] if as_tuple else inputs
+        extra = additional_forward_args
+        extra = () if extra is None else (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
+        result = attribute(self.forward_func, x, target, *extra)
+        return (result,) if as_tuple else result
+
+
+class SOPClassifier(nn.Module):
+    """The SOP model as a plain classifier, ``forward(x, attention_mask=None, token_type_ids=None) → logits [B, C]``:
+    what Quantus metrics and Captum baselines call."""
+
+    def __init__(self, model: SOP):
+        super().__init__()
+        self.sop = model
+
+    def forward(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.sop(x, attention_mask, token_type_ids).logits
+
+
+def quantus_explain_func(model: nn.Module, inputs: Any, targets: Any, **kwargs: Any) -> np.ndarray:
+    """An ``explain_func`` for Quantus metrics: SOP's attributions as a numpy array shaped like ``inputs``.
+
+    ``model`` is the :class:`SOPClassifier` Quantus evaluates (or the SOP model itself), ``inputs``
+    the image batch ``[B, C, H, W]`` (numpy or tensor), ``targets`` class ids ``[B]``; ``device``
+    in ``kwargs`` is honoured, other keys are ignored.
+    """
+    sop = model.sop if isinstance(model, SOPClassifier) else model
+    device = kwargs.get("device") or next(sop.parameters()).device
+    x = torch.as_tensor(inputs, dtype=torch.float32, device=device)
+    target = None if targets is None else torch.as_tensor(targets, device=device).long().reshape(-1)
+    return attribute(sop, x, target).cpu().numpy()
 
 
 def used_groups(out: SOPOutput, example: int, cls: int) -> list[tuple[int, float]]:
@@ -64,7 +186,8 @@ def explain_image(
     n_used = len(used_groups(out, example, pred))
     fig.suptitle(
         f"SOP: logit {float(out.logits[example, pred]):.3f} = sum of c·λ·y over the {n_used} used groups "
-        f"(top {len(groups)} shown)", fontsize=9,
+        f"(top {len(groups)} shown)",
+        fontsize=9,
     )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -116,7 +239,7 @@ def explain_text(
                 words.append(f'<span class="sop-group" data-group="{g}" style="background:{colour}">{text}</span>')
             else:
                 words.append(f'<span class="sop-off">{text}</span>')
-        rows.append(f'<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {" ".join(words)}</p>')
+        rows.append(f"<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {' '.join(words)}</p>")
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
         "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}</style>"

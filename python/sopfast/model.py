@@ -22,6 +22,11 @@ TOKENS_PER_CALL = 4096
 TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
 
 
+class SOPConfig(dict):
+    """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
+    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
+
+
 class SOP(nn.Module):
     """Sum-of-Parts wrapper around a frozen ``backbone`` (SPEC §1–§3).
 
@@ -97,12 +102,12 @@ class SOP(nn.Module):
         selector_scale = check_number("group_sel_scale", group_sel_scale)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
         self.epoch = 0
-        self.config = {
+        self.config = SOPConfig({
             "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
             "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
             "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
             "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
-        }
+        })
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
@@ -182,16 +187,24 @@ class SOP(nn.Module):
         pixel_values: torch.Tensor | None = None,
         tau: float | None = None,
         mode: str | None = None,
+        labels: torch.Tensor | None = None,
     ) -> SOPOutput:
-        """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``."""
+        """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``.
+
+        With ``labels`` (``[B]`` class ids, or regression targets) the output's ``.loss`` is the
+        paper's loss as a tensor (and ``out[0]``), so Hugging Face ``Trainer``-style and
+        Lightning-style loops work unchanged.
+        """
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         if torch.is_grad_enabled() or inputs.batch_size <= (size := self.example_chunk_size(inputs)):
-            return self.predict_groups(inputs, self.make_groups(inputs, tau), mode)
-        parts = []
-        for start in range(0, inputs.batch_size, size):
-            rows = inputs.rows(slice(start, start + size))
-            parts.append(self.predict_groups(rows, self.make_groups(rows, tau), mode))
-        return _concatenate(parts)
+            out = self.predict_groups(inputs, self.make_groups(inputs, tau), mode)
+        else:
+            parts = []
+            for start in range(0, inputs.batch_size, size):
+                rows = inputs.rows(slice(start, start + size))
+                parts.append(self.predict_groups(rows, self.make_groups(rows, tau), mode))
+            out = _concatenate(parts)
+        return out if labels is None else out.with_labels(labels)
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);

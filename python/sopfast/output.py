@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,11 @@ class SOPOutput:
     * ``group_indices [B, m, k]`` – the same groups as ascending feature positions (``-1`` padding)
     * ``attention [B, m, d]`` – the generator's softmax rows (what insertion/deletion order by)
     * ``task`` – ``"classification"`` or ``"regression"``
+    * ``labels`` – the labels given to the forward (``model(x, labels=y)``), or ``None``; with them
+      :attr:`loss` is the loss tensor, as in Hugging Face ``Trainer`` / Lightning-style loops
+
+    Indexing follows transformers' ``ModelOutput``: ``out["logits"]``, and ``out[0]`` is the loss
+    when labels were given (else the logits); see :meth:`to_tuple`.
     """
 
     logits: torch.Tensor
@@ -33,6 +39,7 @@ class SOPOutput:
     group_indices: torch.Tensor
     attention: torch.Tensor
     task: str = "classification"
+    labels: torch.Tensor | None = None
 
     @property
     def attributions(self) -> torch.Tensor:
@@ -44,8 +51,69 @@ class SOPOutput:
         """``[B, C]`` number of groups with a non-zero score, per class."""
         return (self.group_scores > 0).sum(dim=-1)
 
-    def loss(self, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (classification) or the paper's scaled MSE (regression)."""
+    def compute_loss(self, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (classification) or the paper's scaled MSE (regression) against ``labels``."""
         if self.task == "regression":
             return scaled_mse_loss(self.group_logits, self.group_scores, self.lam, labels)
         return classification_loss(self.logits, labels)
+
+    def with_labels(self, labels: torch.Tensor) -> SOPOutput:
+        """Attach ``labels``: :attr:`loss` becomes the loss tensor (computed here, so bad labels fail now)."""
+        self.labels = labels
+        self._loss = self.compute_loss(labels)
+        return self
+
+    @property
+    def loss(self) -> torch.Tensor | Callable[[torch.Tensor], torch.Tensor]:
+        """The loss: a scalar tensor when the forward got ``labels=`` (computed once); otherwise the
+        function :meth:`compute_loss`, so that ``out.loss(labels)`` works as well."""
+        if self.labels is None:
+            return self.compute_loss
+        if getattr(self, "_loss", None) is None:
+            self._loss = self.compute_loss(self.labels)
+        return self._loss
+
+    def feature_attributions(self, target: int | torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, d]`` per-feature attributions for class ``target``: each feature's ``c·λ·y``
+        (:attr:`attributions`) summed over the groups that hold it, ``Σ_i α_{target,i} · g_i``.
+
+        A feature in no group with a non-zero score gets 0; groups overlap, so the ``d`` values do
+        not sum to the logit (each group is counted once per feature it holds).  ``target``: a
+        class id, ``[B]`` class ids, or ``None`` for each example's predicted class.
+        """
+        b, c, _ = self.group_scores.shape
+        if target is None:
+            target = self.logits.argmax(dim=-1)
+        target = torch.as_tensor(target, device=self.logits.device)
+        if target.is_floating_point() or target.dim() > 1 or (target.dim() == 1 and target.numel() != b):
+            raise ValueError(f"target must be a class id or {b} class ids (one per example), got {target.tolist()}")
+        if bool(((target < 0) | (target >= c)).any()):
+            raise ValueError(f"target must lie in [0, {c}), got {target.tolist()}")
+        index = target.long().expand(b).view(b, 1, 1).expand(b, 1, self.group_scores.shape[-1])
+        weights = self.attributions.gather(1, index).squeeze(1)
+        return torch.einsum("bm,bmd->bd", weights, self.group_masks.to(weights.dtype))
+
+    def to_tuple(self) -> tuple[torch.Tensor, ...]:
+        """``(loss?, logits, group_logits, group_scores, lam, group_masks, group_indices, attention)``;
+        the loss comes first only when labels were given."""
+        head = (self.loss,) if self.labels is not None else ()
+        return (
+            *head,
+            self.logits,
+            self.group_logits,
+            self.group_scores,
+            self.lam,
+            self.group_masks,
+            self.group_indices,
+            self.attention,
+        )
+
+    def __getitem__(self, key: int | slice | str):
+        if isinstance(key, str):
+            if key not in KEYS or (key == "loss" and self.labels is None):
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+
+KEYS = ("loss", "logits", "group_logits", "group_scores", "lam", "group_masks", "group_indices", "attention")

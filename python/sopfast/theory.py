@@ -35,7 +35,6 @@ from fractions import Fraction
 from typing import Literal, NamedTuple
 
 import numpy as np
-from scipy.optimize import linprog, minimize_scalar
 
 from .checks import check_choice, check_int
 
@@ -86,6 +85,8 @@ def min_weighted_abs_error(A: np.ndarray, c: np.ndarray, w: np.ndarray | None = 
     The dual is the paper's ``max_y c^T y`` s.t. ``A^T y = 0``, ``|y_j| <= w_j``: one variable per
     row but only ``A.shape[1]`` equality constraints. ``alpha`` is read off the equality marginals.
     """
+    from scipy.optimize import linprog  # scipy is optional (the 'theory' extra): imported when solving
+
     A = np.asarray(A, dtype=float)
     c = np.asarray(c, dtype=float)
     w = np.ones(len(c)) if w is None else np.asarray(w, dtype=float)
@@ -416,6 +417,8 @@ def fit_exponential(ds: Sequence[float], values: Sequence[float]) -> Exponential
     ``(gamma1, gamma2)`` come from a linear fit of ``log(y - gamma0)``; ``gamma0 < min(y)`` is chosen
     by a log-spaced grid search refined with Brent's method, minimising the relative absolute error.
     """
+    from scipy.optimize import minimize_scalar  # optional, as in min_weighted_abs_error
+
     x, y = np.asarray(ds, dtype=float), np.asarray(values, dtype=float)
     if x.shape != y.shape or x.ndim != 1 or len(x) < 3:
         raise ValueError(f"ds and values must be 1-D of equal length >= 3, got shapes {x.shape} and {y.shape}")

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from .batches import FORMATS, parse_batch
 from .checkpoint import (
     STATE_NAME,
     atomic_save,
@@ -248,21 +249,11 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
-    """Run ``model`` on an ``(x, y)`` image batch or a ``{"input_ids", ..., "labels"}`` dict."""
-    if isinstance(batch, Mapping):
-        if "labels" not in batch:
-            raise ValueError(f"dict batches need a 'labels' entry, got keys {sorted(batch)}")
-        if "pixel_values" in batch:
-            return model(pixel_values=batch["pixel_values"]), batch["labels"]
-        out = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch.get("attention_mask"),
-            token_type_ids=batch.get("token_type_ids"),
-        )
-        return out, batch["labels"]
-    if isinstance(batch, (list, tuple)) and len(batch) == 2:
-        return model(batch[0]), batch[1]
-    raise TypeError(f"a batch must be an (inputs, labels) pair or a dict with 'labels', got {type(batch).__name__}")
+    """Run ``model`` on one batch of any form :func:`sopfast.batches.parse_batch` accepts; it must hold labels."""
+    parsed = parse_batch(batch)
+    if parsed.labels is None:
+        raise ValueError(f"training batches need labels ('labels' | 'label' | 'y', or (x, y) tuples); {FORMATS}")
+    return model(**parsed.model_inputs()), parsed.labels
 
 
 class JsonLinesLog:

@@ -52,20 +52,36 @@ _BUILTIN: list[tuple[Matcher, type[BackboneAdapter]]] = [
 ]
 
 
-def get_adapter(backbone: nn.Module, **kwargs) -> BackboneAdapter:
-    """The adapter for ``backbone`` (``kwargs`` go to its constructor, e.g. ``feature_layer`` for CNNs)."""
+SUPPORTED = (
+    "HF ViTForImageClassification, HF BertForSequenceClassification (BERT-style encoders under .bert), "
+    "timm VisionTransformer, and CNNs (Conv2d features, give feature_layer=)"
+)
+
+
+def find_adapter_class(backbone: nn.Module) -> type[BackboneAdapter]:
+    """The adapter class :func:`get_adapter` would use for ``backbone`` (registered ones first).
+
+    Raises ``TypeError`` naming the backbone's type (and Hugging Face ``model_type``) and the
+    supported families when no adapter matches.
+    """
     if not isinstance(backbone, nn.Module):
         raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
     for matcher, adapter_cls in _REGISTRY + _BUILTIN:
         if matcher(backbone):
-            return adapter_cls(backbone, **kwargs) if kwargs else adapter_cls(backbone)
+            return adapter_cls
+    model_type = getattr(getattr(backbone, "config", None), "model_type", None)
+    kind = f"{type(backbone).__name__}" + (f" (Hugging Face model_type {model_type!r})" if model_type else "")
     raise TypeError(
-        f"no sopfast adapter for backbone type {type(backbone).__name__}: supported are HF "
-        "ViTForImageClassification, HF BertForSequenceClassification, timm VisionTransformer and "
-        "CNNs (Conv2d features, give feature_layer=). For another model, subclass "
-        "sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
+        f"no sopfast adapter for backbone type {kind}: supported are {SUPPORTED}. For another model, "
+        "subclass sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
         "or register it with sopfast.adapters.register_adapter."
     )
+
+
+def get_adapter(backbone: nn.Module, **kwargs) -> BackboneAdapter:
+    """The adapter for ``backbone`` (``kwargs`` go to its constructor, e.g. ``feature_layer`` for CNNs)."""
+    adapter_cls = find_adapter_class(backbone)
+    return adapter_cls(backbone, **kwargs) if kwargs else adapter_cls(backbone)
 
 
 __all__ = [
@@ -74,6 +90,7 @@ __all__ = [
     "HFBertAdapter",
     "HFViTAdapter",
     "TimmViTAdapter",
+    "find_adapter_class",
     "get_adapter",
     "register_adapter",
 ]

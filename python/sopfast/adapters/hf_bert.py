@@ -20,6 +20,16 @@ from .base import BackboneAdapter, freeze_, run_chunked, trainable_copy
 from .hf_common import eager_attention
 
 
+def _layer_attention_mask(model: nn.Module, h: torch.Tensor, attention_mask: torch.Tensor):
+    """The mask a BERT layer takes: transformers 5.x's ``create_bidirectional_mask``, or the additive
+    ``[B, 1, 1, T]`` extended mask of transformers 4.x (which has no ``create_bidirectional_mask``)."""
+    try:
+        from transformers.masking_utils import create_bidirectional_mask
+    except ImportError:
+        return model.get_extended_attention_mask(attention_mask, attention_mask.shape, dtype=h.dtype)
+    return create_bidirectional_mask(config=model.config, inputs_embeds=h, attention_mask=attention_mask)
+
+
 class HFBertAdapter(BackboneAdapter):
     modality = "text"
     supported_modes = ("exact", "drop")
@@ -97,12 +107,8 @@ class HFBertAdapter(BackboneAdapter):
         return projection
 
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
-        from transformers.masking_utils import create_bidirectional_mask
-
         h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
-        mask = create_bidirectional_mask(
-            config=projection.config, inputs_embeds=h, attention_mask=inputs.attention_mask
-        )
+        mask = _layer_attention_mask(projection, h, inputs.attention_mask)
         for layer in projection.encoder.layer[:-1]:
             out = layer(h, mask)
             h = out[0] if isinstance(out, tuple) else out

@@ -1,4 +1,4 @@
-"""Adapter for Hugging Face ``ViTForImageClassification`` (transformers 5.x layout)."""
+"""Adapter for Hugging Face ``ViTForImageClassification`` (transformers 4.x and 5.x layouts)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_ex
 
 def _layer_out(out) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
+
+
+def vit_layers(vit: nn.Module) -> nn.ModuleList:
+    """The transformer blocks of an HF ``ViTModel``: ``vit.layers`` (transformers 5.x) or
+    ``vit.encoder.layer`` (4.x)."""
+    layers = getattr(vit, "layers", None)
+    return layers if layers is not None else vit.encoder.layer
 
 
 class HFViTAdapter(PatchGridAdapter):
@@ -37,12 +44,12 @@ class HFViTAdapter(PatchGridAdapter):
 
     def make_projection(self) -> nn.Module:
         projection = trainable_copy(self.vit)
-        freeze_(projection.layers[-1], projection.layernorm, getattr(projection, "pooler", None))
+        freeze_(vit_layers(projection)[-1], projection.layernorm, getattr(projection, "pooler", None))
         return projection
 
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
         h = projection.embeddings(inputs.pixels.to(projection.embeddings.cls_token.dtype))
-        for layer in projection.layers[:-1]:
+        for layer in vit_layers(projection)[:-1]:
             h = _layer_out(layer(h, None))
         return h[:, 1:]
 
@@ -51,7 +58,7 @@ class HFViTAdapter(PatchGridAdapter):
 
     def _encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = tokens
-        for layer in self.vit.layers:
+        for layer in vit_layers(self.vit):
             h = _layer_out(layer(h, None))
         cls = h[:, 0]
         return self.backbone.classifier(self.vit.layernorm(cls)), cls
@@ -60,7 +67,7 @@ class HFViTAdapter(PatchGridAdapter):
         emb = self.vit.embeddings
         pixels = inputs.pixels.to(emb.cls_token.dtype)
         patches = emb.patch_embeddings(pixels)
-        cls = (emb.cls_token + emb.position_embeddings[:, :1])
+        cls = emb.cls_token + emb.position_embeddings[:, :1]
         positions = emb.position_embeddings[:, 1:]
         if mode == "exact" and not self.patch_aligned:
 
@@ -87,7 +94,7 @@ class HFViTAdapter(PatchGridAdapter):
         return projection(pixel_values=inputs.pixels, output_hidden_states=True).hidden_states[-2][:, 1:]
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:
-        return self.vit.layers[-1], True, 1
+        return vit_layers(self.vit)[-1], True, 1
 
     @property
     def has_cls_attention(self) -> bool:

@@ -1,0 +1,664 @@
+"""Your own data for the command line (and for scripts): image folders, saved Hugging Face
+``datasets``, CSV / JSONL files; preprocessing read from the backbone.
+
+Data sources (:func:`open_source`):
+
+* **image folder** – torchvision ``ImageFolder`` layout, ``root/<class>/<image>``, or one such
+  folder per split, ``root/{train,validation,test}/<class>/<image>``;
+* **saved Hugging Face dataset** – a directory written by ``Dataset.save_to_disk`` or
+  ``DatasetDict.save_to_disk`` (needs the optional ``datasets`` package, ``pip install sopfast[data]``);
+* **CSV / TSV / JSONL** – one file, or a directory of ``<split>.csv`` / ``<split>.jsonl`` files; columns
+  hold a text (and optionally a second text) or an image path (relative to the file), and a label.
+
+Columns default to the usual names (:data:`IMAGE_COLUMNS`, :data:`TEXT_COLUMNS`,
+:data:`LABEL_COLUMNS`); flags name others.  Splits: a source's own ``train`` / ``validation`` /
+``test`` splits, chosen by name if wanted; a source with one split is cut into train and a held-out
+part (``holdout``, shuffled with a fixed seed so that ``train`` and ``evaluate`` agree).
+
+Labels: integers are class ids; strings are class names, mapped with the backbone's ``label2id``
+when it names them all, else in sorted order (for image folders: torchvision's sorted folder order).
+
+Preprocessing (:func:`preprocessing_for`) comes from the backbone: a Hugging Face directory's
+``preprocessor_config.json`` (size, mean, std, resampling) and tokenizer, timm's ``pretrained_cfg``
+(mean, std, interpolation, crop_pct), the model's own input size; flags override size, mean and std.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+    from .model import SOP
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+TABLE_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
+IMAGE_COLUMNS = ("image", "img", "pixel_values", "image_path", "path", "file")
+TEXT_COLUMNS = ("text", "sentence", "sentence1", "content", "review", "question", "premise")
+PAIR_COLUMNS = {"sentence1": "sentence2", "question": "context", "premise": "hypothesis"}
+LABEL_COLUMNS = ("label", "labels", "y", "target", "class")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+VALIDATION_SPLITS = ("validation", "val", "valid", "dev")
+ROLES = ("train", "val", "test")
+HOLDOUT_SEED = 0
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class DataError(ValueError):
+    """Data that cannot be read as asked: the message names the path, column or split."""
+
+
+# -- preprocessing ---------------------------------------------------------------------------------
+@dataclass
+class Preprocessing:
+    """How raw examples become model inputs.
+
+    Images: converted to ``channels`` (1: grey, 3: RGB), resized (``resize_to`` the shorter side
+    then centre-cropped to ``size``, or straight to ``size``), scaled by ``rescale``, normalised with
+    ``mean`` / ``std`` → ``[C, H, W]`` float32.  Text: ``tokenizer`` with ``max_length`` tokens.
+    """
+
+    modality: str
+    size: tuple[int, int] | None = None
+    channels: int = 3
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    rescale: float = 1 / 255
+    resize_to: int | None = None
+    resample: str = "bilinear"
+    tokenizer: Any = None
+    max_length: int = 128
+    label2id: dict[str, int] = field(default_factory=dict)
+    num_classes: int | None = None
+
+    def image(self, image: PILImage.Image) -> torch.Tensor:
+        """One PIL image → ``[C, H, W]`` float32."""
+        from PIL import Image
+
+        resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[self.resample]
+        image = image.convert("L" if self.channels == 1 else "RGB")
+        h, w = self.size if self.size is not None else (image.height, image.width)
+        if self.resize_to is not None:
+            scale = self.resize_to / min(image.width, image.height)
+            image = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), resample)
+            left, top = (image.width - w) // 2, (image.height - h) // 2
+            image = image.crop((left, top, left + w, top + h))
+        elif (image.height, image.width) != (h, w):
+            image = image.resize((w, h), resample)
+        array = np.asarray(image, dtype=np.float32) * self.rescale
+        x = torch.from_numpy(array.reshape(h, w, -1)).permute(2, 0, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        return ((x - mean) / std).contiguous()
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    """``N`` or ``[N]`` → ``(N, N)``; ``[H, W]`` (or ``[C, H, W]``) → ``(H, W)``."""
+    if isinstance(value, (tuple, list)):
+        return (int(value[0]), int(value[0])) if len(value) == 1 else (int(value[-2]), int(value[-1]))
+    return int(value), int(value)
+
+
+def _height_width(value: Any) -> tuple[int, int] | None:
+    """``size`` / ``crop_size`` of a preprocessor config (int, ``[h, w]`` or ``{"height", "width"}``)."""
+    if isinstance(value, dict):
+        return (int(value["height"]), int(value["width"])) if "height" in value and "width" in value else None
+    return _pair(value) if isinstance(value, (int, list, tuple)) else None
+
+
+def _stats(name: str, value: Sequence[float], channels: int) -> tuple[float, ...]:
+    values = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        raise DataError(f"image {name} {list(values)} must have 1 or {channels} values (one per channel)")
+    if name == "std" and any(v <= 0 for v in values):
+        raise DataError(f"image std {list(values)} must be > 0")
+    return values
+
+
+def _hf_image(directory: str, prep: Preprocessing) -> Preprocessing:
+    """``preprocessor_config.json`` of a Hugging Face directory (its size when the model has none)."""
+    path = os.path.join(directory, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return prep
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+    size, crop = cfg.get("size"), cfg.get("crop_size")
+    shortest = size.get("shortest_edge") if isinstance(size, dict) else None
+    if shortest is not None:
+        final = prep.size or _height_width(crop) or (int(shortest), int(shortest))
+        resize_to = int(int(shortest) / float(cfg.get("crop_pct") or 1.0))
+        prep = replace(prep, size=final, resize_to=resize_to if cfg.get("do_resize", True) else None)
+    else:
+        prep = replace(prep, size=prep.size or _height_width(size))
+    if cfg.get("do_normalize", True):
+        prep = replace(prep, mean=cfg.get("image_mean", prep.mean), std=cfg.get("image_std", prep.std))
+    else:
+        prep = replace(prep, mean=(0.0,), std=(1.0,))
+    rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
+    resample = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(cfg.get("resample", 2), "bilinear")
+    return replace(prep, rescale=rescale, resample=resample)
+
+
+def _timm_image(backbone: torch.nn.Module, prep: Preprocessing) -> Preprocessing:
+    """timm's ``pretrained_cfg``: mean, std, interpolation, centre crop (``crop_pct``)."""
+    cfg = getattr(backbone, "pretrained_cfg", None) or {}
+    size = prep.size or (_pair(cfg["input_size"]) if "input_size" in cfg else None)
+    crop_pct = float(cfg.get("crop_pct") or 1.0)
+    resize_to = math.floor(min(size) / crop_pct) if size is not None and crop_pct < 1.0 else None
+    resample = cfg.get("interpolation", "bilinear")
+    return replace(
+        prep,
+        size=size,
+        mean=cfg.get("mean", prep.mean),
+        std=cfg.get("std", prep.std),
+        resize_to=resize_to,
+        resample=resample if resample in ("bilinear", "bicubic", "nearest") else "bilinear",
+    )
+
+
+def preprocessing_for(
+    model: SOP,
+    kind: str,
+    directory: str | None = None,
+    *,
+    image_size: Sequence[int] | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    max_length: int | None = None,
+) -> Preprocessing:
+    """The preprocessing of ``model``'s backbone, loaded from a source of ``kind``
+    (``"hf"``: a Hugging Face ``directory``; ``"timm"``; ``"torchvision"`` or ``"module"``: ImageNet
+    statistics), with ``image_size`` / ``mean`` / ``std`` / ``max_length`` overriding it."""
+    adapter, backbone = model.adapter, model.backbone
+    config = getattr(backbone, "config", None)
+    label2id = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
+    if list(label2id) == [f"LABEL_{i}" for i in range(len(label2id))]:
+        label2id = {}
+    common = {"label2id": label2id, "num_classes": model.num_classes}
+    if adapter.modality == "text":
+        return _text_preprocessing(model, directory, max_length, common)
+    channels = int(getattr(adapter, "channels", None) or 3)
+    fixed = getattr(adapter, "image_size", None)
+    prep = Preprocessing("image", size=tuple(fixed) if fixed else None, channels=channels, **common)
+    if kind == "hf" and directory is not None:
+        prep = _hf_image(directory, prep)
+    elif kind == "timm":
+        prep = _timm_image(backbone, prep)
+    else:
+        prep = replace(prep, mean=IMAGENET_MEAN, std=IMAGENET_STD, size=prep.size or (224, 224))
+    if image_size is not None:
+        if len(image_size) not in (1, 2):
+            raise DataError(f"--image-size takes N or H W, got {list(image_size)}")
+        if fixed and tuple(_pair(list(image_size))) != tuple(fixed):
+            raise DataError(f"--image-size {list(image_size)} differs from the backbone's input size {list(fixed)}")
+        prep = replace(prep, size=_pair(list(image_size)), resize_to=None)
+    if prep.size is None:
+        prep = replace(prep, size=(224, 224))
+    prep = replace(prep, mean=_stats("mean", mean or prep.mean, channels), std=_stats("std", std or prep.std, channels))
+    return prep
+
+
+def _text_preprocessing(model: SOP, directory: str | None, max_length: int | None, common: dict) -> Preprocessing:
+    if directory is None:
+        raise DataError("text data needs the backbone's tokenizer: give --backbone as a Hugging Face directory")
+    from transformers import AutoTokenizer
+
+    if not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
+        raise DataError(
+            f"no tokenizer in the backbone directory {directory} (none of {', '.join(TOKENIZER_FILES)}); "
+            "save it there with tokenizer.save_pretrained"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise DataError(f"no tokenizer in the backbone directory {directory}: {err}") from err
+    limit = int(getattr(model.backbone.config, "max_position_embeddings", 512) or 512)
+    return Preprocessing("text", tokenizer=tokenizer, max_length=min(max_length or 128, limit), **common)
+
+
+# -- sources and splits ----------------------------------------------------------------------------
+@dataclass
+class Split:
+    """One split of a source: ``inputs`` (image sources or texts), optional ``pairs``, raw ``labels``."""
+
+    inputs: Sequence[Any]
+    labels: Sequence[Any]
+    pairs: Sequence[str] | None = None
+    label_names: Sequence[str] | None = None
+
+    def take(self, index: Sequence[int]) -> Split:
+        pick = lambda seq: None if seq is None else _Indexed(seq, index)
+        return Split(pick(self.inputs), pick(self.labels), pick(self.pairs), self.label_names)
+
+
+class _Indexed(Sequence):
+    """``seq[index[i]]``, lazily."""
+
+    def __init__(self, seq: Sequence, index: Sequence[int]):
+        self.seq, self.index = seq, list(index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.seq[j] for j in self.index[i]]
+        return self.seq[self.index[i]]
+
+
+class _Column(Sequence):
+    """One column of a Hugging Face dataset, read row by row (images decode on access)."""
+
+    def __init__(self, dataset: Any, column: str):
+        self.dataset, self.column = dataset, column
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.dataset[int(i)][self.column]
+
+
+@dataclass
+class Source:
+    """A data source: named splits (raw until columns are chosen), the directory relative image
+    paths start from, and the class folder names of an image folder."""
+
+    path: str
+    kind: str
+    splits: dict[str, Split | _RawSplit]
+    base_dir: str = ""
+    class_names: Sequence[str] | None = None
+
+    def resolve(self, role: str, name: str | None = None, holdout: float = 0.1) -> tuple[str, Split]:
+        """The split for ``role`` (``"train"``, ``"val"``, ``"test"``): ``name`` if given, else the
+        source's own split, else the held-out part of a single split."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        available = list(self.splits)
+        if name is not None:
+            if name not in self.splits:
+                raise DataError(f"{self.path} has no split {name!r}; available: {available}")
+            return name, self.splits[name]
+        evaluation = [s for s in (*VALIDATION_SPLITS, "test") if s in self.splits]
+        if role == "test":
+            evaluation = [s for s in ("test", *VALIDATION_SPLITS) if s in self.splits]
+        train = "train" if "train" in self.splits else (available[0] if len(available) == 1 else None)
+        if role != "train" and evaluation:
+            return evaluation[0], self.splits[evaluation[0]]
+        if train is None:
+            flag = "--train-split" if role == "train" else ("--val-split" if role == "val" else "--split")
+            raise DataError(
+                f"{self.path} has no {role!r} split and no single split to cut one from; "
+                f"available: {available}; name one with {flag}"
+            )
+        if role == "train" and evaluation:
+            return train, self.splits[train]
+        return _holdout(train, self.splits[train], role, holdout)
+
+
+def _holdout(name: str, split: Split, role: str, fraction: float) -> tuple[str, Split]:
+    n = len(split.labels)
+    held = min(n - 1, max(1, round(n * fraction)))
+    if n < 2:
+        raise DataError(f"split {name!r} has {n} example(s): too few to hold out a validation part")
+    order = np.random.default_rng(HOLDOUT_SEED).permutation(n).tolist()
+    part = order[: n - held] if role == "train" else order[n - held :]
+    label = f"{name}[:{n - held}]" if role == "train" else f"{name}[{n - held}:] (held out)"
+    return label, split.take(sorted(part))
+
+
+def _image_files(directory: str) -> list[str]:
+    files = []
+    for root, _, names in os.walk(directory, followlinks=True):
+        files += [os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(files)
+
+
+def _class_dirs(directory: str) -> list[str]:
+    return sorted(d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d)) and d[0] != ".")
+
+
+def _image_folder(path: str) -> Source:
+    subdirs = _class_dirs(path)
+    split_names = ("train", "test", *VALIDATION_SPLITS)
+    roots = {s: os.path.join(path, s) for s in subdirs} if subdirs and set(subdirs) <= set(split_names) else {}
+    roots = roots or {"train": path}
+    classes = sorted({c for root in roots.values() for c in _class_dirs(root)})
+    if not classes:
+        raise DataError(f"image folder {path} has no class subfolders (expected {path}/<class>/<image>)")
+    splits = {}
+    for name, root in roots.items():
+        items = [(f, c) for c in _class_dirs(root) for f in _image_files(os.path.join(root, c))]
+        if not items:
+            raise DataError(f"image folder {root} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        splits[name] = Split([f for f, _ in items], [c for _, c in items])
+    return Source(path, "image-folder", splits, class_names=classes)
+
+
+def _read_table(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            if path.lower().endswith((".csv", ".tsv")):
+                rows = list(csv.DictReader(f, delimiter="\t" if path.lower().endswith(".tsv") else ","))
+            else:
+                rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+    if not rows:
+        raise DataError(f"{path} holds no rows")
+    if not all(isinstance(r, dict) for r in rows):
+        raise DataError(f"{path}: every JSON line must be an object with named columns")
+    return rows
+
+
+def _table(path: str) -> Source:
+    if os.path.isdir(path):
+        files = sorted(f for f in os.listdir(path) if f.lower().endswith(TABLE_EXTENSIONS))
+        if not files:
+            raise DataError(f"{path} holds no {'/'.join(TABLE_EXTENSIONS)} files")
+        names = [os.path.splitext(f)[0] for f in files]
+        if len(set(names)) != len(names):
+            raise DataError(f"{path} holds several files per split: {files}")
+        tables = {n: _read_table(os.path.join(path, f)) for n, f in zip(names, files)}
+        base = path
+    else:
+        tables = {"train": _read_table(path)}
+        base = os.path.dirname(os.path.abspath(path))
+    return Source(path, "table", {n: _RawSplit(rows) for n, rows in tables.items()}, base_dir=base)
+
+
+@dataclass
+class _RawSplit:
+    """A split whose columns are not chosen yet: table ``rows`` or a Hugging Face dataset."""
+
+    rows: list[dict[str, Any]] | Any
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.rows[0]) if isinstance(self.rows, list) else list(self.rows.column_names)
+
+    def column(self, name: str) -> Sequence[Any]:
+        """The column, lazily for a Hugging Face dataset (images decode on access)."""
+        return self.values(name) if isinstance(self.rows, list) else _Column(self.rows, name)
+
+    def values(self, name: str) -> list[Any]:
+        return [r.get(name) for r in self.rows] if isinstance(self.rows, list) else list(self.rows[name])
+
+    def names(self, column: str) -> list[str] | None:
+        """The class names of a Hugging Face ``ClassLabel`` column, else ``None``."""
+        feature = None if isinstance(self.rows, list) else self.rows.features.get(column)
+        names = getattr(feature, "names", None)
+        return list(names) if names else None
+
+
+def _hf_saved(path: str) -> Source:
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataError(
+            f"{path} is a saved Hugging Face dataset; reading it needs the 'datasets' package: "
+            "pip install 'sopfast[data]' (or pip install datasets)"
+        ) from err
+    try:
+        loaded = datasets.load_from_disk(path)
+    except (OSError, ValueError, FileNotFoundError) as err:
+        raise DataError(f"cannot load the saved dataset {path}: {err}") from err
+    parts = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+    return Source(path, "hf-datasets", {n: _RawSplit(rows=d) for n, d in parts.items()}, base_dir=path)
+
+
+def open_source(path: str) -> Source:
+    """Open ``path`` as an image folder, a saved Hugging Face dataset or CSV/JSONL data (module docstring)."""
+    if not os.path.exists(path):
+        raise DataError(f"{path} does not exist")
+    if os.path.isfile(path):
+        if not path.lower().endswith(TABLE_EXTENSIONS):
+            raise DataError(
+                f"{path} is a file but not {'/'.join(TABLE_EXTENSIONS)}; give a CSV/TSV/JSONL file, "
+                "an image folder or a saved Hugging Face dataset directory"
+            )
+        return _table(path)
+    entries = os.listdir(path)
+    if "dataset_dict.json" in entries or "state.json" in entries:
+        return _hf_saved(path)
+    if any(e.lower().endswith(TABLE_EXTENSIONS) for e in entries):
+        return _table(path)
+    return _image_folder(path)
+
+
+# -- columns and labels ------------------------------------------------------------------------------
+@dataclass
+class Columns:
+    """Column names: ``image`` or ``text`` (+ ``text_pair``), and ``label``; ``None`` picks the default."""
+
+    image: str | None = None
+    text: str | None = None
+    text_pair: str | None = None
+    label: str | None = None
+
+
+def _pick(
+    kind: str, given: str | None, available: Sequence[str], defaults: Sequence[str], flag: str, where: str
+) -> str:
+    if given is not None:
+        if given not in available:
+            raise DataError(f"{where} has no {kind} column {given!r} ({flag}); columns: {list(available)}")
+        return given
+    found = next((c for c in defaults if c in available), None)
+    if found is None:
+        raise DataError(
+            f"{where} has no {kind} column (looked for {list(defaults)}); columns: {list(available)}; "
+            f"name it with {flag}"
+        )
+    return found
+
+
+def _choose_columns(source: Source, modality: str, columns: Columns) -> dict[str, Split]:
+    """Turn every raw split of a table / saved dataset into a :class:`Split` of the chosen columns."""
+    out = {}
+    for name, raw in source.splits.items():
+        if not isinstance(raw, _RawSplit):
+            out[name] = raw
+            continue
+        where = f"{source.path} (split {name!r})"
+        have = raw.columns
+        label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
+        if modality == "image":
+            image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
+            out[name] = Split(raw.column(image), raw.values(label), label_names=raw.names(label))
+            continue
+        text = _pick("text", columns.text, have, TEXT_COLUMNS, "--text-column", where)
+        pair = columns.text_pair
+        if pair is None and PAIR_COLUMNS.get(text) in have:
+            pair = PAIR_COLUMNS[text]
+        elif pair is not None and pair not in have:
+            raise DataError(f"{where} has no text-pair column {pair!r} (--text-pair-column); columns: {have}")
+        texts = raw.values(text)
+        pairs = raw.values(pair) if pair is not None else None
+        for column, values in ((text, texts), (pair, pairs or [])):
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise DataError(f"{where}: column {column!r} row {bad} is not a text: {values[bad]!r}")
+        out[name] = Split(texts, raw.values(label), pairs, raw.names(label))
+    return out
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def label_ids(
+    splits: dict[str, Split], prep: Preprocessing, class_names: Sequence[str] | None, where: str
+) -> tuple[Callable[[Any], int], list[str]]:
+    """The map raw label → class id for all ``splits`` at once (module docstring), and the class names."""
+    raw = [v for s in splits.values() for v in s.labels]
+    if any(v is None or (isinstance(v, str) and not v.strip()) for v in raw):
+        raise DataError(f"{where}: some labels are empty")
+    n = prep.num_classes
+    id2name = {i: name for name, i in prep.label2id.items()}
+    if not id2name:
+        id2name = dict(enumerate(next((s.label_names for s in splits.values() if s.label_names), ())))
+    ints = [_as_int(v) for v in raw]
+    if class_names is None and all(i is not None for i in ints):
+        bad = sorted({i for i in ints if n is not None and not 0 <= i < n})
+        if bad:
+            raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{n - 1})")
+        names = [id2name.get(i, str(i)) for i in range(n or max(ints) + 1)]
+        return (lambda v: int(_as_int(v))), names
+    names = sorted({str(v) for v in raw} | set(class_names or ()))
+    if prep.label2id and set(names) <= set(prep.label2id):
+        mapping = {name: prep.label2id[name] for name in names}
+    else:
+        mapping = {name: i for i, name in enumerate(names)}
+    if n is not None and len(mapping) and max(mapping.values()) >= n:
+        raise DataError(f"{where}: {len(mapping)} classes {names[:6]}… but the backbone has {n} classes")
+    classes = [id2name.get(i, str(i)) for i in range(n or len(mapping))]
+    for name, i in mapping.items():
+        classes[i] = name
+    return (lambda v: mapping[str(v)]), classes
+
+
+# -- datasets --------------------------------------------------------------------------------------
+def load_image(source: Any, base_dir: str = "") -> PILImage.Image:
+    """A PIL image from a path (relative to ``base_dir``), a PIL image, encoded bytes or an array."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(source, Image.Image):
+        return source
+    if isinstance(source, dict) and (source.get("bytes") or source.get("path")):
+        source = io.BytesIO(source["bytes"]) if source.get("bytes") else source["path"]
+    if isinstance(source, (str, os.PathLike, io.BytesIO)):
+        path = os.path.join(base_dir, source) if isinstance(source, (str, os.PathLike)) else source
+        try:
+            image = Image.open(path)
+            image.load()
+            return image
+        except (OSError, UnidentifiedImageError) as err:
+            raise DataError(f"cannot read the image {path}: {err}") from err
+    array = np.asarray(source)
+    if array.dtype != np.uint8:
+        array = np.clip(array * (255.0 if array.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[-1] not in (1, 3):
+        array = array.transpose(1, 2, 0)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3):
+        raise DataError(f"an image array must be [H, W] or [H, W, C], got shape {array.shape}")
+    return Image.fromarray(array)
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """``(x [C, H, W], y)`` pairs decoded and preprocessed on access; ``classes`` names the class ids."""
+
+    def __init__(
+        self, split: Split, label_of: Callable[[Any], int], prep: Preprocessing, base_dir: str, classes: Sequence[str]
+    ):
+        self.split, self.label_of, self.prep, self.base_dir = split, label_of, prep, base_dir
+        self.classes = list(classes)
+
+    def __len__(self) -> int:
+        return len(self.split.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.prep.image(load_image(self.split.inputs[i], self.base_dir))
+        return x, torch.tensor(self.label_of(self.split.labels[i]), dtype=torch.long)
+
+
+class TextDataset(torch.utils.data.Dataset):
+    """Tokenised texts as dict items ``{"input_ids", "attention_mask", "token_type_ids", "labels"}``
+    (padded to the longest text, at most ``max_length`` tokens); ``tokenizer`` and ``classes`` kept."""
+
+    def __init__(self, split: Split, label_of: Callable[[Any], int], prep: Preprocessing, classes: Sequence[str]):
+        texts = list(split.inputs)
+        pairs = list(split.pairs) if split.pairs is not None else None
+        enc = prep.tokenizer(
+            texts, pairs, padding="longest", truncation=True, max_length=prep.max_length, return_tensors="pt"
+        )
+        self.encoded = {
+            "input_ids": enc["input_ids"],
+            "attention_mask": enc["attention_mask"],
+            "token_type_ids": enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
+        }
+        self.labels = torch.tensor([label_of(v) for v in split.labels], dtype=torch.long)
+        self.tokenizer = prep.tokenizer
+        self.classes = list(classes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {**{k: v[i] for k, v in self.encoded.items()}, "labels": self.labels[i]}
+
+
+def load_split(
+    path: str,
+    role: str,
+    prep: Preprocessing,
+    *,
+    columns: Columns | None = None,
+    split: str | None = None,
+    holdout: float = 0.1,
+    limit: int | None = None,
+) -> tuple[torch.utils.data.Dataset, str]:
+    """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
+    with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples.  Returns the
+    dataset and a description of the split used."""
+    if not 0 < holdout < 1:
+        raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
+    source = open_source(path)
+    if source.kind == "image-folder" and prep.modality == "text":
+        raise DataError(f"{path} is an image folder but the backbone is a text model")
+    splits = _choose_columns(source, prep.modality, columns or Columns())
+    label_of, classes = label_ids(splits, prep, source.class_names, path)
+    source = replace(source, splits=splits)
+    name, chosen = source.resolve(role, split, holdout)
+    if limit is not None:
+        chosen = chosen.take(range(min(limit, len(chosen.labels))))
+    if prep.modality == "text":
+        return TextDataset(chosen, label_of, prep, classes), name
+    return ImageDataset(chosen, label_of, prep, source.base_dir, classes), name
+
+
+__all__ = [
+    "Columns",
+    "DataError",
+    "ImageDataset",
+    "Preprocessing",
+    "Source",
+    "Split",
+    "TextDataset",
+    "label_ids",
+    "load_image",
+    "load_split",
+    "open_source",
+    "preprocessing_for",
+]
