@@ -284,3 +284,18 @@ def test_text_preprocessing_needs_a_tokenizer(tmp_path):
     bert.save_pretrained(tmp_path / "b")
     with pytest.raises(D.DataError, match="no tokenizer in the backbone directory"):
         D.preprocessing_for(sopfast.SOP(bert, num_groups=2), "hf", str(tmp_path / "b"))
+
+
+def test_train_with_a_seed_is_reproducible(tmp_path, capsys):
+    """Two identical ``sopfast train --seed 0`` runs end with identical weights (the model is built after seeding)."""
+    from safetensors.torch import load_file
+
+    names = {"my-vit": str(U.vit_dir(tmp_path)), "my-images": str(U.image_folder(tmp_path, splits=True))}
+    train = _command(readme_commands()[0], names)
+    weights = []
+    for run in ("a", "b"):
+        flags = [*train, "--output-dir", str(tmp_path / run), "--seed", "0"]
+        _train(flags, capsys)
+        weights.append(load_file(tmp_path / run / "last" / "sop_model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

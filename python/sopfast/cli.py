@@ -523,8 +523,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import sopfast
 
-    from .train import run_cli
+    from .train import run_cli, seed_everything
 
+    seed_everything(args.seed)  # before the model is built: its generator and selector start from the seed
     backbone = _backbone(args)
     if args.checkpoint:
         model = load_model(args, backbone)
