@@ -40,7 +40,7 @@ CONFIG_NAME = "sop_config.json"
 STATE_NAME = "training_state.pt"
 BACKBONE_PREFIX = "backbone."
 # Attributes of SOP that may change after construction; their current values are saved.
-_MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size")
+_MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.

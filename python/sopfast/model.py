@@ -49,6 +49,9 @@ class SOP(nn.Module):
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
+        checkpoint_projection: activation checkpointing of the projection's layers in training
+            (recomputed in the backward pass instead of kept: less memory, one more projection
+            forward); ``None`` turns it on where the adapter supports it (ViT, BERT).
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
         adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone.
@@ -70,6 +73,7 @@ class SOP(nn.Module):
         blur_sigma: float = 1.0,
         deletion: bool = False,
         group_batch_size: int | None = None,
+        checkpoint_projection: bool | None = None,
         task: str = "classification",
         class_weights: torch.Tensor | None = None,
         adapter: BackboneAdapter | None = None,
@@ -91,6 +95,7 @@ class SOP(nn.Module):
         self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
         self.mode = mode
         self.projection = self.adapter.make_projection()
+        self.checkpoint_projection = checkpoint_projection
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
@@ -106,7 +111,8 @@ class SOP(nn.Module):
             "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
             "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
             "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
-            "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
+            "group_batch_size": group_batch_size, "checkpoint_projection": checkpoint_projection, "task": task,
+            **adapter_kwargs,
         })
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
@@ -128,6 +134,22 @@ class SOP(nn.Module):
     @tau.setter
     def tau(self, value: float) -> None:
         self._tau = check_tau(value)
+
+    @property
+    def checkpoint_projection(self) -> bool:
+        """Whether the projection's layers are checkpointed in training (see the constructor)."""
+        return self.adapter.checkpoint_layers
+
+    @checkpoint_projection.setter
+    def checkpoint_projection(self, value: bool | None) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"checkpoint_projection must be True, False or None, got {value!r}")
+        if value and not self.adapter.supports_checkpointing:
+            raise ValueError(
+                f"checkpoint_projection=True is not supported by {type(self.adapter).__name__} "
+                "(its embed does not run layer by layer)"
+            )
+        self.adapter.checkpoint_layers = self.adapter.supports_checkpointing if value is None else value
 
     @property
     def mode(self) -> str:

@@ -34,9 +34,11 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .images import upsample_mask
@@ -62,6 +64,11 @@ class BackboneAdapter(ABC):
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
     #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
     projection_source: str = ""
+    #: Whether :meth:`embed` may recompute its layers in the backward pass instead of keeping their
+    #: activations (:meth:`run_layer`); the adapters whose ``embed`` walks layers set it.
+    supports_checkpointing: bool = False
+    #: Activation checkpointing of the projection, set by ``SOP(checkpoint_projection=...)``.
+    checkpoint_layers: bool = False
 
     def __init__(self, backbone: nn.Module):
         self.backbone = backbone
@@ -96,6 +103,13 @@ class BackboneAdapter(ABC):
     @abstractmethod
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
         """Feature embeddings ``[B, d, E]`` from ``projection`` on the unmasked input (with grad)."""
+
+    def run_layer(self, layer: nn.Module, *args: Any) -> Any:
+        """``layer(*args)`` inside :meth:`embed`; with :attr:`checkpoint_layers` and autograd recording,
+        checkpointed (activations recomputed in the backward pass, dropout replayed identically)."""
+        if self.checkpoint_layers and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     @property
     @abstractmethod

@@ -33,6 +33,7 @@ def _layer_attention_mask(model: nn.Module, h: torch.Tensor, attention_mask: tor
 class HFBertAdapter(BackboneAdapter):
     modality = "text"
     supported_modes = ("exact", "drop")
+    supports_checkpointing = True
     projection_source = "bert"
 
     def __init__(self, backbone: nn.Module):
@@ -110,7 +111,7 @@ class HFBertAdapter(BackboneAdapter):
         h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
         mask = _layer_attention_mask(projection, h, inputs.attention_mask)
         for layer in projection.encoder.layer[:-1]:
-            out = layer(h, mask)
+            out = self.run_layer(layer, h, mask)
             h = out[0] if isinstance(out, tuple) else out
         return h
 

@@ -50,7 +50,7 @@ class HFViTAdapter(PatchGridAdapter):
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
         h = projection.embeddings(inputs.pixels.to(projection.embeddings.cls_token.dtype))
         for layer in vit_layers(projection)[:-1]:
-            h = _layer_out(layer(h, None))
+            h = _layer_out(self.run_layer(layer, h, None))
         return h[:, 1:]
 
     def classifier_weight(self) -> torch.Tensor:

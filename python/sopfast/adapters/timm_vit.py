@@ -49,7 +49,7 @@ class TimmViTAdapter(PatchGridAdapter):
     def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
         x = self._tokens(projection, inputs.pixels)
         for block in projection.blocks[:-1]:
-            x = block(x)
+            x = self.run_layer(block, x)
         return x[:, self.prefix:]
 
     def classifier_weight(self) -> torch.Tensor:
