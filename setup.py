@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import sys
 
@@ -45,6 +46,12 @@ def _cuda_paths() -> tuple[list[str], list[str]]:
             if os.path.isdir(os.path.join(base, "lib")):
                 libs.append(os.path.join(base, "lib"))
     return includes, libs
+
+
+def _version() -> str:
+    """The one version string, ``__version__`` in ``python/sopfast/__init__.py``."""
+    with open(os.path.join(ROOT, "python", "sopfast", "__init__.py"), encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 
 def _extensions():
@@ -89,14 +96,14 @@ ext_modules, cmdclass = _extensions()
 
 setup(
     name="sopfast",
-    version="0.1.0",
+    version=_version(),
     description="Fast Sum-of-Parts self-attributing models: fused kernels and token-dropping execution",
     long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     package_dir={"sopfast": "python/sopfast", "sop_kernels": "sop_kernels"},
     packages=["sopfast"] + [f"sopfast.{p}" for p in find_packages("python/sopfast")] + ["sop_kernels"],
-    package_data={"sopfast": ["data/*"]},
+    package_data={"sopfast": ["py.typed"]},
     install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "pyyaml", "matplotlib"],
     # Optional, imported only where used: `sopfast --help` needs none of them.
     extras_require={

@@ -189,3 +189,25 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
     live.write_bytes(b"y")
     assert checkpoint.remove_stale_temp_files(tmp_path) == [dead]
     assert not dead.exists() and live.exists()
+
+
+def test_checkpoints_of_sopfast_0_1_load_with_their_tie_rule(tmp_path):
+    """0.1 kept one ``generator.weight [3E, E]`` and ranked ties by the logits; no architecture entry."""
+    from safetensors.torch import save_file
+
+    model = perturbed(sopfast.SOP(make_hf_vit(), num_groups=4, ties="logits"))
+    save_pretrained(model, tmp_path)
+    weights = load_file(tmp_path / WEIGHTS_NAME)
+    weights["generator.weight"] = weights.pop("generator.heads.0")
+    save_file(weights, tmp_path / WEIGHTS_NAME)
+    meta = json.loads((tmp_path / CONFIG_NAME).read_text())
+    del meta["config"]["ties"], meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
+    loaded = load_pretrained(tmp_path, make_hf_vit())
+    assert loaded.generator.ties == "logits"
+    same_outputs(model, loaded, torch.randn(2, 3, 32, 32))
+
+    meta["config"]["num_heads"] = 2
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="splits one generator weight into E/H-wide heads"):
+        load_pretrained(tmp_path, make_hf_vit())

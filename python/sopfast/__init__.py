@@ -7,7 +7,7 @@ from .model import SOP
 from .output import SOPOutput
 from .train import Trainer, TrainResult, train
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "SOP",
