@@ -74,6 +74,19 @@ SOPFAST_HD Key128 top_tau_key(double s, bool valid, bool largest, int64_t j) {
   return (Key128{valid} << 95) | (Key128{priority} << 31) | static_cast<Key128>(0x7FFFFFFF - j);
 }
 
+// gather_tokens shapes: x [batch, tokens, embed], indices [batch, groups, keep] -> out
+// [batch * groups, prefix + keep, embed].
+struct GatherTokensShape {
+  int64_t batch = 0;   // B
+  int64_t tokens = 0;  // T
+  int64_t embed = 0;   // E
+  int64_t groups = 0;  // m
+  int64_t keep = 0;    // k
+  int64_t prefix = 0;  // always-kept leading tokens
+
+  SOPFAST_HD int64_t slots() const { return prefix + keep; }  // rows per group in the output
+};
+
 // Largest feature count top_tau supports (the index field of the key has 31 bits).
 constexpr int64_t kTopTauMaxFeatures = 0x7FFFFFFF;
 

@@ -275,6 +275,7 @@ def top_tau_forward(
     k_max: int,
     valid: torch.Tensor | None,
     largest: bool,
+    ties_authors: bool,
     blur_kernel: torch.Tensor | None,
     grid_h: int,
     grid_w: int,
@@ -284,6 +285,8 @@ def top_tau_forward(
     Returns ``indices [N, k_max]`` int64 ascending (``-1`` after a row's ``k``), ``mask [N, d]``
     bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 logits).
     """
+    if ties_authors:
+        raise NotImplementedError("ties_authors=True is not implemented by the Triton kernel yet")
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [N, d], got shape {tuple(logits.shape)}")
     n_rows, d = logits.shape

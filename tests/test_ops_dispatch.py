@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from op_testing import needs_cpp
+from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, backends, gather_tokens, select_backend, sparsemax, top_tau
 
 # the modules (sopfast.ops re-exports functions of the same names)
@@ -16,10 +16,10 @@ sparsemax_module = importlib.import_module("sopfast.ops.sparsemax")
 top_tau_module = importlib.import_module("sopfast.ops.top_tau")
 
 
-
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
+
 
 class CallCounter:
     """Wraps a function and counts its calls."""
@@ -69,6 +69,47 @@ def test_cpu_tensors_run_the_extension_by_default(monkeypatch, reference_counter
     monkeypatch.delenv("SOPFAST_BACKEND", raising=False)
     run_every_op()
     assert all(counter.calls == 0 for counter in reference_counters.values())
+
+
+# op -> one forward and backward of it through the public op on ``device``
+OP_RUNS = {
+    "sparsemax": lambda device: sparsemax(torch.randn(3, 4, device=device, requires_grad=True)).sum().backward(),
+    "top_tau": lambda device: (
+        top_tau(torch.randn(4, 9, device=device, requires_grad=True), tau=0.3, ties="logits").lam.sum().backward()
+    ),
+    "gather_tokens": lambda device: (
+        gather_tokens(
+            torch.randn(2, 5, 3, device=device, requires_grad=True), torch.randint(-1, 5, (2, 2, 2), device=device), 1
+        )
+        .sum()
+        .backward()
+    ),
+}
+
+
+def test_every_op_is_registered_with_regular_names():
+    assert sorted(_backends.OPS) == sorted(
+        f"{op}_{direction}" for op in OP_RUNS for direction in ("forward", "backward")
+    )
+    if _backends.has_cpp():
+        ext = _backends.native_extension()
+        for name, op in _backends.OPS.items():
+            assert op.implementation("cpp") is getattr(ext, f"{name}_cpu")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _backends.OPS["sparsemax_forward"].implementation("fortran")
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("op", list(OP_RUNS))
+def test_native_backend_runs_its_kernels_not_the_reference(backend, device, op, use_backend, monkeypatch):
+    use_backend(backend)
+
+    def fail(*_):
+        raise AssertionError("the reference ran")
+
+    for direction in ("forward", "backward"):
+        monkeypatch.setattr(_backends.OPS[f"{op}_{direction}"], "reference", fail)
+    OP_RUNS[op](device)
 
 
 def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):

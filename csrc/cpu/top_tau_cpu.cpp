@@ -4,9 +4,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
-#include "cpu/ops_cpu.h"
 #include "cpu/top_tau_kernels.h"
 #include "op_checks.h"
+#include "ops.h"
 
 namespace sopfast {
 namespace {
@@ -37,11 +37,13 @@ cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
+template <>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCPU>(
     const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
-    bool largest, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+    bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_forward";
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
+  TORCH_CHECK(!ties_authors, op, ": ties_authors=True is not implemented by the CPU kernel yet");
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
   const at::Tensor logits = logits_in.contiguous();
   const at::Tensor k = k_in.contiguous();
@@ -72,9 +74,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
   return {indices, mask, lam, attention};
 }
 
-at::Tensor top_tau_backward_cpu(const at::Tensor& attention_in, const at::Tensor& mask_in, const at::Tensor& lam_in,
-                                const at::Tensor& grad_lam_in, const std::optional<at::Tensor>& grad_attention_in,
-                                const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+template <>
+at::Tensor top_tau_backward<c10::kCPU>(const at::Tensor& attention_in, const at::Tensor& mask_in,
+                                       const at::Tensor& lam_in, const at::Tensor& grad_lam_in,
+                                       const std::optional<at::Tensor>& grad_attention_in,
+                                       const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_backward";
   check_top_tau_backward(attention_in, mask_in, lam_in, grad_lam_in, grad_attention_in, blur_kernel, grid_h, grid_w,
                          c10::kCPU);

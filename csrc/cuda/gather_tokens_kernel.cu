@@ -12,8 +12,8 @@ constexpr int kSumThreads = 128;  // threads per (b, t) block of the backward
 constexpr int kSumValues = 8;     // embedding columns per thread and pass of the backward
 
 // Token copied into output slot `slot` of group row `group_row` (= b * m + i); < 0: zero row.
-__device__ __forceinline__ int64_t source_token(const GatherTokensDims& dims, const int64_t* indices, int64_t group_row,
-                                                int64_t slot) {
+__device__ __forceinline__ int64_t source_token(const GatherTokensShape& dims, const int64_t* indices,
+                                                int64_t group_row, int64_t slot) {
   if (slot < dims.prefix) return slot;
   const int64_t token = indices[group_row * dims.keep + (slot - dims.prefix)];
   return token < dims.tokens ? token : -1;  // out-of-range indices are treated as padding
@@ -21,7 +21,7 @@ __device__ __forceinline__ int64_t source_token(const GatherTokensDims& dims, co
 
 template <typename Word>
 __global__ void gather_tokens_forward_kernel(const Word* __restrict__ x, const int64_t* __restrict__ indices,
-                                             Word* __restrict__ out, GatherTokensDims dims, int64_t row_words) {
+                                             Word* __restrict__ out, GatherTokensShape dims, int64_t row_words) {
   const int64_t slots = dims.prefix + dims.keep;
   const int64_t total = dims.batch * dims.groups * slots * row_words;
   for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < total; w += int64_t(gridDim.x) * blockDim.x) {
@@ -36,7 +36,7 @@ __global__ void gather_tokens_forward_kernel(const Word* __restrict__ x, const i
 template <typename scalar_t>
 __global__ void __launch_bounds__(kSumThreads)
     gather_tokens_backward_kernel(const scalar_t* __restrict__ grad, const int64_t* __restrict__ indices,
-                                  scalar_t* __restrict__ grad_x, GatherTokensDims dims) {
+                                  scalar_t* __restrict__ grad_x, GatherTokensShape dims) {
   using acc_t = typename AccType<scalar_t>::type;
   const int64_t slots = dims.prefix + dims.keep, e = dims.embed;
   for (int64_t bt = blockIdx.x; bt < dims.batch * dims.tokens; bt += gridDim.x) {
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 template <typename Word>
-void launch_gather_tokens_forward(const void* x, const int64_t* indices, void* out, const GatherTokensDims& dims,
+void launch_gather_tokens_forward(const void* x, const int64_t* indices, void* out, const GatherTokensShape& dims,
                                   int64_t row_bytes, cudaStream_t stream) {
   const int64_t row_words = row_bytes / int64_t(sizeof(Word));
   const int64_t total = dims.batch * dims.groups * (dims.prefix + dims.keep) * row_words;
@@ -89,7 +89,7 @@ size_t float_type_bytes(FloatType dtype) {
 
 }  // namespace
 
-int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensDims& dims,
+int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensShape& dims,
                                  FloatType dtype, void* stream) {
   if (dims.batch * dims.groups * (dims.prefix + dims.keep) * dims.embed == 0) return 0;
   const int64_t row_bytes = dims.embed * static_cast<int64_t>(float_type_bytes(dtype));
@@ -111,7 +111,7 @@ int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* ou
   return static_cast<int>(cudaGetLastError());
 }
 
-int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensDims& dims,
+int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensShape& dims,
                                   FloatType dtype, void* stream) {
   if (dims.batch * dims.tokens * dims.embed == 0) return 0;
   return dispatch_float_type(dtype, [&](auto tag) {

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "sopfast_common.h"
+
 namespace sopfast::cuda {
 
 // Storage type of a float tensor; math runs in float32 (float64 for kFloat64).
@@ -55,16 +57,12 @@ struct TopTauBackwardArgs {
 };
 int top_tau_backward_launch(const TopTauBackwardArgs& args, void* stream);
 
-// gather_tokens shapes: x [batch, tokens, embed], indices [batch, groups, keep].
-struct GatherTokensDims {
-  int64_t batch = 0, tokens = 0, embed = 0, groups = 0, keep = 0, prefix = 0;
-};
 // out [batch * groups, prefix + keep, embed]; indices outside [0, tokens) give zero rows.
-int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensDims& dims,
+int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensShape& dims,
                                  FloatType dtype, void* stream);
 // grad [batch * groups, prefix + keep, embed] -> grad_x [batch, tokens, embed] (scatter-add,
 // float32 accumulation, deterministic); indices outside [0, tokens) are skipped.
-int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensDims& dims,
+int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensShape& dims,
                                   FloatType dtype, void* stream);
 
 }  // namespace sopfast::cuda

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/ops_cpu.h"
+#include "ops.h"
 #include "cpu/top_tau_kernels.h"
 #include "tests/harness.h"
 
@@ -146,25 +146,29 @@ TEST_CASE(torch_entry_points) {
   const at::Tensor k = at::full({50}, 39, at::kLong);
   const at::Tensor kernel = at::ones({3}) / 3;
   auto [indices, mask, lam, attention] =
-      sopfast::top_tau_forward_cpu(logits, k, 39, std::nullopt, true, kernel, 14, 14);
+      sopfast::top_tau_forward<c10::kCPU>(logits, k, 39, std::nullopt, true, false, kernel, 14, 14);
   EXPECT(indices.sizes() == at::IntArrayRef({50, 39}) && mask.sum().item<int64_t>() == 50 * 39);
   EXPECT(lam.scalar_type() == at::kFloat && (lam.abs() <= 1).all().item<bool>());
   const at::Tensor grad =
-      sopfast::top_tau_backward_cpu(attention, mask, lam, at::ones({50}), std::nullopt, kernel, 14, 14);
+      sopfast::top_tau_backward<c10::kCPU>(attention, mask, lam, at::ones({50}), std::nullopt, kernel, 14, 14);
   EXPECT(grad.sizes() == logits.sizes());
-  auto half = sopfast::top_tau_forward_cpu(logits.to(at::kHalf), k, 39, std::nullopt, false, std::nullopt, 0, 0);
+  auto half =
+      sopfast::top_tau_forward<c10::kCPU>(logits.to(at::kHalf), k, 39, std::nullopt, false, false, std::nullopt, 0, 0);
   EXPECT(std::get<2>(half).scalar_type() == at::kFloat);
 }
 
 TEST_CASE(torch_entry_points_reject_bad_inputs) {
   const at::Tensor logits = at::randn({4, 6});
   const at::Tensor k = at::full({4}, 2, at::kLong);
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k.to(at::kInt), 2, std::nullopt, true, std::nullopt, 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 7, std::nullopt, true, std::nullopt, 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, at::ones({4}), 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, at::ones({13}), 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, std::nullopt, 4, 4));
-  EXPECT_THROWS(sopfast::top_tau_backward_cpu(logits.to(at::kHalf), at::ones({4, 6}, at::kBool), at::ones({4}),
+  auto forward = [&](const at::Tensor& counts, int64_t k_max, const std::optional<at::Tensor>& kernel, int64_t grid) {
+    return sopfast::top_tau_forward<c10::kCPU>(logits, counts, k_max, std::nullopt, true, false, kernel, grid, grid);
+  };
+  EXPECT_THROWS(forward(k.to(at::kInt), 2, std::nullopt, 0));
+  EXPECT_THROWS(forward(k, 7, std::nullopt, 0));
+  EXPECT_THROWS(forward(k, 2, at::ones({4}), 0));
+  EXPECT_THROWS(forward(k, 2, at::ones({13}), 0));
+  EXPECT_THROWS(forward(k, 2, std::nullopt, 4));
+  EXPECT_THROWS(sopfast::top_tau_backward<c10::kCPU>(logits.to(at::kHalf), at::ones({4, 6}, at::kBool), at::ones({4}),
                                               at::ones({4}), std::nullopt, std::nullopt, 0, 0));
 }
 
