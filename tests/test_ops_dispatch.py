@@ -112,6 +112,41 @@ def test_native_backend_runs_its_kernels_not_the_reference(backend, device, op, 
     OP_RUNS[op](device)
 
 
+def test_triton_wrappers_launch_on_their_inputs_device(monkeypatch):
+    """Triton launches on the current device: every wrapper enters ``on_device`` of its input."""
+    kernels = pytest.importorskip("sop_kernels")
+    launch = importlib.import_module("sop_kernels._launch")
+
+    class FakeCudaTensor:
+        device = torch.device("cuda", 1)
+
+    guard = launch.on_device(FakeCudaTensor())
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    seen = []
+
+    def spy(tensor):
+        seen.append(tensor)
+        return launch.on_device(tensor)
+
+    for name in ("sparsemax", "top_tau", "gather_tokens"):
+        monkeypatch.setattr(importlib.import_module(f"sop_kernels.{name}"), "on_device", spy)
+    x, p = torch.randn(2, 5), torch.softmax(torch.randn(2, 5), -1)
+    tokens, indices = torch.randn(1, 4, 3), torch.tensor([[[1, 2]]])
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    calls = [
+        (kernels.sparsemax_forward, (x,)),
+        (kernels.sparsemax_backward, (p, x)),
+        (kernels.top_tau_forward, (x, torch.ones(2, dtype=torch.int64), 1, None, True, True, None, 0, 0)),
+        (kernels.top_tau_backward, (p, mask, x[:, 0], x[:, 1], None, None, 0, 0)),
+        (kernels.gather_tokens_forward, (tokens, indices, 1)),
+        (kernels.gather_tokens_backward, (torch.randn(1, 3, 3), indices, 1, 4)),
+    ]
+    for wrapper, args in calls:
+        seen.clear()
+        wrapper(*args)
+        assert seen and seen[0].device == args[0].device, wrapper.__name__
+
+
 def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):
     monkeypatch.setenv("SOPFAST_BACKEND", "torch")
     assert backends()["cpu"] == "torch" and select_backend(torch.zeros(1)) == "torch"

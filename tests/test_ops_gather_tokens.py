@@ -11,6 +11,19 @@ from hypothesis import strategies as st
 from op_testing import NATIVE, native, needs_cpp
 from sopfast.ops import gather_tokens, gather_tokens_backward_reference, gather_tokens_reference
 
+try:  # the Triton kernels' slot numbering, run in a one-program kernel (Triton is optional)
+    import triton
+    import triton.language as tl
+
+    from sop_kernels.gather_tokens import _gather_tokens_slots
+
+    @triton.jit
+    def store_slots(out_ptr, program, TOKENS: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, TOKENS), _gather_tokens_slots(program, TOKENS))
+
+except ImportError:
+    store_slots = None
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # backward sums up to m * (prefix + k) rows in fp32 on both sides, in different orders, then
 # rounds to the output dtype: a few fp32 roundings, or one rounding of the 16-bit output
@@ -71,6 +84,32 @@ def test_gradcheck_float64(backend, device, use_backend):
     x = torch.randn(2, 7, 3, dtype=torch.float64, device=device, requires_grad=True)
     indices = random_indices(2, 3, 4, 7, seed=1, device=device)
     assert torch.autograd.gradcheck(lambda t: gather_tokens(t, indices, prefix=2), (x,))
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_double_backward(backend, device, use_backend):
+    """The scatter-add is linear in the incoming gradient: its backward is the gather again."""
+    use_backend(backend)
+    x = torch.randn(2, 6, 3, dtype=torch.float64, device=device, requires_grad=True)
+    indices = random_indices(2, 2, 3, 6, seed=6, device=device)
+    assert torch.autograd.gradgradcheck(lambda t: gather_tokens(t, indices, prefix=1).square(), (x,))
+
+
+@pytest.mark.skipif(store_slots is None, reason="needs Triton")
+def test_triton_slots_are_int64_past_2_to_the_31():
+    """Output slot numbers are int64: program 2**30 of 4 slots each starts at slot 2**32 (int32 wraps)."""
+    out = torch.empty(4, dtype=torch.int64)
+    store_slots[(1,)](out, 2**30, TOKENS=4)
+    assert out.tolist() == [2**32, 2**32 + 1, 2**32 + 2, 2**32 + 3]
+
+
+def test_triton_indices_outside_the_tokens_read_nothing():
+    """The op checks the range; the kernel itself treats an index >= T like padding (no stray read)."""
+    kernels = pytest.importorskip("sop_kernels.gather_tokens")
+    x = torch.randn(1, 4, 8)
+    indices = torch.tensor([[[1, 4, 2**40]]])
+    out = kernels.gather_tokens_forward(x, indices, 1)
+    assert torch.equal(out[0, 1], x[0, 1]) and (out[0, 2:] == 0).all()
 
 
 @pytest.mark.parametrize(("backend", "device"), NATIVE)

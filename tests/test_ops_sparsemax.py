@@ -116,6 +116,7 @@ def test_gradcheck_float64(backend, device, use_backend):
         ([1.0, INF, 2.0, INF], [0.0, 0.5, 0.0, 0.5]),
         ([-INF, 0.0, -INF], [0.0, 1.0, 0.0]),
         ([1.0, -INF, 1.0, 0.0], [0.5, 0.0, 0.5, 0.0]),  # -inf entries get 0
+        ([INF, float("nan"), 1.0, INF], [0.5, 0.0, 0.0, 0.5]),  # +inf beside NaN: the mass on the +inf entries
         ([1e30, -1e30, 1e30], [0.5, 0.0, 0.5]),  # huge logits: shifted by the max first
         ([3e38, 3e38, 2e38], [0.5, 0.5, 0.0]),
     ],
@@ -134,6 +135,32 @@ def test_edge_rows(backend, device, row, expected, padding, use_backend):
 def test_rows_without_a_projection_give_nan(backend, device, row, use_backend):
     use_backend(backend)
     assert torch.isnan(sparsemax(torch.tensor([row], device=device))).all()
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_double_backward(backend, device, use_backend):
+    """The backward is linear in the incoming gradient: second derivatives are well defined."""
+    use_backend(backend)
+    # well-separated values, no entry on the threshold (a kink): as in test_gradcheck_float64
+    x = (torch.randperm(40, generator=torch.Generator().manual_seed(0)).double() / 17).reshape(5, 8)
+    x = x.to(device).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda t: sparsemax(t, dim=-1).square(), (x,), eps=1e-6, atol=1e-6)
+
+
+def test_triton_long_rows_run_the_tiled_kernels(monkeypatch):
+    """Rows longer than MAX_BLOCK are processed TILE entries at a time (bounded registers)."""
+    kernels = pytest.importorskip("sop_kernels.sparsemax")
+    monkeypatch.setattr(kernels, "MAX_BLOCK", 64)
+    monkeypatch.setattr(kernels, "TILE", 32)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 150, generator=gen) * torch.tensor([[0.01], [1.0], [30.0], [3.0], [3.0]])
+    x[3, 7], x[3, 90] = INF, float("nan")  # +inf beside NaN
+    x[4] = -INF
+    p = kernels.sparsemax_forward(x)
+    assert_close(p, sparsemax_reference(x), atol=2e-6, rtol=0)
+    g = torch.randn(5, 150, generator=gen)
+    assert_close(kernels.sparsemax_backward(p, g), sparsemax_backward_reference(p, g), atol=1e-5, rtol=0)
+    assert_close(kernels.sparsemax_forward(x.double()), sparsemax_reference(x.double()), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize(("backend", "device"), NATIVE)

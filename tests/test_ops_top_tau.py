@@ -1,16 +1,23 @@
-"""top_tau: every native backend (C++, CUDA on a GPU, Triton) against the PyTorch reference —
-masks and indices bit for bit, lam and attention to fp32 rounding — plus autograd, edge cases,
-properties of lam and bad inputs."""
+"""top_tau: every native backend (C++, CUDA on a GPU, Triton) against the PyTorch reference, for
+both tie rules (``ties="authors"``: rank the attention, equal values higher index first when
+keeping the largest; ``ties="logits"``: rank the blurred logits, ties to the lower index) — masks
+and indices bit for bit, lam and attention to fp32 rounding — plus an independent oracle of the
+authors' rule, saturated / uniform / duplicated rows, subnormal attention, exact ``k``, autograd
+(double backward included), edge cases, properties of lam and bad inputs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from op_testing import NATIVE, native, needs_cpp
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
+from sopfast.ops._validate import num_kept
 
 # NaN/inf rows are part of the contract; Triton's interpreter (numpy) reports them as warnings.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
@@ -19,6 +26,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # lam and attention are computed in fp32 (fp64 for fp64 logits) by both sides: a few roundings apart
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-6, torch.bfloat16: 2e-6}
 INF = float("inf")
+TIES = ["authors", "logits"]
 
 # name -> (d, grid, blur kernel size); grid None blurs along d
 SHAPES = {
@@ -37,8 +45,7 @@ def seeded():
 
 
 def run_top_tau(use_backend, backend, logits, **kwargs):
-    """``top_tau`` on ``backend``; the logits tie rule unless ``ties=`` is given (the native
-    kernels implement that one)."""
+    """``top_tau`` on ``backend``; the logits tie rule unless ``ties=`` is given."""
     use_backend(backend)
     kwargs.setdefault("ties", "logits")
     return top_tau(logits, **kwargs)
@@ -63,11 +70,12 @@ def random_valid(n, d, seed, device):
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("with_valid", [False, True])
-def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, use_backend):
+@pytest.mark.parametrize("ties", TIES)
+def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     n = 24
     logits = torch.randn(n, d, generator=torch.Generator().manual_seed(d)).to(device=device, dtype=dtype)
-    kwargs = dict(largest=largest, blur_kernel_size=blur, grid=grid)
+    kwargs = dict(largest=largest, blur_kernel_size=blur, grid=grid, ties=ties)
     kwargs["valid"] = random_valid(n, d, seed=d, device=device) if with_valid else None
     result = run_top_tau(use_backend, backend, logits, tau=0.2, **kwargs)
     expected = run_top_tau(use_backend, "torch", logits, tau=0.2, **kwargs)
@@ -80,7 +88,8 @@ def test_forward_matches_reference(backend, device, dtype, shape, largest, with_
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
 @pytest.mark.parametrize("shape", ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_backward_matches_reference(backend, device, shape, dtype, use_backend):
+@pytest.mark.parametrize("ties", TIES)
+def test_backward_matches_reference(backend, device, shape, dtype, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     gen = torch.Generator().manual_seed(d)
     logits = torch.randn(16, d, generator=gen).to(device=device, dtype=dtype)
@@ -89,7 +98,7 @@ def test_backward_matches_reference(backend, device, shape, dtype, use_backend):
 
     def grads(name, use_attention):
         leaf = logits.clone().requires_grad_()
-        res = run_top_tau(use_backend, name, leaf, tau=0.25, blur_kernel_size=blur, grid=grid)
+        res = run_top_tau(use_backend, name, leaf, tau=0.25, blur_kernel_size=blur, grid=grid, ties=ties)
         loss = (res.lam * w_lam).sum() + ((res.attention * w_att).sum() if use_attention else 0)
         loss.backward()
         return leaf.grad
@@ -110,6 +119,195 @@ def test_gradcheck_float64(backend, device, grid, blur, use_backend):
         return res.lam, res.attention
 
     assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])
+@pytest.mark.parametrize(("grid", "blur"), [((3, 4), 3), (None, 0)])
+def test_double_backward(backend, device, grid, blur, use_backend):
+    """Second derivatives of lam and attention (the backward in differentiable torch ops under
+    create_graph, chained through this op's own backward)."""
+    use_backend(backend)
+    logits = torch.randn(2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    logits = logits.to(device).requires_grad_()
+
+    def lam_and_attention(x):
+        res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
+        return res.lam, res.attention
+
+    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the authors' tie rule
+
+
+def authors_oracle(logits: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The authors' ranking, written independently: ``a = softmax(logits)`` in fp32 (fp64 for fp64),
+    ``torch.sort(a, stable=True)`` ascending, flipped when keeping the largest, first ``k``: the mask."""
+    a = torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+    order = torch.sort(a, dim=-1, stable=True).indices
+    if largest:
+        order = order.flip(-1)
+    return torch.zeros_like(a, dtype=torch.bool).scatter_(-1, order[:, :k], True)
+
+
+def blurred_2d(logits: torch.Tensor, kernel_size: int, grid: tuple[int, int]) -> torch.Tensor:
+    """Reflect-padded separable Gaussian blur by conv2d (independent of sopfast.ops.blur)."""
+    kernel = gaussian_kernel1d(kernel_size, 1.0).to(logits.device, torch.float64)
+    pad = kernel_size // 2
+    image = F.pad(logits.double().reshape(-1, 1, *grid), (pad, pad, pad, pad), mode="reflect")
+    image = F.conv2d(F.conv2d(image, kernel.view(1, 1, 1, -1)), kernel.view(1, 1, -1, 1))
+    return image.reshape(logits.shape)
+
+
+def special_rows(case: str, n: int, d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if case == "saturated":  # most attention underflows to exactly 0: fewer than k non-zero values
+        return torch.randn(n, d, generator=gen) * 1e3
+    if case == "uniform":
+        return torch.full((n, d), 0.25)
+    return torch.randint(-2, 3, (n, d), generator=gen).float()  # exact duplicates
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("case", ["saturated", "uniform", "duplicates"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("largest", [True, False])
+def test_authors_rule_on_tied_rows(backend, device, case, dtype, largest, use_backend):
+    """Saturated, uniform and duplicated rows, blur off / 1-D / 2-D, with and without a valid mask:
+    every backend equals the reference for both rules, and the authors' rule equals the oracle."""
+    n, grid = 6, (8, 8)
+    logits = special_rows(case, n, 64, seed=len(case)).to(device, dtype)
+    valid = random_valid(n, 64, seed=3, device=device)
+    for blur, blur_grid in [(0, None), (3, None), (3, grid)]:
+        for mask in (None, valid):
+            for ties in TIES:
+                kwargs = dict(tau=0.2, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=blur_grid)
+                result = run_top_tau(use_backend, backend, logits, **kwargs)
+                assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), ATOL[dtype])
+    k = num_kept(0.2, 64)
+    result = run_top_tau(use_backend, backend, logits, tau=0.2, largest=largest, ties="authors")
+    assert torch.equal(result.mask.cpu(), authors_oracle(logits.cpu(), k, largest))
+    if case != "duplicates":  # a 2-D blur keeps uniform rows uniform and saturated rows saturated
+        result = run_top_tau(
+            use_backend, backend, logits, tau=0.2, largest=largest, ties="authors", blur_kernel_size=3, grid=grid
+        )
+        oracle = authors_oracle(blurred_2d(logits.cpu(), 3, grid).to(dtype), k, largest)
+        assert torch.equal(result.mask.cpu(), oracle)
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_authors_rule_breaks_ties_by_the_higher_index(backend, device, use_backend):
+    saturated = torch.tensor([[0.0, -200.0, -300.0, 5.0, -250.0, -90.0, -1000.0]], device=device)
+    # attention [e^-5, 0, 0, ~1, 0, e^-95 (subnormal), 0]: the zeros tie
+    assert run_top_tau(use_backend, backend, saturated, k=4, ties="authors").indices.tolist() == [[0, 3, 5, 6]]
+    assert run_top_tau(use_backend, backend, saturated, k=4).indices.tolist() == [[0, 1, 3, 5]]
+    smallest = run_top_tau(use_backend, backend, saturated, k=2, ties="authors", largest=False)
+    assert smallest.indices.tolist() == [[1, 2]]  # deletion: the sort is not flipped, ties to the lower index
+    equal = torch.full((1, 7), 0.5, device=device)
+    assert run_top_tau(use_backend, backend, equal, k=3, ties="authors").indices.tolist() == [[4, 5, 6]]
+    assert run_top_tau(use_backend, backend, equal, k=3, ties="authors", largest=False).indices.tolist() == [[0, 1, 2]]
+    with_inf = torch.tensor([[INF, 1.0, INF, 0.0, INF]], device=device)  # uniform over the +inf entries
+    assert run_top_tau(use_backend, backend, with_inf, k=2, ties="authors").indices.tolist() == [[2, 4]]
+    valid = torch.tensor([[True, False, True, True, False, True, False]], device=device)
+    result = run_top_tau(use_backend, backend, saturated, k=3, ties="authors", valid=valid)
+    assert result.indices.tolist() == [[0, 3, 5]]  # invalid features are never kept
+
+
+def subnormal_band_row() -> torch.Tensor:
+    """``[0, x_1, …]`` with ``x_j`` in ``[-104, -87]``, where ``exp`` is subnormal in fp32, placed at
+    least 0.1 of a subnormal step away from a rounding boundary (so every correct softmax rounds
+    them alike); the row sums to exactly 1, so attention = exp(x).  Steps of 0.5 early, then of 0.03
+    near the bottom: distinct values and exact ties (several x in one subnormal step)."""
+    quantum = 2.0**-149
+    candidates = [-87.5 - 0.5 * i for i in range(30)] + [-102.5 + 0.03 * i for i in range(-30, 30)] + [-103.5, -104.5]
+    row = [0.0]
+    for x in candidates:
+        steps = math.exp(x) / quantum
+        if abs(steps - math.floor(steps) - 0.5) > 0.1:
+            row.append(x)
+    return torch.tensor([row])
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("largest", [True, False])
+def test_subnormal_attention_is_kept_and_ranked(backend, device, largest, use_backend):
+    """In the band [-104, -87] torch's softmax keeps subnormal attention (softmax([0, -90]) = 8.19e-40):
+    the kernels keep it too, return it, and rank by it (a flush to 0 would tie the whole band)."""
+    logits = subnormal_band_row()
+    d = logits.shape[1]
+    expected_attention = torch.softmax(logits, dim=-1)
+    assert int((expected_attention > 0).sum()) > d // 2 and expected_attention[0, 1] < 1.2e-38
+    logits = logits.to(device)
+    for k in (5, d // 2, d - 10, d - 2):
+        for ties in TIES:
+            kwargs = dict(k=k, largest=largest, ties=ties)
+            result = run_top_tau(use_backend, backend, logits, **kwargs)
+            assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 0.0)
+        assert torch.equal(result.attention.cpu(), expected_attention)
+        authors = run_top_tau(use_backend, backend, logits, k=k, largest=largest, ties="authors")
+        assert torch.equal(authors.mask.cpu(), authors_oracle(logits.cpu(), k, largest))
+
+
+def negative_nan() -> float:
+    """A NaN with the sign bit set, as x86 makes for inf − inf."""
+    return torch.tensor([0xFFC00000], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_nan_with_the_sign_bit_ranks_highest(backend, device, use_backend):
+    row = torch.tensor([[1.0, negative_nan(), 3.0, 2.0]])
+    assert torch.isnan(row).any() and row.view(torch.int32)[0, 1] < 0
+    row = row.to(device)
+    assert run_top_tau(use_backend, backend, row, k=2).indices.tolist() == [[1, 2]]  # NaN is the largest (torch.sort)
+    assert run_top_tau(use_backend, backend, row, k=2, largest=False).indices.tolist() == [[0, 3]]
+    for largest in (True, False):
+        for ties in TIES:
+            kwargs = dict(k=2, largest=largest, ties=ties)
+            expected = run_top_tau(use_backend, "torch", row, **kwargs)
+            assert_same_result(run_top_tau(use_backend, backend, row, **kwargs), expected, 0.0)
+
+
+def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):
+    """Rows longer than MAX_BLOCK are processed TILE features at a time (bounded registers), for both
+    rules, with valid masks, blur (1-D and 2-D, as torch ops) and the backward."""
+    kernels = pytest.importorskip("sop_kernels.top_tau")
+    monkeypatch.setattr(kernels, "MAX_BLOCK", 64)
+    monkeypatch.setattr(kernels, "TILE", 32)
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(4, 150, generator=gen) * torch.tensor([[1.0], [1e3], [5.0], [0.0]])).round()
+    valid = random_valid(4, 150, seed=8, device="cpu")
+    w_lam, w_att = torch.randn(4, generator=gen), torch.randn(4, 150, generator=gen)
+    for ties in TIES:
+        for largest in (True, False):
+            for blur, grid in [(0, None), (3, None), (5, (10, 15))]:
+                for mask in (None, valid):
+                    kwargs = dict(tau=0.15, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=grid)
+                    result = run_top_tau(use_backend, "triton", logits, **kwargs)
+                    assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
+
+            def grads(name, kw):
+                leaf = logits.clone().requires_grad_()
+                res = run_top_tau(use_backend, name, leaf, **kw)
+                ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
+                return leaf.grad
+
+            kwargs = dict(tau=0.15, largest=largest, ties=ties, blur_kernel_size=3, grid=(10, 15))
+            torch.testing.assert_close(grads("triton", kwargs), grads("torch", kwargs), atol=1e-5, rtol=1e-4)
+
+
+# (tau, d) where floor(tau * d) in floating point is one short of the decimal product (issue #14)
+EXACT_K = [(0.29, 100, 29), (0.57, 100, 57), (0.58, 50, 29), (0.35, 180, 63), (0.41, 300, 123), (0.69, 300, 207)]
+
+
+@pytest.mark.parametrize(("tau", "d", "k"), EXACT_K)
+def test_k_is_floor_of_the_decimal_tau_times_d(tau, d, k, use_backend):
+    assert int(tau * d) == k - 1 and num_kept(tau, d) == k
+    logits = torch.randn(2, d)
+    assert run_top_tau(use_backend, "torch", logits, tau=tau).indices.shape == (2, k)
+    valid = torch.ones(2, d + 7, dtype=torch.bool)
+    valid[:, d:] = False  # per-row counts d: the per-row path computes the same k
+    result = run_top_tau(use_backend, "torch", torch.randn(2, d + 7), tau=tau, valid=valid)
+    assert result.mask.sum(dim=-1).tolist() == [k, k]
 
 
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
@@ -295,9 +493,18 @@ def test_property_lam_is_kept_minus_dropped_mass(data):
         ),
         (dict(logits=torch.randn(2, 6), tau=0.5, grid=(2, 2)), ValueError, "cells"),
         (dict(logits=torch.randn(2, 6), tau=0.5, grid=(2, 3), blur_kernel_size=5), ValueError, "too large"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(-4, -4)), ValueError, "grid sides must be positive"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(4, 4, 1)), ValueError, "two positive integers"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(4.0, 4)), ValueError, "two positive integers"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, ties="index"), ValueError, "ties must be one of"),
+        (dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.zeros(2, 5, dtype=torch.bool)), ValueError, "every row"),
+        (dict(logits=torch.randn(2, 5), k=torch.tensor([1, 0])), ValueError, "k must lie in"),
     ],
 )
-def test_bad_inputs_through_the_public_op(kwargs, error, message):
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+def test_bad_inputs_through_the_public_op(kwargs, error, message, backend, use_backend):
+    """Validated once, in the op, before dispatch: every backend rejects alike (grid=(-4, -4) too)."""
+    use_backend(backend)
     with pytest.raises(error, match=message):
         top_tau(**kwargs)
 

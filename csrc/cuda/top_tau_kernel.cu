@@ -133,13 +133,13 @@ __global__ void __launch_bounds__(kThreads) top_tau_forward_kernel(ForwardParams
     acc_t kept = 0;
     for (int64_t j0 = 0; j0 < d; j0 += kThreads) {
       const int64_t j = j0 + threadIdx.x;
-      const key_t key_j = j < d ? top_tau_key(s_at(j), valid_at(j), p.largest, j) : key_t(0);
+      const key_t key_j = j < d ? top_tau_key(s_at(j), valid_at(j), p.largest, j, false) : key_t(0);
       int64_t beaten_by = 0;
       for (int64_t i0 = 0; i0 < d; i0 += kKeyTile) {
         const int64_t tile = min(int64_t(kKeyTile), d - i0);
         __syncthreads();
         for (int64_t i = threadIdx.x; i < tile; i += kThreads) {
-          keys[i] = top_tau_key(s_at(i0 + i), valid_at(i0 + i), p.largest, i0 + i);
+          keys[i] = top_tau_key(s_at(i0 + i), valid_at(i0 + i), p.largest, i0 + i, false);
         }
         __syncthreads();
         for (int64_t i = 0; i < tile; ++i) beaten_by += keys[i] > key_j;

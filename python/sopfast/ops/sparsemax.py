@@ -3,7 +3,9 @@
 ``p = sparsemax(x)`` solves ``argmin_{p ∈ Δ} ||p − x||²`` along one dimension.  Math in
 fp32 (fp64 stays fp64), output in the input dtype.  Rows holding ``+inf`` put uniform mass
 on their ``+inf`` entries; rows of all ``−inf`` (and rows with NaN) give NaN.
-Backward on the support ``S = {p > 0}``: ``∂x = (g − mean_S(g)) · 1_S``.
+Backward on the support ``S = {p > 0}``: ``∂x = (g − mean_S(g)) · 1_S``.  It is linear in ``g``
+(a symmetric projection) and constant in ``x`` between support changes, so the double backward
+is the same projection of the incoming gradient (higher-order gradients work).
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def _(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(grad)
 
 
+class SparsemaxBackwardFunction(torch.autograd.Function):
+    """The backward as a differentiable function of the incoming gradient (its own adjoint)."""
+
+    @staticmethod
+    def forward(ctx, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(p)
+        return torch.ops.sopfast.sparsemax_backward(p, grad)
+
+    @staticmethod
+    def backward(ctx, grad_grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        (p,) = ctx.saved_tensors
+        # the support {p > 0} is locally constant: no gradient w.r.t. p
+        return None, SparsemaxBackwardFunction.apply(p, grad_grad.contiguous())
+
+
 class SparsemaxFunction(torch.autograd.Function):
     """Autograd wrapper over the 2-D forward/backward custom ops."""
 
@@ -86,7 +103,7 @@ class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (p,) = ctx.saved_tensors
-        return torch.ops.sopfast.sparsemax_backward(p, grad.contiguous())
+        return SparsemaxBackwardFunction.apply(p, grad.contiguous())
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
