@@ -21,6 +21,54 @@ SOPFAST_HD float float_from_bits(uint32_t u) {
 #endif
 }
 
+SOPFAST_HD double double_from_bits(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+#endif
+}
+
+// +inf and a quiet NaN (std::numeric_limits is host-only in device code without --expt-relaxed-constexpr).
+template <typename T>
+SOPFAST_HD T positive_infinity();
+template <>
+SOPFAST_HD float positive_infinity<float>() {
+  return float_from_bits(0x7f800000u);
+}
+template <>
+SOPFAST_HD double positive_infinity<double>() {
+  return double_from_bits(0x7ff0000000000000ull);
+}
+template <typename T>
+SOPFAST_HD T quiet_nan();
+template <>
+SOPFAST_HD float quiet_nan<float>() {
+  return float_from_bits(0x7fc00000u);
+}
+template <>
+SOPFAST_HD double quiet_nan<double>() {
+  return double_from_bits(0x7ff8000000000000ull);
+}
+
+// A product the compiler may not fuse into an FMA (the CPU kernels round the same way).
+SOPFAST_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+SOPFAST_HD double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // exp(x) for the softmax's x = logit - row max <= 0, branch-free so that CPU loops vectorise:
 // x = n ln2 + r with |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r, 2^n through the exponent
 // bits.  Within 1 ulp of exp on [-87.3, 0], exactly 1 at 0.  Subnormal results are kept, as

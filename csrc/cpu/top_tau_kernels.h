@@ -209,7 +209,9 @@ void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* score, const bo
   }
   const int64_t n_valid = valid == nullptr ? d : std::count(valid, valid + d, true);
   if (kk <= n_valid) return top_tau_select_valid(score, valid, pb.largest, higher_first, d, kk, mask, ws.ranks.data());
-  auto key = [&](int64_t j) { return top_tau_key(score[j], valid == nullptr || valid[j], pb.largest, j, higher_first); };
+  auto key = [&](int64_t j) {
+    return top_tau_key(score[j], valid == nullptr || valid[j], pb.largest, j, higher_first);
+  };
   auto* keys = ws.keys.data();
   for (int64_t j = 0; j < d; ++j) keys[j] = key(j);
   std::nth_element(keys, keys + (kk - 1), keys + d, std::greater<>());

@@ -70,7 +70,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
     const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
     bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA);
-  TORCH_CHECK(!ties_authors, "top_tau_forward: ties_authors=True is not implemented by the CUDA kernel yet");
+  TORCH_CHECK(logits_in.size(1) <= cuda::kTopTauCudaMaxFeatures, "top_tau_forward: the CUDA kernel takes at most ",
+              cuda::kTopTauCudaMaxFeatures, " features per row, got d=", logits_in.size(1),
+              " (the triton backend has no limit)");
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = logits_in.contiguous(), k = k_in.contiguous();
   const at::Tensor valid = contiguous_or_undefined(valid_in);
@@ -78,7 +80,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const auto opts = logits.options();
   const at::Tensor kernel = blur_kernel.has_value() ? blur_kernel->to(acc_dtype).contiguous() : at::Tensor();
-  const at::Tensor scratch = kernel.defined() ? at::empty({n, d}, opts.dtype(acc_dtype)) : at::Tensor();
+  const bool needs_scratch = kernel.defined() && d > cuda::kTopTauSharedFeatures;
+  const at::Tensor scratch = needs_scratch ? at::empty({n, d}, opts.dtype(acc_dtype)) : at::Tensor();
   at::Tensor indices = at::empty({n, k_max}, opts.dtype(at::kLong));
   at::Tensor mask = at::empty({n, d}, opts.dtype(at::kBool));
   at::Tensor lam = at::empty({n}, opts.dtype(acc_dtype));
@@ -92,6 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   args.d = d;
   args.k_max = k_max;
   args.largest = largest;
+  args.ties_authors = ties_authors;
   args.blur_kernel = optional_ptr(kernel);
   args.blur_size = kernel.defined() ? kernel.size(0) : 0;
   args.grid_h = grid_h;
@@ -117,9 +121,12 @@ at::Tensor top_tau_backward<c10::kCUDA>(const at::Tensor& attention_in, const at
   const at::Tensor lam = lam_in.contiguous(), grad_lam = grad_lam_in.contiguous();
   const at::Tensor grad_attention = contiguous_or_undefined(grad_attention_in);
   const int64_t n = attention.size(0), d = attention.size(1);
+  TORCH_CHECK(d <= cuda::kTopTauCudaMaxFeatures, "top_tau_backward: the CUDA kernel takes at most ",
+              cuda::kTopTauCudaMaxFeatures, " features per row, got d=", d, " (the triton backend has no limit)");
   const at::Tensor kernel =
       blur_kernel.has_value() ? blur_kernel->to(attention.scalar_type()).contiguous() : at::Tensor();
-  const at::Tensor scratch = kernel.defined() ? at::empty({n, d}, attention.options()) : at::Tensor();
+  const bool needs_scratch = kernel.defined() && d > cuda::kTopTauSharedFeatures;
+  const at::Tensor scratch = needs_scratch ? at::empty({n, d}, attention.options()) : at::Tensor();
   at::Tensor grad_logits = at::empty({n, d}, attention.options());
   cuda::TopTauBackwardArgs args;
   args.is_double = attention.scalar_type() == at::kDouble;
@@ -177,10 +184,11 @@ at::Tensor gather_tokens_backward<c10::kCUDA>(const at::Tensor& grad_in, const a
   const at::Tensor grad = grad_in.contiguous(), indices = indices_in.contiguous();
   const GatherTokensShape dims = gather_tokens_dims(indices, num_tokens, grad.size(2), prefix);
   at::Tensor grad_x = at::empty({dims.batch, num_tokens, dims.embed}, grad.options());
+  at::Tensor workspace = at::empty({cuda::gather_tokens_backward_workspace(dims)}, indices.options());
   check_launch("gather_tokens_backward",
                cuda::gather_tokens_backward_launch(grad.const_data_ptr(), indices.const_data_ptr<int64_t>(),
                                                    grad_x.mutable_data_ptr(), dims, float_type(grad.scalar_type()),
-                                                   current_stream()));
+                                                   workspace.mutable_data_ptr<int64_t>(), current_stream()));
   return grad_x;
 }
 

@@ -4,7 +4,7 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
 
 1. optional Gaussian blur on the key grid (:mod:`sopfast.ops.blur`);
 2. ``a = softmax(s)`` over the valid keys (invalid keys get ``a = 0``; ``+inf`` logits
-   share the mass uniformly);
+   share the mass uniformly); subnormal values are kept, as ``torch.softmax`` keeps them;
 3. the group keeps the ``k`` valid features with the largest (``largest=False``: smallest)
    attention.  How equal values are ordered is ``ties``:
 
@@ -16,9 +16,15 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
      ties to the lower feature index: the paper's math at infinite precision;
 4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
 
+``k = max(1, floor(τ · d))`` is computed exactly, ``τ`` read as the decimal it prints as.  Every
+argument is validated here, before dispatch, so all backends accept and reject alike.
+
 Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ)`` with
 ``σ_j = ±1`` inside/outside the group, plus the softmax backward when the attention output
-is used, through the adjoint of the blur.
+is used, through the adjoint of the blur.  Under ``create_graph`` the backward runs as
+differentiable torch ops, so second derivatives work on every backend.  The kernels' softmax is
+torch's up to rounding: the authors' rule may order two attention values that differ only in the
+last bit differently from ``torch.sort`` on torch's softmax.
 """
 
 from __future__ import annotations
