@@ -1,10 +1,11 @@
 """Build sopfast and its native extension ``sopfast._C``.
 
 The C++ CPU kernels in ``csrc/cpu`` are always compiled.  The CUDA kernels in ``csrc/cuda``
-are added when the installed torch is a CUDA build and ``nvcc`` is found, unless
-``SOPFAST_BUILD_CUDA=0`` (``=1`` forces them).  ``SOPFAST_NO_EXTENSION=1`` skips the
-extension entirely (ops then use their PyTorch references).  Install with
-``pip install --no-build-isolation -e .`` so the build sees the installed torch.
+are added when the installed torch is a CUDA build, ``nvcc`` is found and a GPU is visible
+(``SOPFAST_BUILD_CUDA=auto``, the default: they take minutes to compile, pointless on a machine
+that cannot run them); ``SOPFAST_BUILD_CUDA=1`` builds them without a GPU, ``=0`` never.
+``SOPFAST_NO_EXTENSION=1`` skips the extension entirely (ops then use their PyTorch references).
+Install with ``pip install --no-build-isolation -e .`` so the build sees the installed torch.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ def _cuda_wanted(torch_module) -> bool:
     if flag in ("0", "false", "no"):
         return False
     has_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
-    wanted = torch_module.version.cuda is not None and has_nvcc
-    if flag in ("1", "true", "yes") and not wanted:
-        sys.exit("SOPFAST_BUILD_CUDA=1 but torch has no CUDA or nvcc is missing")
-    return wanted
+    buildable = torch_module.version.cuda is not None and has_nvcc
+    if flag in ("1", "true", "yes"):
+        if not buildable:
+            sys.exit("SOPFAST_BUILD_CUDA=1 but torch has no CUDA or nvcc is missing")
+        return True
+    if flag != "auto":
+        sys.exit(f"SOPFAST_BUILD_CUDA must be auto, 1 or 0, got {flag!r}")
+    return buildable and torch_module.cuda.is_available()
 
 
 def _cuda_paths() -> tuple[list[str], list[str]]:
@@ -80,8 +85,12 @@ def _extensions():
             define_macros=[("SOPFAST_WITH_CUDA", "1")],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": ["-O3", "-std=c++17",
-                         "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"],
+                "nvcc": [
+                    "-O3",
+                    "-std=c++17",
+                    "-gencode=arch=compute_80,code=sm_80",
+                    "-gencode=arch=compute_90,code=sm_90",
+                ],
             },
             include_dirs=common["include_dirs"] + includes,
             library_dirs=libs,

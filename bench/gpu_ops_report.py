@@ -98,7 +98,7 @@ def _top_tau_inputs(d: int, dtype: torch.dtype, with_blur: bool, grid: tuple[int
     k_max = max(1, d // 5)
     k = torch.full((TOP_TAU_ROWS,), k_max, device="cuda", dtype=torch.int64)
     blur = gaussian_kernel1d(5, 1.0, "cuda") if with_blur else None
-    return logits, k, k_max, None, True, blur, *grid
+    return logits, k, k_max, None, True, False, blur, *grid
 
 
 def top_tau_case(d: int, grid: tuple[int, int], with_blur: bool, dtype: torch.dtype) -> Case:

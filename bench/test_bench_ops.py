@@ -7,12 +7,17 @@ best public implementations, at SOP's shapes, on CPU tensors::
 Implementations per group: ``cpp`` (sopfast.ops, SOPFAST_BACKEND=cpp), ``composite`` (the
 op's PyTorch reference), and ``entmax`` (``entmax.sparsemax``) for sparsemax or ``torch`` (the
 natural torch code: softmax + topk + scatter; index_select) for top_tau and gather_tokens.
+top_tau's groups use the logits tie rule (as the natural code); ``test_top_tau_tie_rules_interleaved``
+times the authors' rule (``ties="authors"``, the default) against it on one thread, the
+implementations taking turns in every round.
 gather_tokens also records the peak of live tensor memory of one call (torch profiler) in
 ``extra_info["peak_mib"]``.  Results: bench/RESULTS_ops.md.  Never asserts speed.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 
 import pytest
@@ -165,12 +170,16 @@ TOP_TAU_CASES = {  # name -> (d, grid, blur kernel size)
 def top_tau_impl(impl: str, d: int, grid, blur: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """logits -> lam of one implementation."""
     k = int(TAU * d)
-    if impl == "cpp":
-        return lambda x: top_tau(x, TAU, blur_kernel_size=blur, grid=grid).lam
-    if impl == "composite":
+    ties = "authors" if impl.endswith("authors") else "logits"
+    if impl.startswith("cpp"):
+        return lambda x: top_tau(x, TAU, blur_kernel_size=blur, grid=grid, ties=ties).lam
+    if impl.startswith("composite"):
         kernel = gaussian_kernel1d(blur, 1.0) if blur > 1 else None
         k_rows = torch.full((4096,), k)
-        return lambda x: top_tau_reference(x, k_rows, k, None, True, kernel, *(grid or (0, 0))).lam
+        grid_hw = grid or (0, 0)
+        return lambda x: (
+            top_tau_reference(x, k_rows, k, None, True, kernel, *grid_hw, ties_authors=ties == "authors").lam
+        )
     return lambda x: top_tau_torch(x, k, blur, grid)
 
 
@@ -189,6 +198,37 @@ def test_top_tau_forward_backward(benchmark, backend, impl, case):
     d, grid, blur = TOP_TAU_CASES[case]
     x, op = top_tau_input(4096, d, requires_grad=True), top_tau_impl(impl, d, grid, blur)
     run(benchmark, f"top_tau fwd+bwd {case}", forward_and_backward(lambda: op(x), x))
+
+
+TIE_RULE_IMPLS = ["cpp authors", "cpp logits", "composite authors", "composite logits", "torch"]
+
+
+@pytest.mark.parametrize("case", list(TOP_TAU_CASES))
+def test_top_tau_tie_rules_interleaved(benchmark, backend, case):
+    """The authors' tie rule (rank the attention) vs the logits rule, C++ and composite, and the natural
+    torch code, on one thread, the implementations taking turns in every round (a shared machine
+    slows them alike).  ``extra_info`` holds each one's min and median ms; the benchmark itself times
+    the C++ authors' rule."""
+    d, grid, blur = TOP_TAU_CASES[case]
+    x = top_tau_input(4096, d, requires_grad=False)
+    impls = {name: top_tau_impl(name, d, grid, blur) for name in TIE_RULE_IMPLS}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = {name: [] for name in impls}
+        with torch.no_grad():
+            for round_ in range(ROUNDS + 1):  # the first round warms up
+                for name, op in impls.items():
+                    start = time.perf_counter()
+                    op(x)
+                    if round_:
+                        times[name].append((time.perf_counter() - start) * 1e3)
+            for name, ms in times.items():
+                benchmark.extra_info[f"{name} min ms"] = min(ms)
+                benchmark.extra_info[f"{name} median ms"] = statistics.median(ms)
+            run(benchmark, f"top_tau tie rules fwd {case} (1 thread)", lambda: impls["cpp authors"](x))
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---- gather_tokens: B=64, T=197, E=768, m=20, k=39, CLS prefix ----

@@ -57,22 +57,38 @@ SOPFAST_HD uint64_t ordered_bits(double v) {
 }
 
 // Selection key of feature j in top_tau: a larger key ranks first.  Valid features rank
-// before invalid ones, then by logit (descending if `largest`, else ascending; NaN counts as
-// the largest value, so it ranks first for `largest` and last otherwise), then by lower index.
-// fp32 packs into 64 bits: [valid:1][priority:32][0x7FFFFFFF - j:31]; fp64 into 128 bits.
-SOPFAST_HD uint64_t top_tau_key(float s, bool valid, bool largest, int64_t j) {
+// before invalid ones, then by score (descending if `largest`, else ascending; NaN counts as
+// the largest value, so it ranks first for `largest` and last otherwise), then by lower index
+// (higher index when `higher_first`).  fp32 packs into 64 bits: [valid:1][priority:32][index:31]
+// with index = 0x7FFFFFFF - j (or j); fp64 into 128 bits.
+SOPFAST_HD uint64_t top_tau_key(float s, bool valid, bool largest, int64_t j, bool higher_first) {
   const uint32_t order = ordered_bits(s);
   const uint32_t priority = largest ? order : ~order;
-  return (uint64_t{valid} << 63) | (uint64_t{priority} << 31) | static_cast<uint64_t>(0x7FFFFFFF - j);
+  const uint64_t index = static_cast<uint64_t>(higher_first ? j : 0x7FFFFFFF - j);
+  return (uint64_t{valid} << 63) | (uint64_t{priority} << 31) | index;
 }
 
 using Key128 = unsigned __int128;
 
-SOPFAST_HD Key128 top_tau_key(double s, bool valid, bool largest, int64_t j) {
+SOPFAST_HD Key128 top_tau_key(double s, bool valid, bool largest, int64_t j, bool higher_first) {
   const uint64_t order = ordered_bits(s);
   const uint64_t priority = largest ? order : ~order;
-  return (Key128{valid} << 95) | (Key128{priority} << 31) | static_cast<Key128>(0x7FFFFFFF - j);
+  const Key128 index = static_cast<Key128>(higher_first ? j : 0x7FFFFFFF - j);
+  return (Key128{valid} << 95) | (Key128{priority} << 31) | index;
 }
+
+// gather_tokens shapes: x [batch, tokens, embed], indices [batch, groups, keep] -> out
+// [batch * groups, prefix + keep, embed].
+struct GatherTokensShape {
+  int64_t batch = 0;   // B
+  int64_t tokens = 0;  // T
+  int64_t embed = 0;   // E
+  int64_t groups = 0;  // m
+  int64_t keep = 0;    // k
+  int64_t prefix = 0;  // always-kept leading tokens
+
+  SOPFAST_HD int64_t slots() const { return prefix + keep; }  // rows per group in the output
+};
 
 // Largest feature count top_tau supports (the index field of the key has 31 bits).
 constexpr int64_t kTopTauMaxFeatures = 0x7FFFFFFF;

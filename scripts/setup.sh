@@ -16,6 +16,6 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && comm
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) \
     >/dev/null 2>&1 || echo "setup: dataset-fashion-mnist not installed; the demo will use sklearn digits"
 fi
-# The package and its C++ extension (CUDA kernels only on request: SOPFAST_BUILD_CUDA=1).
-SOPFAST_BUILD_CUDA="${SOPFAST_BUILD_CUDA:-0}" $PIP install -q --no-build-isolation -e .
+# The package and its C++ extension; the CUDA kernels when torch has CUDA, nvcc exists and a GPU is visible.
+SOPFAST_BUILD_CUDA="${SOPFAST_BUILD_CUDA:-auto}" $PIP install -q --no-build-isolation -e .
 python -c "import sopfast; print('sopfast', sopfast.__version__, sopfast.ops.backends())"

@@ -6,8 +6,10 @@ Forward: ``p = max(z − τ, 0)`` with ``z = x − max x`` and the simplex thres
 bound only shrink the support, run until it stops shrinking — the support is then exact and ``τ``
 is the sort-based reference's formula.
 
-Rows holding ``+inf`` put uniform mass on their ``+inf`` entries; rows of all ``−inf`` (or holding
-NaN) give NaN.  Math in fp32 for fp32/fp16/bf16, in fp64 for fp64.
+Rows holding ``+inf`` put uniform mass on their ``+inf`` entries (even beside a NaN); other rows of
+all ``−inf`` or holding NaN give NaN.  Math in fp32 for fp32/fp16/bf16, in fp64 for fp64.  Rows of up
+to ``MAX_BLOCK`` entries are held in registers, several per program; longer ones run the tiled
+kernels, one row per program, ``TILE`` entries per pass (Michelot's steps from ``τ = max − 1``).
 
 Backward: ``(g − mean_S g) · 1_S`` on the support ``S = {p > 0}``.
 """
@@ -18,11 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import on_device
+
 # Launch shape, tuned on an H200 (64k × 20 and 8k × 1000 rows): rows per program = elements // BLOCK.
 FORWARD_ELEMENTS_PER_PROGRAM = 256
 BACKWARD_ELEMENTS_PER_PROGRAM = 2048
 ELEMENTS_PER_WARP = 512
 BISECTION_STEPS = 4  # a speed knob only: the Michelot steps make τ exact from any lower bound
+# Rows of up to MAX_BLOCK entries are held in registers; longer ones are processed TILE at a time.
+MAX_BLOCK = 4096
+TILE = 1024
 
 
 def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
@@ -71,10 +78,10 @@ def _sparsemax_forward_kernel(
     BISECTION_STEPS: tl.constexpr,
 ):
     """``p [N, n] = sparsemax(x [N, n])`` for ``ROWS`` rows per program."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     in_bounds = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    offsets = rows[:, None] * n_cols + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=in_bounds, other=float("-inf")).to(COMPUTE)
 
     row_max = tl.max(x, axis=1)
@@ -82,12 +89,11 @@ def _sparsemax_forward_kernel(
     tau = _sparsemax_threshold(z, BISECTION_STEPS)
     p = tl.where(z > tau[:, None], z - tau[:, None], 0.0)
 
-    posinf = x == float("inf")
-    n_posinf = tl.sum(posinf.to(COMPUTE), axis=1)
-    p = tl.where(n_posinf[:, None] > 0, posinf.to(COMPUTE) / tl.maximum(n_posinf, 1.0)[:, None], p)
     has_nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
-    undefined = has_nan | (row_max == float("-inf"))
-    p = tl.where(undefined[:, None], float("nan"), p)
+    p = tl.where((has_nan | (row_max == float("-inf")))[:, None], float("nan"), p)
+    posinf = x == float("inf")
+    n_posinf = tl.sum(posinf.to(COMPUTE), axis=1)  # +inf entries take the mass, even beside a NaN
+    p = tl.where(n_posinf[:, None] > 0, posinf.to(COMPUTE) / tl.maximum(n_posinf, 1.0)[:, None], p)
     tl.store(p_ptr + offsets, p.to(p_ptr.dtype.element_ty), mask=in_bounds)
 
 
@@ -96,10 +102,10 @@ def _sparsemax_backward_kernel(
     p_ptr, grad_ptr, out_ptr, n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE: tl.constexpr
 ):
     """``out [N, n] = (g − mean_S g) · 1_S`` with ``S = {p > 0}`` per row, ``ROWS`` rows per program."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     in_bounds = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    offsets = rows[:, None] * n_cols + cols[None, :]
     p = tl.load(p_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
     g = tl.load(grad_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
 
@@ -108,6 +114,67 @@ def _sparsemax_backward_kernel(
     mean = tl.sum(tl.where(support, g, 0.0), axis=1) / size
     out = tl.where(support, g - mean[:, None], 0.0)
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=in_bounds)
+
+
+@triton.jit
+def _sparsemax_tiled_forward_kernel(x_ptr, p_ptr, n_cols, TILE: tl.constexpr, COMPUTE: tl.constexpr):
+    """Sparsemax of one long row per program, ``TILE`` entries per pass: the row's statistics, then
+    Michelot's steps ``τ ← (Σ_{z > τ} z − 1) / |{z > τ}|`` from ``τ = −1`` (a lower bound of the
+    threshold of the shifted row ``z = x − max``) until the support stops shrinking, then the output."""
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    cols = tl.arange(0, TILE)
+    row_max = tl.full([], float("-inf"), COMPUTE)
+    n_posinf = tl.zeros([], COMPUTE)
+    n_nan = tl.zeros([], tl.int32)
+    for start in range(0, n_cols, TILE):
+        x = tl.load(x_ptr + base + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(COMPUTE)
+        row_max = tl.maximum(row_max, tl.max(tl.where(x == x, x, float("-inf")), axis=0))
+        n_posinf += tl.sum((x == float("inf")).to(COMPUTE), axis=0)
+        n_nan += tl.sum((x != x).to(tl.int32), axis=0)
+    tau = tl.full([], -1.0, COMPUTE)
+    size = tl.full([], -1, tl.int32)
+    shrinking = (n_posinf == 0) & (n_nan == 0) & (row_max > float("-inf"))
+    while shrinking:
+        total = tl.zeros([], COMPUTE)
+        count = tl.zeros([], tl.int32)
+        for start in range(0, n_cols, TILE):
+            z = tl.load(x_ptr + base + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(COMPUTE)
+            z = z - row_max
+            total += tl.sum(tl.where(z > tau, z, 0.0), axis=0)
+            count += tl.sum((z > tau).to(tl.int32), axis=0)
+        shrinking = count != size
+        size = count
+        tau = tl.maximum(tau, (total - 1.0) / tl.maximum(count, 1).to(COMPUTE))
+    undefined = (n_nan > 0) | (row_max == float("-inf"))
+    for start in range(0, n_cols, TILE):
+        in_row = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=in_row, other=float("-inf")).to(COMPUTE)
+        p = tl.maximum(x - row_max - tau, 0.0)
+        p = tl.where(undefined, float("nan"), p)
+        p = tl.where(n_posinf > 0, tl.where(x == float("inf"), 1.0 / tl.maximum(n_posinf, 1.0), 0.0), p)
+        tl.store(p_ptr + base + start + cols, p.to(p_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def _sparsemax_tiled_backward_kernel(p_ptr, grad_ptr, out_ptr, n_cols, TILE: tl.constexpr, COMPUTE: tl.constexpr):
+    """``(g − mean_S g) · 1_S`` of one long row per program, ``TILE`` entries per pass."""
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    cols = tl.arange(0, TILE)
+    total = tl.zeros([], COMPUTE)
+    size = tl.zeros([], COMPUTE)
+    for start in range(0, n_cols, TILE):
+        in_row = start + cols < n_cols
+        support = tl.load(p_ptr + base + start + cols, mask=in_row, other=0).to(COMPUTE) > 0
+        total += tl.sum(tl.where(support, tl.load(grad_ptr + base + start + cols, mask=in_row, other=0), 0.0), axis=0)
+        size += tl.sum(support.to(COMPUTE), axis=0)
+    mean = total / tl.maximum(size, 1.0)
+    for start in range(0, n_cols, TILE):
+        in_row = start + cols < n_cols
+        support = tl.load(p_ptr + base + start + cols, mask=in_row, other=0).to(COMPUTE) > 0
+        g = tl.load(grad_ptr + base + start + cols, mask=in_row, other=0).to(COMPUTE)
+        tl.store(
+            out_ptr + base + start + cols, tl.where(support, g - mean, 0.0).to(out_ptr.dtype.element_ty), mask=in_row
+        )
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -123,18 +190,23 @@ def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = x.shape
     if p.numel() == 0:
         return p
-    block, rows, num_warps = _launch_shape(n_rows, n_cols, FORWARD_ELEMENTS_PER_PROGRAM)
-    _sparsemax_forward_kernel[(triton.cdiv(n_rows, rows),)](
-        x,
-        p,
-        n_rows,
-        n_cols,
-        ROWS=rows,
-        BLOCK=block,
-        COMPUTE=_compute_dtype(x.dtype),
-        BISECTION_STEPS=BISECTION_STEPS,
-        num_warps=num_warps,
-    )
+    compute = _compute_dtype(x.dtype)
+    with on_device(x):
+        if n_cols > MAX_BLOCK:
+            _sparsemax_tiled_forward_kernel[(n_rows,)](x, p, n_cols, TILE=TILE, COMPUTE=compute)
+            return p
+        block, rows, num_warps = _launch_shape(n_rows, n_cols, FORWARD_ELEMENTS_PER_PROGRAM)
+        _sparsemax_forward_kernel[(triton.cdiv(n_rows, rows),)](
+            x,
+            p,
+            n_rows,
+            n_cols,
+            ROWS=rows,
+            BLOCK=block,
+            COMPUTE=compute,
+            BISECTION_STEPS=BISECTION_STEPS,
+            num_warps=num_warps,
+        )
     return p
 
 
@@ -148,8 +220,13 @@ def sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = p.shape
     if out.numel() == 0:
         return out
-    block, rows, num_warps = _launch_shape(n_rows, n_cols, BACKWARD_ELEMENTS_PER_PROGRAM)
-    _sparsemax_backward_kernel[(triton.cdiv(n_rows, rows),)](
-        p, grad, out, n_rows, n_cols, ROWS=rows, BLOCK=block, COMPUTE=_compute_dtype(grad.dtype), num_warps=num_warps
-    )
+    compute = _compute_dtype(grad.dtype)
+    with on_device(grad):
+        if n_cols > MAX_BLOCK:
+            _sparsemax_tiled_backward_kernel[(n_rows,)](p, grad, out, n_cols, TILE=TILE, COMPUTE=compute)
+            return out
+        block, rows, num_warps = _launch_shape(n_rows, n_cols, BACKWARD_ELEMENTS_PER_PROGRAM)
+        _sparsemax_backward_kernel[(triton.cdiv(n_rows, rows),)](
+            p, grad, out, n_rows, n_cols, ROWS=rows, BLOCK=block, COMPUTE=compute, num_warps=num_warps
+        )
     return out

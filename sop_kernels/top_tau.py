@@ -1,16 +1,24 @@
 """Triton top-τ: fused blur → softmax → top-k → mask, indices and λ over logit rows ``[N, d]``.
 
-Forward, per row (``d ≤ 1024``, one row in registers, several rows per program):
+Forward, per row (rows of up to ``MAX_BLOCK`` features in registers, several rows per program):
 
 1. ``s`` = logits in fp32 (fp64 for fp64), optionally blurred with reflect padding ``ks // 2``
    (2-D separable on the ``(grid_h, grid_w)`` grid — along w, then along h — or 1-D along d);
    the shifted taps are in-register gathers (``tl.gather``);
-2. ``a`` = softmax of ``s`` over the valid keys (invalid → 0; ``+inf`` entries share the mass);
-3. the group = the ``k`` valid keys with the largest (``largest=False``: smallest) ``s``, ties to
-   the lower index: ``s`` is mapped to order-preserving integer keys, the ``k``-th largest key
-   is found exactly by a bitwise binary search (one counting pass per key bit), and the ties at
-   that key are taken in index order through a cumulative sum;
+2. ``a`` = softmax of ``s`` over the valid keys (invalid → 0; ``+inf`` entries share the mass;
+   NaN, or no finite valid entry, → NaN).  The exp keeps subnormal results as torch's softmax
+   does (:func:`_softmax_exp`, the polynomial of ``csrc/top_tau_row.h``; ``tl.exp`` flushes them);
+3. the group = the ``k`` valid keys ranked first.  The score is ``s`` (``ties="logits"``: ties to
+   the lower index) or ``a`` (``ties="authors"``: ties to the higher index when ``largest``, the
+   lower otherwise).  Scores map to order-preserving integer keys (every NaN the largest, as
+   ``torch.sort``); the ``k``-th largest key is found by a bitwise search from the top bit that
+   stops as soon as every row of the program has ``#{key ≥ T} = k`` (usually after about
+   ``log2 d`` counting passes); the ties at that key are taken in index order through a
+   cumulative sum;
 4. ``λ = 2 Σ_{group} a − 1``; the group's indices are written ascending, ``-1``-padded.
+
+Longer rows run :func:`_top_tau_tiled_kernel`, one row per program, ``TILE`` features at a time
+(the blur, and its adjoint in the backward, then run as torch ops).
 
 Backward: ``g_j = a_j (∂λ (σ_j − λ) + ∂a_j − Σ_i a_i ∂a_i)`` with ``σ = ±1`` in/out of the
 group, then the adjoint (transpose) of the blur, also as in-register gathers.
@@ -22,13 +30,26 @@ import torch
 import triton
 import triton.language as tl
 
-# Launch shape, tuned on an H200 (4096 rows of 196 to 1024): one row per program, one warp.
-ELEMENTS_PER_PROGRAM = 256  # rows per program = this // BLOCK (at least 1)
-ELEMENTS_PER_WARP = 1024
+from ._launch import on_device
+
+# Launch shape (a speed knob; bench/gpu_report.py times alternatives): rows per program =
+# ELEMENTS_PER_PROGRAM // BLOCK (at least 1), one warp per ELEMENTS_PER_WARP elements (1 to 8).
+ELEMENTS_PER_PROGRAM = 2048
+ELEMENTS_PER_WARP = 512
+# Rows of up to MAX_BLOCK features are held in registers; longer ones are processed TILE at a time.
+MAX_BLOCK = 4096
+TILE = 1024
 
 
-def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
-    return tl.float64 if dtype == torch.float64 else tl.float32
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _key_args(compute: torch.dtype) -> dict:
+    """The integer key type (and its width) of the compute dtype."""
+    if compute == torch.float64:
+        return dict(COMPUTE=tl.float64, KEY=tl.int64, KEY_BITS=64)
+    return dict(COMPUTE=tl.float32, KEY=tl.int32, KEY_BITS=32)
 
 
 def _launch_shape(n_rows: int, d: int) -> tuple[int, int, int]:
@@ -58,6 +79,13 @@ def _blur_args(blur_kernel: torch.Tensor | None, like: torch.Tensor, grid_h: int
         HAS_BLUR=True,
         GRID_2D=grid_2d,
     )
+
+
+def _torch_grid(grid_h: int, grid_w: int) -> tuple[int, int] | None:
+    return (grid_h, grid_w) if grid_h > 0 and grid_w > 0 else None
+
+
+# ----------------------------------------------------------------------------- blur
 
 
 @triton.jit
@@ -122,10 +150,56 @@ def _top_tau_blur_adjoint(g, blur_ptr, lanes, d, grid_w, grid_h, KS: tl.constexp
     return g
 
 
+# ----------------------------------------------------------------------------- softmax and keys
+
+
 @triton.jit
-def _top_tau_order_key(s, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Signed integer keys ordered like ``s`` (reversed when not ``LARGEST``); ``-0.0`` ties ``+0.0``."""
-    bits = tl.where(s == 0, 0.0, s).to(KEY, bitcast=True)
+def _softmax_exp(x):
+    """``exp(x)`` for the softmax's ``x ≤ 0`` keeping subnormal results (torch's softmax keeps them:
+    ``softmax([0, -90]) = [1, 8.19e-40]``): ``x = n ln2 + r``, Cephes' polynomial for ``e^r``, ``2^n``
+    from exponent bits, applied in two steps below ``2^-126`` so the result is rounded once into the
+    subnormal grid; 0 below -104.  The polynomial of ``csrc/top_tau_row.h``.  fp64: ``tl.exp``."""
+    if x.dtype == tl.float64:
+        return tl.exp(x)
+    c = tl.maximum(x, -104.0)
+    n = -tl.floor(0.5 - c * 1.44269504088896341)
+    r = (c - n * 0.693359375) - n * -2.12194440e-4
+    p = r * 1.9875691500e-4 + 1.3981999507e-3
+    p = p * r + 8.3334519073e-3
+    p = p * r + 4.1665795894e-2
+    p = p * r + 1.6666665459e-1
+    p = p * r + 5.0000001201e-1
+    p = p * r * r + r + 1.0
+    ni = n.to(tl.int32)
+    subnormal = ni < -126
+    scale = ((tl.where(subnormal, ni + 64, ni) + 127) << 23).to(tl.float32, bitcast=True)
+    post = tl.where(subnormal, 5.42101086242752217e-20, 1.0)
+    return tl.where(x > -104.0, (p * scale) * post, 0.0)
+
+
+@triton.jit
+def _top_tau_softmax(s, eligible):
+    """Softmax of ``s [ROWS, BLOCK]`` over eligible lanes (others 0); ``+inf`` lanes share the mass;
+    rows with NaN, or whose eligible lanes are all ``-inf``, give NaN (as ``torch.softmax``)."""
+    s = tl.where(eligible, s, float("-inf"))
+    posinf = s == float("inf")
+    n_posinf = tl.sum(posinf.to(s.dtype), axis=1)
+    has_nan = tl.sum((s != s).to(tl.int32), axis=1) > 0
+    row_max = tl.max(tl.where(s == s, s, float("-inf")), axis=1)
+    e = tl.where(eligible & (s == s), _softmax_exp(s - row_max[:, None]), 0.0)
+    a = e * (1.0 / tl.sum(e, axis=1))[:, None]
+    a = tl.where((has_nan | (row_max == float("-inf")))[:, None], float("nan"), a)
+    uniform = posinf.to(s.dtype) / tl.maximum(n_posinf, 1.0)[:, None]
+    return tl.where(n_posinf[:, None] > 0, uniform, a)
+
+
+@triton.jit
+def _top_tau_order_key(score, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
+    """Signed integer keys ordered like ``score`` as ``torch.sort`` orders it (reversed when not
+    ``LARGEST``): ``-0.0`` ties ``+0.0`` and every NaN — whatever its sign bit (x86 makes ``inf − inf``
+    with the sign set) — is the largest value."""
+    score = tl.where(score != score, float("nan"), tl.where(score == 0, 0.0, score))
+    bits = score.to(KEY, bitcast=True)
     magnitude = (1 << (KEY_BITS - 1)) - 1
     key = bits ^ ((bits >> (KEY_BITS - 1)) & magnitude)  # negatives: flip the magnitude bits
     if not LARGEST:
@@ -135,40 +209,58 @@ def _top_tau_order_key(s, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl
 
 @triton.jit
 def _top_tau_kth_largest_key(key, eligible, k, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Per row, the ``k``-th largest eligible key of ``key [ROWS, BLOCK]``: the largest ``T`` with
-    ``#{eligible, key ≥ T} ≥ k``, decided sign first, then bit by bit from the top."""
-    non_negative = tl.sum((eligible & (key >= 0)).to(tl.int32), axis=1) >= k
+    """Per row of ``key [ROWS, BLOCK]``, a threshold ``T`` with ``#{eligible, key > T} < k ≤
+    #{eligible, key ≥ T}``: the sign first, then bit by bit from the top, stopping once every row
+    has ``#{key ≥ T} = k`` (then ``{key ≥ T}`` is exactly its top ``k``)."""
+    n_eligible = tl.sum(eligible.to(tl.int32), axis=1)
+    n_non_negative = tl.sum((eligible & (key >= 0)).to(tl.int32), axis=1)
+    non_negative = n_non_negative >= k
     kth = tl.where(non_negative, 0, -(1 << (KEY_BITS - 1))).to(KEY)
+    exact = tl.where(non_negative, n_non_negative == k, n_eligible == k)
     bit = tl.full([], 1, KEY) << (KEY_BITS - 2)
-    for _ in range(KEY_BITS - 1):
+    running = tl.sum((exact == 0).to(tl.int32), axis=0) > 0
+    while running:
         candidate = kth | bit
         count = tl.sum((eligible & (key >= candidate[:, None])).to(tl.int32), axis=1)
-        kth = tl.where(count >= k, candidate, kth)
+        take = (count >= k) & (exact == 0)
+        kth = tl.where(take, candidate, kth)
+        exact = exact | (take & (count == k))
         bit = bit >> 1
+        running = (bit != 0) & (tl.sum((exact == 0).to(tl.int32), axis=0) > 0)
     return kth
 
 
 @triton.jit
-def _top_tau_select(s, eligible, k, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
-    """The ``k [ROWS]`` eligible lanes of ``s [ROWS, BLOCK]`` ranked first, ties to the lower index."""
-    key = _top_tau_order_key(s, LARGEST, KEY, KEY_BITS)
-    kth = _top_tau_kth_largest_key(key, eligible, k, KEY, KEY_BITS)
-    above = eligible & (key > kth[:, None])
-    tied = eligible & (key == kth[:, None])
-    ties_needed = k - tl.sum(above.to(tl.int32), axis=1)
-    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= ties_needed[:, None]))
+def _tie_rank(tied, through, total, HIGHER_FIRST: tl.constexpr):
+    """Rank of each tied lane among the tied lanes of its row: in index order (``through`` = tied
+    lanes at index ≤ j), or from the highest index down when ``HIGHER_FIRST`` (``total`` per row)."""
+    if HIGHER_FIRST:
+        return total - through + tied
+    return through
 
 
 @triton.jit
-def _top_tau_softmax(s, eligible):
-    """Softmax of ``s [ROWS, BLOCK]`` over eligible lanes (others 0); ``+inf`` lanes share the mass."""
-    s = tl.where(eligible, s, float("-inf"))
-    posinf = s == float("inf")
-    n_posinf = tl.sum(posinf.to(s.dtype), axis=1)
-    e = tl.exp(s - tl.max(s, axis=1)[:, None])
-    a = e / tl.sum(e, axis=1)[:, None]
-    uniform = posinf.to(s.dtype) / tl.maximum(n_posinf, 1.0)[:, None]
-    return tl.where(n_posinf[:, None] > 0, uniform, a)
+def _top_tau_select(
+    score,
+    eligible,
+    k,
+    LARGEST: tl.constexpr,
+    HIGHER_FIRST: tl.constexpr,
+    KEY: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+):
+    """The ``k [ROWS]`` eligible lanes of ``score [ROWS, BLOCK]`` ranked first; ties at the threshold
+    to the lower index (``HIGHER_FIRST``: the higher)."""
+    key = _top_tau_order_key(score, LARGEST, KEY, KEY_BITS)
+    kth = _top_tau_kth_largest_key(key, eligible, k, KEY, KEY_BITS)
+    above = eligible & (key > kth[:, None])
+    tied = (eligible & (key == kth[:, None])).to(tl.int32)
+    needed = k - tl.sum(above.to(tl.int32), axis=1)
+    rank = _tie_rank(tied, tl.cumsum(tied, axis=1), tl.sum(tied, axis=1)[:, None], HIGHER_FIRST)
+    return above | ((tied != 0) & (rank <= needed[:, None]))
+
+
+# ----------------------------------------------------------------------------- row kernels
 
 
 @triton.jit
@@ -192,17 +284,19 @@ def _top_tau_forward_kernel(
     KEY: tl.constexpr,
     KEY_BITS: tl.constexpr,
     LARGEST: tl.constexpr,
+    TIES_AUTHORS: tl.constexpr,
+    HIGHER_FIRST: tl.constexpr,
     HAS_VALID: tl.constexpr,
     HAS_BLUR: tl.constexpr,
     GRID_2D: tl.constexpr,
     KS: tl.constexpr,
 ):
     """Top-τ forward for ``ROWS`` rows of ``logits [N, d]`` per program (see the module docstring)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     lanes = tl.arange(0, BLOCK)[None, :]
     row_ok = rows < n_rows
     in_bounds = row_ok[:, None] & (lanes < d)
-    offsets = rows[:, None].to(tl.int64) * d + lanes
+    offsets = rows[:, None] * d + lanes
     s = tl.load(logits_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
     if HAS_BLUR:
         s = _top_tau_blur(s, blur_ptr, lanes, d, grid_w, grid_h, KS, GRID_2D)
@@ -212,7 +306,10 @@ def _top_tau_forward_kernel(
     k = tl.load(k_ptr + rows, mask=row_ok, other=0).to(tl.int32)
 
     a = _top_tau_softmax(s, eligible)
-    selected = _top_tau_select(s, eligible, k, LARGEST, KEY, KEY_BITS)
+    if TIES_AUTHORS:
+        selected = _top_tau_select(a, eligible, k, LARGEST, HIGHER_FIRST, KEY, KEY_BITS)
+    else:
+        selected = _top_tau_select(s, eligible, k, LARGEST, HIGHER_FIRST, KEY, KEY_BITS)
     lam = 2.0 * tl.sum(tl.where(selected, a, 0.0), axis=1) - 1.0
     tl.store(attention_ptr + offsets, a, mask=in_bounds)
     tl.store(mask_ptr + offsets, selected, mask=in_bounds)
@@ -220,7 +317,7 @@ def _top_tau_forward_kernel(
 
     n_selected = tl.sum(selected.to(tl.int32), axis=1)
     slot = tl.cumsum(selected.to(tl.int32), axis=1) - 1
-    index_row = indices_ptr + rows[:, None].to(tl.int64) * k_max
+    index_row = indices_ptr + rows[:, None] * k_max
     feature = tl.broadcast_to(lanes, selected.shape).to(tl.int64)
     tl.store(index_row + slot, feature, mask=selected & (slot < k_max))
     padding = row_ok[:, None] & (lanes >= n_selected[:, None]) & (lanes < k_max)
@@ -249,11 +346,11 @@ def _top_tau_backward_kernel(
     KS: tl.constexpr,
 ):
     """Gradient w.r.t. the un-blurred logits for ``ROWS`` rows per program (see the module docstring)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     lanes = tl.arange(0, BLOCK)[None, :]
     row_ok = rows < n_rows
     in_bounds = row_ok[:, None] & (lanes < d)
-    offsets = rows[:, None].to(tl.int64) * d + lanes
+    offsets = rows[:, None] * d + lanes
     a = tl.load(attention_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
     in_group = tl.load(mask_ptr + offsets, mask=in_bounds, other=0) != 0
     lam = tl.load(lam_ptr + rows, mask=row_ok, other=0).to(COMPUTE)
@@ -269,20 +366,204 @@ def _top_tau_backward_kernel(
     tl.store(out_ptr + offsets, g, mask=in_bounds)
 
 
+# ----------------------------------------------------------------------------- tiled kernels (long rows)
+
+
+@triton.jit
+def _tiled_load(s_ptr, valid_ptr, base, j, d, COMPUTE: tl.constexpr, HAS_VALID: tl.constexpr):
+    """One tile of a row: the scores ``s`` (``-inf`` outside the row or where invalid) and eligibility."""
+    ok = j < d
+    if HAS_VALID:
+        ok = ok & (tl.load(valid_ptr + base + j, mask=j < d, other=0) != 0)
+    s = tl.load(s_ptr + base + j, mask=ok, other=float("-inf")).to(COMPUTE)
+    return tl.where(ok, s, float("-inf")), ok
+
+
+@triton.jit
+def _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined):
+    """The softmax of one tile given the row's statistics (see :func:`_top_tau_softmax`)."""
+    a = tl.where(ok & (s == s), _softmax_exp(s - row_max), 0.0) * inv_sum
+    uniform = tl.where(s == float("inf"), 1.0 / tl.maximum(n_posinf, 1.0), 0.0)
+    a = tl.where(undefined, float("nan"), a)
+    return tl.where(n_posinf > 0, uniform, a)
+
+
+@triton.jit
+def _tiled_key(
+    s,
+    ok,
+    row_max,
+    inv_sum,
+    n_posinf,
+    undefined,
+    LARGEST: tl.constexpr,
+    TIES_AUTHORS: tl.constexpr,
+    KEY: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+):
+    """Keys of one tile: of the attention (``TIES_AUTHORS``) or of the scores."""
+    if TIES_AUTHORS:
+        a = _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined)
+        return _top_tau_order_key(a, LARGEST, KEY, KEY_BITS)
+    return _top_tau_order_key(s, LARGEST, KEY, KEY_BITS)
+
+
+@triton.jit
+def _top_tau_tiled_kernel(
+    s_ptr,
+    k_ptr,
+    valid_ptr,
+    indices_ptr,
+    mask_ptr,
+    lam_ptr,
+    attention_ptr,
+    d,
+    k_max,
+    TILE: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    KEY: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    LARGEST: tl.constexpr,
+    TIES_AUTHORS: tl.constexpr,
+    HIGHER_FIRST: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+):
+    """Top-τ forward of one long row per program, ``TILE`` features per pass over ``s [N, d]`` (already
+    blurred): statistics, the softmax sum, the threshold search's counting passes, then one pass
+    writing attention, mask, λ and the indices."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * d
+    lanes = tl.arange(0, TILE)
+    k = tl.load(k_ptr + row).to(tl.int32)
+
+    row_max = tl.full([], float("-inf"), COMPUTE)
+    n_posinf = tl.zeros([], COMPUTE)
+    n_nan = tl.zeros([], tl.int32)
+    n_eligible = tl.zeros([], tl.int32)
+    for start in range(0, d, TILE):
+        s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
+        row_max = tl.maximum(row_max, tl.max(tl.where(s == s, s, float("-inf")), axis=0))
+        n_posinf += tl.sum((s == float("inf")).to(COMPUTE), axis=0)
+        n_nan += tl.sum((s != s).to(tl.int32), axis=0)
+        n_eligible += tl.sum(ok.to(tl.int32), axis=0)
+    undefined = (n_nan > 0) | (row_max == float("-inf"))
+    total = tl.zeros([], COMPUTE)
+    for start in range(0, d, TILE):
+        s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
+        total += tl.sum(tl.where(ok & (s == s), _softmax_exp(s - row_max), 0.0), axis=0)
+    inv_sum = 1.0 / total
+
+    n_non_negative = tl.zeros([], tl.int32)
+    for start in range(0, d, TILE):
+        s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
+        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+        n_non_negative += tl.sum((ok & (key >= 0)).to(tl.int32), axis=0)
+    non_negative = n_non_negative >= k
+    kth = tl.where(non_negative, 0, -(1 << (KEY_BITS - 1))).to(KEY)
+    exact = tl.where(non_negative, n_non_negative == k, n_eligible == k)
+    bit = tl.full([], 1, KEY) << (KEY_BITS - 2)
+    running = exact == 0
+    while running:
+        candidate = kth | bit
+        count = tl.zeros([], tl.int32)
+        for start in range(0, d, TILE):
+            s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
+            key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+            count += tl.sum((ok & (key >= candidate)).to(tl.int32), axis=0)
+        kth = tl.where(count >= k, candidate, kth)
+        exact = (count >= k) & (count == k)
+        bit = bit >> 1
+        running = (bit != 0) & (exact == 0)
+
+    above = tl.zeros([], tl.int32)
+    n_tied = tl.zeros([], tl.int32)
+    for start in range(0, d, TILE):
+        s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
+        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+        above += tl.sum((ok & (key > kth)).to(tl.int32), axis=0)
+        n_tied += tl.sum((ok & (key == kth)).to(tl.int32), axis=0)
+    needed = k - above
+
+    tied_before = tl.zeros([], tl.int32)
+    n_selected = tl.zeros([], tl.int32)
+    kept = tl.zeros([], COMPUTE)
+    for start in range(0, d, TILE):
+        j = start + lanes
+        s, ok = _tiled_load(s_ptr, valid_ptr, base, j, d, COMPUTE, HAS_VALID)
+        a = _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined)
+        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+        tied = (ok & (key == kth)).to(tl.int32)
+        rank = _tie_rank(tied, tied_before + tl.cumsum(tied, axis=0), n_tied, HIGHER_FIRST)
+        selected = (ok & (key > kth)) | ((tied != 0) & (rank <= needed))
+        tl.store(attention_ptr + base + j, a, mask=j < d)
+        tl.store(mask_ptr + base + j, selected, mask=j < d)
+        kept += tl.sum(tl.where(selected, a, 0.0), axis=0)
+        slot = n_selected + tl.cumsum(selected.to(tl.int32), axis=0) - 1
+        tl.store(indices_ptr + row * k_max + slot, j.to(tl.int64), mask=selected & (slot < k_max))
+        tied_before += tl.sum(tied, axis=0)
+        n_selected += tl.sum(selected.to(tl.int32), axis=0)
+    tl.store(lam_ptr + row, 2.0 * kept - 1.0)
+    for start in range(0, k_max, TILE):
+        position = start + lanes
+        padding = (position >= n_selected) & (position < k_max)
+        tl.store(indices_ptr + row * k_max + position, tl.full([TILE], -1, tl.int64), mask=padding)
+
+
+@triton.jit
+def _top_tau_tiled_backward_kernel(
+    attention_ptr,
+    mask_ptr,
+    lam_ptr,
+    grad_lam_ptr,
+    grad_attention_ptr,
+    out_ptr,
+    d,
+    TILE: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    HAS_GRAD_ATTENTION: tl.constexpr,
+):
+    """The backward's closed form (before the blur's adjoint) for one long row per program."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * d
+    lanes = tl.arange(0, TILE)
+    lam = tl.load(lam_ptr + row).to(COMPUTE)
+    grad_lam = tl.load(grad_lam_ptr + row).to(COMPUTE)
+    dot = tl.zeros([], COMPUTE)
+    if HAS_GRAD_ATTENTION:
+        for start in range(0, d, TILE):
+            j = start + lanes
+            a = tl.load(attention_ptr + base + j, mask=j < d, other=0).to(COMPUTE)
+            dot += tl.sum(a * tl.load(grad_attention_ptr + base + j, mask=j < d, other=0).to(COMPUTE), axis=0)
+    for start in range(0, d, TILE):
+        j = start + lanes
+        a = tl.load(attention_ptr + base + j, mask=j < d, other=0).to(COMPUTE)
+        sign = tl.where(tl.load(mask_ptr + base + j, mask=j < d, other=0) != 0, 1.0, -1.0).to(COMPUTE)
+        g = a * (grad_lam * (sign - lam))
+        if HAS_GRAD_ATTENTION:
+            g += a * (tl.load(grad_attention_ptr + base + j, mask=j < d, other=0).to(COMPUTE) - dot)
+        tl.store(out_ptr + base + j, g, mask=j < d)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
 def top_tau_forward(
     logits: torch.Tensor,
     k: torch.Tensor,
     k_max: int,
     valid: torch.Tensor | None,
     largest: bool,
+    ties_authors: bool,
     blur_kernel: torch.Tensor | None,
     grid_h: int,
     grid_w: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64) features per row.
+    """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64, at most the row's valid count) features.
 
-    Returns ``indices [N, k_max]`` int64 ascending (``-1`` after a row's ``k``), ``mask [N, d]``
-    bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 logits).
+    ``ties_authors`` ranks the attention (equal values: higher index first when ``largest``), else
+    the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` int64
+    ascending (``-1`` after a row's ``k``), ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]``
+    (fp32; fp64 for fp64 logits).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [N, d], got shape {tuple(logits.shape)}")
@@ -294,36 +575,52 @@ def top_tau_forward(
     if valid is not None and (valid.shape != logits.shape or valid.dtype != torch.bool):
         raise ValueError(f"valid must be bool {tuple(logits.shape)}, got {valid.dtype} {tuple(valid.shape)}")
     logits = logits.contiguous()
-    compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    compute = _compute_dtype(logits.dtype)
     indices = logits.new_empty(n_rows, k_max, dtype=torch.int64)
     mask = logits.new_empty(n_rows, d, dtype=torch.bool)
     lam = logits.new_empty(n_rows, dtype=compute)
     attention = logits.new_empty(n_rows, d, dtype=compute)
     if n_rows == 0 or d == 0:
         return indices, mask, lam, attention
-    block, rows, num_warps = _launch_shape(n_rows, d)
-    key, key_bits = (tl.int64, 64) if compute == torch.float64 else (tl.int32, 32)
-    _top_tau_forward_kernel[(triton.cdiv(n_rows, rows),)](
-        logits_ptr=logits,
-        k_ptr=k.contiguous(),
-        valid_ptr=logits if valid is None else valid.contiguous(),
-        indices_ptr=indices,
-        mask_ptr=mask,
-        lam_ptr=lam,
-        attention_ptr=attention,
-        n_rows=n_rows,
-        d=d,
-        k_max=k_max,
-        ROWS=rows,
-        BLOCK=block,
-        COMPUTE=_compute_dtype(logits.dtype),
-        KEY=key,
-        KEY_BITS=key_bits,
-        LARGEST=bool(largest),
-        HAS_VALID=valid is not None,
-        **_blur_args(blur_kernel, logits, grid_h, grid_w),
-        num_warps=num_warps,
-    )
+    blur = _blur_args(blur_kernel, logits, grid_h, grid_w)
+    rule = dict(LARGEST=bool(largest), TIES_AUTHORS=bool(ties_authors), HIGHER_FIRST=bool(ties_authors and largest))
+    outputs = dict(indices_ptr=indices, mask_ptr=mask, lam_ptr=lam, attention_ptr=attention)
+    valid_args = dict(valid_ptr=logits if valid is None else valid.contiguous(), HAS_VALID=valid is not None)
+    with on_device(logits):
+        if d > MAX_BLOCK:
+            s = logits.to(compute)
+            if blur_kernel is not None:
+                from sopfast.ops.blur import blur_reference  # torch ops for the rare long rows
+
+                s = blur_reference(s, blur_kernel.to(compute), _torch_grid(grid_h, grid_w))
+            _top_tau_tiled_kernel[(n_rows,)](
+                s_ptr=s.contiguous(),
+                k_ptr=k.contiguous(),
+                d=d,
+                k_max=k_max,
+                TILE=TILE,
+                **_key_args(compute),
+                **rule,
+                **valid_args,
+                **outputs,
+            )
+            return indices, mask, lam, attention
+        block, rows, num_warps = _launch_shape(n_rows, d)
+        _top_tau_forward_kernel[(triton.cdiv(n_rows, rows),)](
+            logits_ptr=logits,
+            k_ptr=k.contiguous(),
+            n_rows=n_rows,
+            d=d,
+            k_max=k_max,
+            ROWS=rows,
+            BLOCK=block,
+            **_key_args(compute),
+            **rule,
+            **valid_args,
+            **blur,
+            **outputs,
+            num_warps=num_warps,
+        )
     return indices, mask, lam, attention
 
 
@@ -345,22 +642,29 @@ def top_tau_backward(
     out = torch.empty_like(attention)
     if out.numel() == 0:
         return out
-    block, rows, num_warps = _launch_shape(n_rows, d)
+    blur = _blur_args(blur_kernel, attention, grid_h, grid_w)
     has_grad_attention = grad_attention is not None
-    _top_tau_backward_kernel[(triton.cdiv(n_rows, rows),)](
+    inputs = dict(
         attention_ptr=attention.contiguous(),
         mask_ptr=mask.contiguous(),
         lam_ptr=lam.contiguous(),
         grad_lam_ptr=grad_lam.contiguous(),
         grad_attention_ptr=grad_attention.contiguous() if has_grad_attention else attention,
         out_ptr=out,
-        n_rows=n_rows,
         d=d,
-        ROWS=rows,
-        BLOCK=block,
-        COMPUTE=_compute_dtype(attention.dtype),
+        COMPUTE=_key_args(attention.dtype)["COMPUTE"],
         HAS_GRAD_ATTENTION=has_grad_attention,
-        **_blur_args(blur_kernel, attention, grid_h, grid_w),
-        num_warps=num_warps,
     )
+    with on_device(attention):
+        if d > MAX_BLOCK:
+            _top_tau_tiled_backward_kernel[(n_rows,)](TILE=TILE, **inputs)
+            if blur_kernel is None:
+                return out
+            from sopfast.ops.blur import blur_adjoint_reference  # torch ops for the rare long rows
+
+            return blur_adjoint_reference(out, blur_kernel.to(out.dtype), _torch_grid(grid_h, grid_w))
+        block, rows, num_warps = _launch_shape(n_rows, d)
+        _top_tau_backward_kernel[(triton.cdiv(n_rows, rows),)](
+            n_rows=n_rows, ROWS=rows, BLOCK=block, **inputs, **blur, num_warps=num_warps
+        )
     return out

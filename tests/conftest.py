@@ -19,6 +19,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 @pytest.fixture
 def use_backend(monkeypatch):
     """Force an op backend for one test: ``use_backend("cpp")``."""
+
     def select(name: str) -> None:
         monkeypatch.setenv("SOPFAST_BACKEND", name)
 

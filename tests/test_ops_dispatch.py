@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from op_testing import needs_cpp
+from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, backends, gather_tokens, select_backend, sparsemax, top_tau
 
 # the modules (sopfast.ops re-exports functions of the same names)
@@ -16,10 +16,10 @@ sparsemax_module = importlib.import_module("sopfast.ops.sparsemax")
 top_tau_module = importlib.import_module("sopfast.ops.top_tau")
 
 
-
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
+
 
 class CallCounter:
     """Wraps a function and counts its calls."""
@@ -69,6 +69,100 @@ def test_cpu_tensors_run_the_extension_by_default(monkeypatch, reference_counter
     monkeypatch.delenv("SOPFAST_BACKEND", raising=False)
     run_every_op()
     assert all(counter.calls == 0 for counter in reference_counters.values())
+
+
+# op -> one forward and backward of it through the public op on ``device``
+OP_RUNS = {
+    "sparsemax": lambda device: sparsemax(torch.randn(3, 4, device=device, requires_grad=True)).sum().backward(),
+    "top_tau": lambda device: (
+        top_tau(torch.randn(4, 9, device=device, requires_grad=True), tau=0.3, ties="logits").lam.sum().backward()
+    ),
+    "gather_tokens": lambda device: (
+        gather_tokens(
+            torch.randn(2, 5, 3, device=device, requires_grad=True), torch.randint(-1, 5, (2, 2, 2), device=device), 1
+        )
+        .sum()
+        .backward()
+    ),
+}
+
+
+def test_every_op_is_registered_with_regular_names():
+    assert sorted(_backends.OPS) == sorted(
+        f"{op}_{direction}" for op in OP_RUNS for direction in ("forward", "backward")
+    )
+    if _backends.has_cpp():
+        ext = _backends.native_extension()
+        for name, op in _backends.OPS.items():
+            assert op.implementation("cpp") is getattr(ext, f"{name}_cpu")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _backends.OPS["sparsemax_forward"].implementation("fortran")
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("op", list(OP_RUNS))
+def test_native_backend_runs_its_kernels_not_the_reference(backend, device, op, use_backend, monkeypatch):
+    use_backend(backend)
+
+    def fail(*_):
+        raise AssertionError("the reference ran")
+
+    for direction in ("forward", "backward"):
+        monkeypatch.setattr(_backends.OPS[f"{op}_{direction}"], "reference", fail)
+    OP_RUNS[op](device)
+
+
+def test_triton_wrappers_launch_on_their_inputs_device(monkeypatch):
+    """Triton launches on the current device: every wrapper enters ``on_device`` of its input."""
+    kernels = pytest.importorskip("sop_kernels")
+    launch = importlib.import_module("sop_kernels._launch")
+
+    class FakeCudaTensor:
+        device = torch.device("cuda", 1)
+
+    guard = launch.on_device(FakeCudaTensor())
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    seen = []
+
+    def spy(tensor):
+        seen.append(tensor)
+        return launch.on_device(tensor)
+
+    for name in ("sparsemax", "top_tau", "gather_tokens"):
+        monkeypatch.setattr(importlib.import_module(f"sop_kernels.{name}"), "on_device", spy)
+    x, p = torch.randn(2, 5), torch.softmax(torch.randn(2, 5), -1)
+    tokens, indices = torch.randn(1, 4, 3), torch.tensor([[[1, 2]]])
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    calls = [
+        (kernels.sparsemax_forward, (x,)),
+        (kernels.sparsemax_backward, (p, x)),
+        (kernels.top_tau_forward, (x, torch.ones(2, dtype=torch.int64), 1, None, True, True, None, 0, 0)),
+        (kernels.top_tau_backward, (p, mask, x[:, 0], x[:, 1], None, None, 0, 0)),
+        (kernels.gather_tokens_forward, (tokens, indices, 1)),
+        (kernels.gather_tokens_backward, (torch.randn(1, 3, 3), indices, 1, 4)),
+    ]
+    for wrapper, args in calls:
+        seen.clear()
+        wrapper(*args)
+        assert seen and seen[0].device == args[0].device, wrapper.__name__
+
+
+def test_no_host_sync_where_the_result_does_not_need_one():
+    """Meta tensors have no data: any device-to-host transfer (``int(t)``, ``bool(t)``, ``.tolist()``)
+    raises.  top_tau without a valid mask (k_max known on the host) and gather_tokens (the index range
+    checked on the device) run on them, forward and backward; with a valid mask the output shape
+    depends on the counts, so that path transfers them (once)."""
+    logits = torch.randn(4, 196, device="meta", requires_grad=True)
+    for kwargs in (dict(tau=0.2, blur_kernel_size=3, grid=(14, 14)), dict(k=7, ties="logits")):
+        result = top_tau(logits, **kwargs)
+        assert result.indices.device.type == "meta" and result.indices.shape[1] == (39 if "tau" in kwargs else 7)
+        result.lam.sum().backward()
+    tokens = torch.randn(2, 9, 8, device="meta", requires_grad=True)
+    gather_tokens(tokens, torch.zeros(2, 3, 4, dtype=torch.int64, device="meta"), prefix=1).sum().backward()
+    assert tokens.grad.shape == tokens.shape
+    sparsemax(torch.randn(3, 20, device="meta", requires_grad=True)).sum().backward()
+    with pytest.raises(NotImplementedError, match="meta"):
+        top_tau(logits, tau=0.2, valid=torch.ones(4, 196, dtype=torch.bool, device="meta"))
 
 
 def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):

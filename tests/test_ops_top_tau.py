@@ -1,26 +1,32 @@
-"""top_tau: the C++ (and, on a GPU, CUDA) kernels against the PyTorch reference — masks and
-indices bit for bit, lam and attention to fp32 rounding — plus autograd, edge cases,
-properties of lam and bad inputs."""
+"""top_tau: every native backend (C++, CUDA on a GPU, Triton) against the PyTorch reference, for
+both tie rules (``ties="authors"``: rank the attention, equal values higher index first when
+keeping the largest; ``ties="logits"``: rank the blurred logits, ties to the lower index) — masks
+and indices bit for bit, lam and attention to fp32 rounding — plus an independent oracle of the
+authors' rule, saturated / uniform / duplicated rows, subnormal attention, exact ``k``, autograd
+(double backward included), edge cases, properties of lam and bad inputs."""
 
 from __future__ import annotations
 
-import importlib
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import NATIVE, needs_cpp
-from sopfast.ops import _backends, top_tau, top_tau_reference
+from op_testing import NATIVE, native, needs_cpp
+from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
+from sopfast.ops._validate import num_kept
 
-# the modules (sopfast.ops re-exports functions of the same names)
-top_tau_module = importlib.import_module("sopfast.ops.top_tau")
+# NaN/inf rows are part of the contract; Triton's interpreter (numpy) reports them as warnings.
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # lam and attention are computed in fp32 (fp64 for fp64 logits) by both sides: a few roundings apart
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-6, torch.bfloat16: 2e-6}
 INF = float("inf")
+TIES = ["authors", "logits"]
 
 # name -> (d, grid, blur kernel size); grid None blurs along d
 SHAPES = {
@@ -37,20 +43,20 @@ SHAPES = {
 def seeded():
     torch.manual_seed(0)
 
+
 def run_top_tau(use_backend, backend, logits, **kwargs):
-    """``top_tau`` on ``backend``; the logits tie rule unless ``ties=`` is given (the native
-    kernels implement that one)."""
+    """``top_tau`` on ``backend``; the logits tie rule unless ``ties=`` is given."""
     use_backend(backend)
     kwargs.setdefault("ties", "logits")
     return top_tau(logits, **kwargs)
 
 
 def assert_same_result(result, expected, atol):
-    assert torch.equal(result.mask, expected.mask)
-    assert torch.equal(result.indices, expected.indices)
+    assert torch.equal(result.mask.cpu(), expected.mask.cpu())
+    assert torch.equal(result.indices.cpu(), expected.indices.cpu())
     assert result.lam.dtype == expected.lam.dtype and result.attention.dtype == expected.attention.dtype
-    torch.testing.assert_close(result.lam, expected.lam, atol=atol, rtol=0)
-    torch.testing.assert_close(result.attention, expected.attention, atol=atol, rtol=0)
+    torch.testing.assert_close(result.lam.cpu(), expected.lam.cpu(), atol=atol, rtol=0, equal_nan=True)
+    torch.testing.assert_close(result.attention.cpu(), expected.attention.cpu(), atol=atol, rtol=0, equal_nan=True)
 
 
 def random_valid(n, d, seed, device):
@@ -64,11 +70,12 @@ def random_valid(n, d, seed, device):
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("with_valid", [False, True])
-def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, use_backend):
+@pytest.mark.parametrize("ties", TIES)
+def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     n = 24
     logits = torch.randn(n, d, generator=torch.Generator().manual_seed(d)).to(device=device, dtype=dtype)
-    kwargs = dict(largest=largest, blur_kernel_size=blur, grid=grid)
+    kwargs = dict(largest=largest, blur_kernel_size=blur, grid=grid, ties=ties)
     kwargs["valid"] = random_valid(n, d, seed=d, device=device) if with_valid else None
     result = run_top_tau(use_backend, backend, logits, tau=0.2, **kwargs)
     expected = run_top_tau(use_backend, "torch", logits, tau=0.2, **kwargs)
@@ -81,7 +88,8 @@ def test_forward_matches_reference(backend, device, dtype, shape, largest, with_
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
 @pytest.mark.parametrize("shape", ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_backward_matches_reference(backend, device, shape, dtype, use_backend):
+@pytest.mark.parametrize("ties", TIES)
+def test_backward_matches_reference(backend, device, shape, dtype, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     gen = torch.Generator().manual_seed(d)
     logits = torch.randn(16, d, generator=gen).to(device=device, dtype=dtype)
@@ -90,7 +98,7 @@ def test_backward_matches_reference(backend, device, shape, dtype, use_backend):
 
     def grads(name, use_attention):
         leaf = logits.clone().requires_grad_()
-        res = run_top_tau(use_backend, name, leaf, tau=0.25, blur_kernel_size=blur, grid=grid)
+        res = run_top_tau(use_backend, name, leaf, tau=0.25, blur_kernel_size=blur, grid=grid, ties=ties)
         loss = (res.lam * w_lam).sum() + ((res.attention * w_att).sum() if use_attention else 0)
         loss.backward()
         return leaf.grad
@@ -113,89 +121,327 @@ def test_gradcheck_float64(backend, device, grid, blur, use_backend):
     assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7)
 
 
-@needs_cpp
+@pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])
+@pytest.mark.parametrize(("grid", "blur"), [((3, 4), 3), (None, 0)])
+def test_double_backward(backend, device, grid, blur, use_backend):
+    """Second derivatives of lam and attention (the backward in differentiable torch ops under
+    create_graph, chained through this op's own backward)."""
+    use_backend(backend)
+    logits = torch.randn(2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    logits = logits.to(device).requires_grad_()
+
+    def lam_and_attention(x):
+        res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
+        return res.lam, res.attention
+
+    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the authors' tie rule
+
+
+def authors_oracle(logits: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The authors' ranking, written independently: ``a = softmax(logits)`` in fp32 (fp64 for fp64),
+    ``torch.sort(a, stable=True)`` ascending, flipped when keeping the largest, first ``k``: the mask."""
+    a = torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+    order = torch.sort(a, dim=-1, stable=True).indices
+    if largest:
+        order = order.flip(-1)
+    return torch.zeros_like(a, dtype=torch.bool).scatter_(-1, order[:, :k], True)
+
+
+def blurred_2d(logits: torch.Tensor, kernel_size: int, grid: tuple[int, int]) -> torch.Tensor:
+    """Reflect-padded separable Gaussian blur by conv2d (independent of sopfast.ops.blur)."""
+    kernel = gaussian_kernel1d(kernel_size, 1.0).to(logits.device, torch.float64)
+    pad = kernel_size // 2
+    image = F.pad(logits.double().reshape(-1, 1, *grid), (pad, pad, pad, pad), mode="reflect")
+    image = F.conv2d(F.conv2d(image, kernel.view(1, 1, 1, -1)), kernel.view(1, 1, -1, 1))
+    return image.reshape(logits.shape)
+
+
+def special_rows(case: str, n: int, d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if case == "saturated":  # most attention underflows to exactly 0: fewer than k non-zero values
+        return torch.randn(n, d, generator=gen) * 1e3
+    if case == "uniform":
+        return torch.full((n, d), 0.25)
+    return torch.randint(-2, 3, (n, d), generator=gen).float()  # exact duplicates
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("case", ["saturated", "uniform", "duplicates"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("largest", [True, False])
+def test_authors_rule_on_tied_rows(backend, device, case, dtype, largest, use_backend):
+    """Saturated, uniform and duplicated rows, blur off / 1-D / 2-D, with and without a valid mask:
+    every backend equals the reference for both rules, and the authors' rule equals the oracle."""
+    n, grid = 6, (8, 8)
+    logits = special_rows(case, n, 64, seed=len(case)).to(device, dtype)
+    valid = random_valid(n, 64, seed=3, device=device)
+    for blur, blur_grid in [(0, None), (3, None), (3, grid)]:
+        for mask in (None, valid):
+            for ties in TIES:
+                kwargs = dict(tau=0.2, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=blur_grid)
+                result = run_top_tau(use_backend, backend, logits, **kwargs)
+                assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), ATOL[dtype])
+    k = num_kept(0.2, 64)
+    result = run_top_tau(use_backend, backend, logits, tau=0.2, largest=largest, ties="authors")
+    assert torch.equal(result.mask.cpu(), authors_oracle(logits.cpu(), k, largest))
+    if case != "duplicates":  # a 2-D blur keeps uniform rows uniform and saturated rows saturated
+        result = run_top_tau(
+            use_backend, backend, logits, tau=0.2, largest=largest, ties="authors", blur_kernel_size=3, grid=grid
+        )
+        oracle = authors_oracle(blurred_2d(logits.cpu(), 3, grid).to(dtype), k, largest)
+        assert torch.equal(result.mask.cpu(), oracle)
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_authors_rule_breaks_ties_by_the_higher_index(backend, device, use_backend):
+    saturated = torch.tensor([[0.0, -200.0, -300.0, 5.0, -250.0, -90.0, -1000.0]], device=device)
+    # attention [e^-5, 0, 0, ~1, 0, e^-95 (subnormal), 0]: the zeros tie
+    assert run_top_tau(use_backend, backend, saturated, k=4, ties="authors").indices.tolist() == [[0, 3, 5, 6]]
+    assert run_top_tau(use_backend, backend, saturated, k=4).indices.tolist() == [[0, 1, 3, 5]]
+    smallest = run_top_tau(use_backend, backend, saturated, k=2, ties="authors", largest=False)
+    assert smallest.indices.tolist() == [[1, 2]]  # deletion: the sort is not flipped, ties to the lower index
+    equal = torch.full((1, 7), 0.5, device=device)
+    assert run_top_tau(use_backend, backend, equal, k=3, ties="authors").indices.tolist() == [[4, 5, 6]]
+    assert run_top_tau(use_backend, backend, equal, k=3, ties="authors", largest=False).indices.tolist() == [[0, 1, 2]]
+    with_inf = torch.tensor([[INF, 1.0, INF, 0.0, INF]], device=device)  # uniform over the +inf entries
+    assert run_top_tau(use_backend, backend, with_inf, k=2, ties="authors").indices.tolist() == [[2, 4]]
+    valid = torch.tensor([[True, False, True, True, False, True, False]], device=device)
+    result = run_top_tau(use_backend, backend, saturated, k=3, ties="authors", valid=valid)
+    assert result.indices.tolist() == [[0, 3, 5]]  # invalid features are never kept
+
+
+def subnormal_band_row() -> torch.Tensor:
+    """``[0, x_1, …]`` with ``x_j`` in ``[-104, -87]``, where ``exp`` is subnormal in fp32, placed at
+    least 0.1 of a subnormal step away from a rounding boundary (so every correct softmax rounds
+    them alike); the row sums to exactly 1, so attention = exp(x).  Steps of 0.5 early, then of 0.03
+    near the bottom: distinct values and exact ties (several x in one subnormal step)."""
+    quantum = 2.0**-149
+    candidates = [-87.5 - 0.5 * i for i in range(30)] + [-102.5 + 0.03 * i for i in range(-30, 30)] + [-103.5, -104.5]
+    row = [0.0]
+    for x in candidates:
+        steps = math.exp(x) / quantum
+        if abs(steps - math.floor(steps) - 0.5) > 0.1:
+            row.append(x)
+    return torch.tensor([row])
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("largest", [True, False])
+def test_subnormal_attention_is_kept_and_ranked(backend, device, largest, use_backend):
+    """In the band [-104, -87] torch's softmax keeps subnormal attention (softmax([0, -90]) = 8.19e-40):
+    the kernels keep it too, return it, and rank by it (a flush to 0 would tie the whole band)."""
+    logits = subnormal_band_row()
+    d = logits.shape[1]
+    expected_attention = torch.softmax(logits, dim=-1)
+    assert int((expected_attention > 0).sum()) > d // 2 and expected_attention[0, 1] < 1.2e-38
+    logits = logits.to(device)
+    for k in (5, d // 2, d - 10, d - 2):
+        for ties in TIES:
+            kwargs = dict(k=k, largest=largest, ties=ties)
+            result = run_top_tau(use_backend, backend, logits, **kwargs)
+            assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 0.0)
+        assert torch.equal(result.attention.cpu(), expected_attention)
+        authors = run_top_tau(use_backend, backend, logits, k=k, largest=largest, ties="authors")
+        assert torch.equal(authors.mask.cpu(), authors_oracle(logits.cpu(), k, largest))
+
+
+def negative_nan() -> float:
+    """A NaN with the sign bit set, as x86 makes for inf − inf."""
+    return torch.tensor([0xFFC00000], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_nan_with_the_sign_bit_ranks_highest(backend, device, use_backend):
+    row = torch.tensor([[1.0, negative_nan(), 3.0, 2.0]])
+    assert torch.isnan(row).any() and row.view(torch.int32)[0, 1] < 0
+    row = row.to(device)
+    assert run_top_tau(use_backend, backend, row, k=2).indices.tolist() == [[1, 2]]  # NaN is the largest (torch.sort)
+    assert run_top_tau(use_backend, backend, row, k=2, largest=False).indices.tolist() == [[0, 3]]
+    for largest in (True, False):
+        for ties in TIES:
+            kwargs = dict(k=2, largest=largest, ties=ties)
+            expected = run_top_tau(use_backend, "torch", row, **kwargs)
+            assert_same_result(run_top_tau(use_backend, backend, row, **kwargs), expected, 0.0)
+
+
+def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):
+    """Rows longer than MAX_BLOCK are processed TILE features at a time (bounded registers), for both
+    rules, with valid masks, blur (1-D and 2-D, as torch ops) and the backward."""
+    kernels = pytest.importorskip("sop_kernels.top_tau")
+    monkeypatch.setattr(kernels, "MAX_BLOCK", 64)
+    monkeypatch.setattr(kernels, "TILE", 32)
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(4, 150, generator=gen) * torch.tensor([[1.0], [1e3], [5.0], [0.0]])).round()
+    valid = random_valid(4, 150, seed=8, device="cpu")
+    w_lam, w_att = torch.randn(4, generator=gen), torch.randn(4, 150, generator=gen)
+    for ties in TIES:
+        for largest in (True, False):
+            for blur, grid in [(0, None), (3, None), (5, (10, 15))]:
+                for mask in (None, valid):
+                    kwargs = dict(tau=0.15, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=grid)
+                    result = run_top_tau(use_backend, "triton", logits, **kwargs)
+                    assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
+
+            def grads(name, kw):
+                leaf = logits.clone().requires_grad_()
+                res = run_top_tau(use_backend, name, leaf, **kw)
+                ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
+                return leaf.grad
+
+            kwargs = dict(tau=0.15, largest=largest, ties=ties, blur_kernel_size=3, grid=(10, 15))
+            torch.testing.assert_close(grads("triton", kwargs), grads("torch", kwargs), atol=1e-5, rtol=1e-4)
+
+
+# (tau, d) where floor(tau * d) in floating point is one short of the decimal product (issue #14)
+EXACT_K = [(0.29, 100, 29), (0.57, 100, 57), (0.58, 50, 29), (0.35, 180, 63), (0.41, 300, 123), (0.69, 300, 207)]
+
+
+@pytest.mark.parametrize(("tau", "d", "k"), EXACT_K)
+def test_k_is_floor_of_the_decimal_tau_times_d(tau, d, k, use_backend):
+    assert int(tau * d) == k - 1 and num_kept(tau, d) == k
+    logits = torch.randn(2, d)
+    assert run_top_tau(use_backend, "torch", logits, tau=tau).indices.shape == (2, k)
+    valid = torch.ones(2, d + 7, dtype=torch.bool)
+    valid[:, d:] = False  # per-row counts d: the per-row path computes the same k
+    result = run_top_tau(use_backend, "torch", torch.randn(2, d + 7), tau=tau, valid=valid)
+    assert result.mask.sum(dim=-1).tolist() == [k, k]
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("k", [1, 3, 7])
-def test_k_bounds_and_ties(k, largest, use_backend):
-    equal = torch.full((2, 7), 0.5)
-    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, -1.0, 3.0]] * 2)
+def test_k_bounds_and_ties(backend, device, k, largest, use_backend):
+    equal = torch.full((2, 7), 0.5, device=device)
+    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, -1.0, 3.0]] * 2, device=device)
     for logits in (equal, tied):
-        result = run_top_tau(use_backend, "cpp", logits, k=k, largest=largest)
+        result = run_top_tau(use_backend, backend, logits, k=k, largest=largest)
         assert_same_result(result, run_top_tau(use_backend, "torch", logits, k=k, largest=largest), 1e-6)
     # all equal: the lowest indices win, whichever end is kept
-    assert torch.equal(run_top_tau(use_backend, "cpp", equal, k=k, largest=largest).indices[0], torch.arange(k))
+    indices = run_top_tau(use_backend, backend, equal, k=k, largest=largest).indices[0]
+    assert indices.tolist() == list(range(k))
 
 
-@needs_cpp
-def test_ties_go_to_the_lower_index(use_backend):
-    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
-    assert run_top_tau(use_backend, "cpp", tied, k=2).indices.tolist() == [[1, 2]]
-    assert run_top_tau(use_backend, "cpp", tied, k=2, largest=False).indices.tolist() == [[0, 3]]
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_ties_go_to_the_lower_index(backend, device, use_backend):
+    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]], device=device)
+    assert run_top_tau(use_backend, backend, tied, k=2).indices.tolist() == [[1, 2]]
+    assert run_top_tau(use_backend, backend, tied, k=2, largest=False).indices.tolist() == [[0, 3]]
+    logits = torch.tensor(
+        [[0.0] * 8, [1.0, 2.0, 2.0, 1.0, 2.0, 0.0, 2.0, 1.0], [-0.0, 0.0, -0.0, 0.0, 1.0, 1.0, -1.0, -1.0]],
+        device=device,
+    )
+    assert run_top_tau(use_backend, backend, logits, k=3).indices.tolist() == [[0, 1, 2], [1, 2, 4], [0, 4, 5]]
+    k = torch.tensor([3, 2, 3], device=device)
+    result = run_top_tau(use_backend, backend, logits, k=k, largest=False)
+    assert result.indices.tolist() == [[0, 1, 2], [0, 5, -1], [0, 6, 7]]
 
 
-@needs_cpp
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
 @pytest.mark.parametrize(
     "row",
     [
         [INF, 0.0, INF, -1.0, 2.0],  # +inf: uniform attention over the +inf entries
         [-INF, 0.0, -INF, 1.0, 2.0],
+        [-INF, -INF, 1.0, -INF, -INF],
         [3e38, -3e38, 1e38, 0.0, 2e38],  # huge logits: shifted by the max
         [1e-40, -1e-40, 0.0, -0.0, 5e-45],  # denormals and signed zeros
     ],
 )
 @pytest.mark.parametrize("largest", [True, False])
-def test_special_values(row, largest, use_backend):
-    logits = torch.tensor([row])
-    result = run_top_tau(use_backend, "cpp", logits, k=2, largest=largest)
+def test_special_values(backend, device, row, largest, use_backend):
+    logits = torch.tensor([row], device=device)
+    result = run_top_tau(use_backend, backend, logits, k=2, largest=largest)
     assert_same_result(result, run_top_tau(use_backend, "torch", logits, k=2, largest=largest), 1e-6)
     assert torch.isfinite(result.attention).all()
 
 
-@needs_cpp
-def test_k_per_row_and_padding(use_backend):
-    logits = torch.randn(3, 10)
-    k = torch.tensor([1, 10, 4])
-    result = run_top_tau(use_backend, "cpp", logits, k=k)
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_k_per_row_and_padding(backend, device, use_backend):
+    logits = torch.randn(3, 10, device=device)
+    k = torch.tensor([1, 10, 4], device=device)
+    result = run_top_tau(use_backend, backend, logits, k=k)
     assert_same_result(result, run_top_tau(use_backend, "torch", logits, k=k), 1e-6)
     assert result.indices.shape == (3, 10)
     assert (result.indices[0, 1:] == -1).all() and (result.indices[1] >= 0).all()
     assert result.lam[1].item() == pytest.approx(1.0)  # k = d keeps all the mass
 
 
-@needs_cpp
-def test_empty_batch_and_single_row(use_backend):
-    empty = run_top_tau(use_backend, "cpp", torch.empty(0, 10), tau=0.3)
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("largest", [True, False])
+def test_valid_mask_with_per_row_k_pads_indices(backend, device, largest, use_backend):
+    valid = torch.rand(5, 40, generator=torch.Generator().manual_seed(23)) > 0.4
+    valid[4] = False
+    valid[4, 17] = True  # a single valid feature
+    valid = valid.to(device)
+    k = torch.minimum(valid.sum(dim=1), torch.tensor([1, 12, 30, 3, 1], device=device))
+    logits = torch.randn(5, 40, device=device)
+    result = run_top_tau(use_backend, backend, logits, k=k, valid=valid, largest=largest)
+    assert_same_result(result, run_top_tau(use_backend, "torch", logits, k=k, valid=valid, largest=largest), 1e-6)
+    assert not bool((result.mask & ~valid).any())
+    k_max = result.indices.shape[1]
+    for row, kept in zip(result.indices.tolist(), k.tolist()):
+        assert row[kept:] == [-1] * (k_max - kept)
+        assert row[:kept] == sorted(row[:kept]) and min(row[:kept]) >= 0
+    assert result.indices[4].tolist() == [17] + [-1] * (k_max - 1)
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_bf16_quantised_ties(backend, device, use_backend):
+    logits = (torch.randn(4, 100, generator=torch.Generator().manual_seed(25)) * 0.05).to(device, torch.bfloat16)
+    k = torch.tensor([10, 50, 99, 1], device=device)
+    for largest in (True, False):
+        result = run_top_tau(use_backend, backend, logits, k=k, largest=largest)
+        assert_same_result(result, run_top_tau(use_backend, "torch", logits, k=k, largest=largest), 2e-6)
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_empty_batch_and_single_row(backend, device, use_backend):
+    empty = run_top_tau(use_backend, backend, torch.empty(0, 10, device=device), tau=0.3)
     assert empty.indices.shape == (0, 3) and empty.mask.shape == (0, 10)
     assert empty.lam.shape == (0,) and empty.attention.shape == (0, 10)
-    one = torch.randn(1, 30)
+    grad = native("top_tau_backward", backend)(empty.attention, empty.mask, empty.lam, empty.lam, None, None, 0, 0)
+    assert grad.shape == (0, 10)
+    one = torch.randn(1, 30, device=device)
     assert_same_result(
-        run_top_tau(use_backend, "cpp", one, tau=0.5), run_top_tau(use_backend, "torch", one, tau=0.5), 1e-6
+        run_top_tau(use_backend, backend, one, tau=0.5), run_top_tau(use_backend, "torch", one, tau=0.5), 1e-6
     )
+    for k in (1, 30):  # k = 1 and k = d
+        result = run_top_tau(use_backend, backend, one, k=k)
+        assert_same_result(result, run_top_tau(use_backend, "torch", one, k=k), 1e-6)
 
 
-@needs_cpp
-def test_non_contiguous_and_expanded_logits(use_backend):
-    base = torch.randn(20, 8)
-    for logits in (base.t(), base.t()[:1].expand(6, 20), torch.randn(5, 40)[:, ::2]):
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_grad_attention", [False, True])
+def test_backward_kernel_matches_reference(backend, device, dtype, with_grad_attention):
+    """The backward kernel alone, on the reference's forward outputs (fp64: blur in fp64 too)."""
+    gen = torch.Generator().manual_seed(22)
+    logits = torch.randn(3, 24, generator=gen, dtype=dtype).to(device)
+    blur = gaussian_kernel1d(3, 0.7, device).to(dtype)
+    k = torch.tensor([5, 3, 24], device=device)
+    expected = top_tau_reference(logits, k, 24, None, True, blur, 4, 6)
+    grad_lam = torch.randn(3, generator=gen, dtype=dtype).to(device)
+    grad_attention = torch.randn(3, 24, generator=gen, dtype=dtype).to(device) if with_grad_attention else None
+    args = (expected.attention, expected.mask, expected.lam, grad_lam, grad_attention, blur, 4, 6)
+    grad = native("top_tau_backward", backend)(*args)
+    assert grad.dtype == dtype
+    atol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(grad.cpu(), top_tau_backward_reference(*args).cpu(), atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("backend", "device"), NATIVE)
+def test_non_contiguous_and_expanded_logits(backend, device, use_backend):
+    base = torch.randn(20, 8, device=device)
+    for logits in (base.t(), base.t()[:1].expand(6, 20), torch.randn(5, 40, device=device)[:, ::2]):
         assert not logits.is_contiguous()
         assert_same_result(
-            run_top_tau(use_backend, "cpp", logits, tau=0.3, blur_kernel_size=3),
+            run_top_tau(use_backend, backend, logits, tau=0.3, blur_kernel_size=3),
             run_top_tau(use_backend, "torch", logits.contiguous(), tau=0.3, blur_kernel_size=3),
             1e-6,
         )
-
-
-@needs_cpp
-def test_cpp_backend_runs_the_extension_not_the_reference(use_backend, monkeypatch):
-    use_backend("cpp")
-
-    def fail(*_):
-        raise AssertionError("the reference ran")
-
-    monkeypatch.setattr(top_tau_module, "top_tau_reference", fail)
-    monkeypatch.setattr(top_tau_module, "top_tau_backward_reference", fail)
-    logits = torch.randn(4, 9, requires_grad=True)
-    top_tau(logits, tau=0.3, ties="logits").lam.sum().backward()
 
 
 @needs_cpp
@@ -214,8 +460,8 @@ def test_property_lam_is_kept_minus_dropped_mass(data):
     logits = torch.tensor(rows)
     n, d = logits.shape
     k = torch.full((n,), max(1, int(tau * d)))
-    indices, mask, lam, attention = _backends.native_extension().top_tau_forward(
-        logits, k, int(k[0]), None, largest, None, 0, 0
+    indices, mask, lam, attention = native("top_tau_forward", "cpp")(
+        logits, k, int(k[0]), None, largest, False, None, 0, 0
     )
     assert ((lam >= -1 - 1e-6) & (lam <= 1 + 1e-6)).all()
     torch.testing.assert_close(lam, 2 * (attention * mask).sum(dim=-1) - 1, atol=1e-5, rtol=0)
@@ -230,7 +476,6 @@ def test_property_lam_is_kept_minus_dropped_mass(data):
     assert torch.equal(mask, expected.mask)
 
 
-@needs_cpp
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
@@ -241,51 +486,62 @@ def test_property_lam_is_kept_minus_dropped_mass(data):
         (dict(logits=torch.randn(2, 5), tau=0.5, k=2), ValueError, "exactly one"),
         (dict(logits=torch.randn(2, 5), k=6), ValueError, "k must lie in"),
         (dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.ones(2, 5)), ValueError, "bool"),
-        (dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.ones(2, 5, dtype=torch.bool, device="meta")),
-         ValueError, "one device"),
+        (
+            dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.ones(2, 5, dtype=torch.bool, device="meta")),
+            ValueError,
+            "one device",
+        ),
         (dict(logits=torch.randn(2, 6), tau=0.5, grid=(2, 2)), ValueError, "cells"),
         (dict(logits=torch.randn(2, 6), tau=0.5, grid=(2, 3), blur_kernel_size=5), ValueError, "too large"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(-4, -4)), ValueError, "grid sides must be positive"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(4, 4, 1)), ValueError, "two positive integers"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, grid=(4.0, 4)), ValueError, "two positive integers"),
+        (dict(logits=torch.randn(2, 16), tau=0.5, ties="index"), ValueError, "ties must be one of"),
+        (dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.zeros(2, 5, dtype=torch.bool)), ValueError, "every row"),
+        (dict(logits=torch.randn(2, 5), k=torch.tensor([1, 0])), ValueError, "k must lie in"),
     ],
 )
-def test_bad_inputs_through_the_public_op(kwargs, error, message):
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+def test_bad_inputs_through_the_public_op(kwargs, error, message, backend, use_backend):
+    """Validated once, in the op, before dispatch: every backend rejects alike (grid=(-4, -4) too)."""
+    use_backend(backend)
     with pytest.raises(error, match=message):
         top_tau(**kwargs)
 
 
-def _forward(ext, logits=None, k=None, k_max=1, valid=None, kernel=None, grid=(0, 0)):
+def _forward(logits=None, k=None, k_max=1, valid=None, kernel=None, grid=(0, 0)):
     logits = torch.randn(2, 6) if logits is None else logits
     k = torch.ones(logits.shape[0], dtype=torch.int64) if k is None else k
-    return ext.top_tau_forward(logits, k, k_max, valid, True, kernel, *grid)
+    return native("top_tau_forward", "cpp")(logits, k, k_max, valid, True, False, kernel, *grid)
 
 
-def _backward(ext, attention=None, lam=None, grad_attention=None, kernel=None):
+def _backward(attention=None, lam=None, grad_attention=None, kernel=None):
     attention = torch.rand(2, 6) if attention is None else attention
     lam = torch.zeros(2) if lam is None else lam
     mask = torch.zeros(2, 6, dtype=torch.bool)
-    return ext.top_tau_backward(attention, mask, lam, torch.ones(2), grad_attention, kernel, 0, 0)
+    return native("top_tau_backward", "cpp")(attention, mask, lam, torch.ones(2), grad_attention, kernel, 0, 0)
 
 
 @needs_cpp
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda ext: _forward(ext, logits=torch.randn(2, 6, device="meta")), "CPU tensor"),
-        (lambda ext: _forward(ext, k=torch.ones(2, dtype=torch.int32)), "k must be Long"),
-        (lambda ext: _forward(ext, k=torch.ones(3, dtype=torch.int64)), "one count per row"),
-        (lambda ext: _forward(ext, k_max=7), "k_max must lie in"),
-        (lambda ext: _forward(ext, valid=torch.ones(2, 5, dtype=torch.bool)), "shape of logits"),
-        (lambda ext: _forward(ext, kernel=torch.ones(2)), "odd length"),
-        (lambda ext: _forward(ext, kernel=torch.ones(13)), "too long"),
-        (lambda ext: _forward(ext, kernel=torch.ones(3, dtype=torch.float16)), "float32 or float64"),
-        (lambda ext: _forward(ext, grid=(4, 4)), "does not hold"),
-        (lambda ext: _backward(ext, attention=torch.rand(2, 6).half()), "float32 or float64"),
-        (lambda ext: _backward(ext, lam=torch.zeros(3)), "lam must have shape"),
-        (lambda ext: _backward(ext, lam=torch.zeros(2).double()), "lam must be Float"),
-        (lambda ext: _backward(ext, grad_attention=torch.rand(2, 5)), "shape of attention"),
-        (lambda ext: _backward(ext, grad_attention=torch.rand(2, 6, device="meta")), "is on meta"),
+        (lambda: _forward(logits=torch.randn(2, 6, device="meta")), "CPU tensor"),
+        (lambda: _forward(k=torch.ones(2, dtype=torch.int32)), "k must be Long"),
+        (lambda: _forward(k=torch.ones(3, dtype=torch.int64)), "one count per row"),
+        (lambda: _forward(k_max=7), "k_max must lie in"),
+        (lambda: _forward(valid=torch.ones(2, 5, dtype=torch.bool)), "shape of logits"),
+        (lambda: _forward(kernel=torch.ones(2)), "odd length"),
+        (lambda: _forward(kernel=torch.ones(13)), "too long"),
+        (lambda: _forward(kernel=torch.ones(3, dtype=torch.float16)), "float32 or float64"),
+        (lambda: _forward(grid=(4, 4)), "does not hold"),
+        (lambda: _backward(attention=torch.rand(2, 6).half()), "float32 or float64"),
+        (lambda: _backward(lam=torch.zeros(3)), "lam must have shape"),
+        (lambda: _backward(lam=torch.zeros(2).double()), "lam must be Float"),
+        (lambda: _backward(grad_attention=torch.rand(2, 5)), "shape of attention"),
+        (lambda: _backward(grad_attention=torch.rand(2, 6, device="meta")), "is on meta"),
     ],
 )
 def test_bad_inputs_to_the_extension(call, message):
     with pytest.raises(RuntimeError, match=message):
-        call(_backends.native_extension())
-
+        call()

@@ -5,8 +5,8 @@
 #include <ATen/ops/empty.h>
 
 #include "cpu/gather_tokens_kernels.h"
-#include "cpu/ops_cpu.h"
 #include "op_checks.h"
+#include "ops.h"
 
 namespace sopfast {
 namespace {
@@ -21,8 +21,8 @@ void check_gather_tokens_range(const char* op, const at::Tensor& indices, int64_
   }
 }
 
-cpu::GatherTokensShape gather_tokens_shape(const at::Tensor& indices, int64_t tokens, int64_t embed, int64_t prefix) {
-  cpu::GatherTokensShape sh;
+GatherTokensShape gather_tokens_shape(const at::Tensor& indices, int64_t tokens, int64_t embed, int64_t prefix) {
+  GatherTokensShape sh;
   sh.batch = indices.size(0);
   sh.groups = indices.size(1);
   sh.keep = indices.size(2);
@@ -40,14 +40,15 @@ int64_t gather_tokens_column_blocks(int64_t batch, int64_t embed) {
 
 }  // namespace
 
-at::Tensor gather_tokens_forward_cpu(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
+template <>
+at::Tensor gather_tokens_forward<c10::kCPU>(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
   constexpr const char* op = "gather_tokens_forward";
   check_gather_tokens_forward(x_in, indices_in, prefix, c10::kCPU);
   const int64_t tokens = x_in.size(1), embed = x_in.size(2);
   const at::Tensor x = x_in.contiguous();
   const at::Tensor indices = indices_in.contiguous();
   check_gather_tokens_range(op, indices, tokens);
-  const cpu::GatherTokensShape sh = gather_tokens_shape(indices, tokens, embed, prefix);
+  const GatherTokensShape sh = gather_tokens_shape(indices, tokens, embed, prefix);
   at::Tensor out = at::empty({sh.batch * sh.groups, sh.slots(), embed}, x.options());
   const int64_t rows = sh.batch * sh.groups * sh.slots();
   if (rows == 0 || embed == 0) return out;
@@ -62,13 +63,14 @@ at::Tensor gather_tokens_forward_cpu(const at::Tensor& x_in, const at::Tensor& i
   return out;
 }
 
-at::Tensor gather_tokens_backward_cpu(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
-                                      int64_t num_tokens) {
+template <>
+at::Tensor gather_tokens_backward<c10::kCPU>(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
+                                             int64_t num_tokens) {
   constexpr const char* op = "gather_tokens_backward";
   check_gather_tokens_backward(grad_in, indices_in, prefix, num_tokens, c10::kCPU);
   const at::Tensor indices = indices_in.contiguous();
   check_gather_tokens_range(op, indices, num_tokens);
-  const cpu::GatherTokensShape sh = gather_tokens_shape(indices, num_tokens, grad_in.size(2), prefix);
+  const GatherTokensShape sh = gather_tokens_shape(indices, num_tokens, grad_in.size(2), prefix);
   const at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty({sh.batch, num_tokens, sh.embed}, grad.options());
   if (grad_x.numel() == 0) return grad_x;

@@ -8,18 +8,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "sopfast_common.h"
+
 namespace sopfast::cpu {
-
-struct GatherTokensShape {
-  int64_t batch = 0;   // B
-  int64_t tokens = 0;  // T
-  int64_t embed = 0;   // E
-  int64_t groups = 0;  // m
-  int64_t keep = 0;    // k
-  int64_t prefix = 0;  // always-kept leading tokens
-
-  int64_t slots() const { return prefix + keep; }  // rows per group in the output
-};
 
 // Source token of output slot `slot` of group row `group_row` (= b * m + i); -1 is padding.
 inline int64_t gather_tokens_source(const GatherTokensShape& sh, const int64_t* indices, int64_t group_row,

@@ -4,9 +4,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
-#include "cpu/ops_cpu.h"
 #include "cpu/sparsemax_kernels.h"
 #include "op_checks.h"
+#include "ops.h"
 
 namespace sopfast {
 namespace {
@@ -16,7 +16,8 @@ int64_t sparsemax_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::ma
 
 }  // namespace
 
-at::Tensor sparsemax_forward_cpu(const at::Tensor& x_in) {
+template <>
+at::Tensor sparsemax_forward<c10::kCPU>(const at::Tensor& x_in) {
   constexpr const char* op = "sparsemax_forward";
   check_sparsemax_forward(x_in, c10::kCPU);
   const at::Tensor x = x_in.contiguous();
@@ -34,7 +35,8 @@ at::Tensor sparsemax_forward_cpu(const at::Tensor& x_in) {
   return p;
 }
 
-at::Tensor sparsemax_backward_cpu(const at::Tensor& p_in, const at::Tensor& grad_in) {
+template <>
+at::Tensor sparsemax_backward<c10::kCPU>(const at::Tensor& p_in, const at::Tensor& grad_in) {
   constexpr const char* op = "sparsemax_backward";
   check_sparsemax_backward(p_in, grad_in, c10::kCPU);
   const at::Tensor p = p_in.contiguous();

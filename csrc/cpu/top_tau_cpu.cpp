@@ -4,9 +4,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
-#include "cpu/ops_cpu.h"
 #include "cpu/top_tau_kernels.h"
 #include "op_checks.h"
+#include "ops.h"
 
 namespace sopfast {
 namespace {
@@ -20,12 +20,13 @@ at::Tensor top_tau_blur_kernel(const std::optional<at::Tensor>& blur_kernel, at:
 }
 
 template <typename acc_t>
-cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest, const at::Tensor& kernel,
-                                          int64_t grid_h, int64_t grid_w) {
+cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest, bool ties_authors,
+                                          const at::Tensor& kernel, int64_t grid_h, int64_t grid_w) {
   cpu::TopTauProblem<acc_t> pb;
   pb.d = d;
   pb.k_max = k_max;
   pb.largest = largest;
+  pb.ties_authors = ties_authors;
   if (kernel.defined()) {
     pb.blur_kernel = kernel.const_data_ptr<acc_t>();
     pb.blur_size = kernel.size(0);
@@ -37,9 +38,10 @@ cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
+template <>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCPU>(
     const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
-    bool largest, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+    bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_forward";
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
@@ -56,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
   if (n == 0) return {indices, mask, lam, attention};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const auto pb = top_tau_problem<acc_t>(d, k_max, largest, kernel, grid_h, grid_w);
+    const auto pb = top_tau_problem<acc_t>(d, k_max, largest, ties_authors, kernel, grid_h, grid_w);
     const scalar_t* logits_ptr = logits.const_data_ptr<scalar_t>();
     const bool* valid_ptr = valid.defined() ? valid.const_data_ptr<bool>() : nullptr;
     const int64_t* k_ptr = k.const_data_ptr<int64_t>();
@@ -72,9 +74,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cpu(
   return {indices, mask, lam, attention};
 }
 
-at::Tensor top_tau_backward_cpu(const at::Tensor& attention_in, const at::Tensor& mask_in, const at::Tensor& lam_in,
-                                const at::Tensor& grad_lam_in, const std::optional<at::Tensor>& grad_attention_in,
-                                const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+template <>
+at::Tensor top_tau_backward<c10::kCPU>(const at::Tensor& attention_in, const at::Tensor& mask_in,
+                                       const at::Tensor& lam_in, const at::Tensor& grad_lam_in,
+                                       const std::optional<at::Tensor>& grad_attention_in,
+                                       const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_backward";
   check_top_tau_backward(attention_in, mask_in, lam_in, grad_lam_in, grad_attention_in, blur_kernel, grid_h, grid_w,
                          c10::kCPU);
@@ -87,7 +91,7 @@ at::Tensor top_tau_backward_cpu(const at::Tensor& attention_in, const at::Tensor
   at::Tensor grad_logits = at::empty({n, d}, attention.options());
   if (n == 0) return grad_logits;
   AT_DISPATCH_FLOATING_TYPES(dtype, op, [&] {
-    const auto pb = top_tau_problem<scalar_t>(d, 0, true, kernel, grid_h, grid_w);
+    const auto pb = top_tau_problem<scalar_t>(d, 0, true, false, kernel, grid_h, grid_w);
     const scalar_t* a_ptr = attention.const_data_ptr<scalar_t>();
     const bool* mask_ptr = mask.const_data_ptr<bool>();
     const scalar_t* lam_ptr = lam.const_data_ptr<scalar_t>();

@@ -1,6 +1,7 @@
 // Raw-pointer CPU kernels of top_tau: blur -> softmax -> top-k -> mask, indices, lam, and its
 // backward (no torch dependency).  scalar_t is the logits' storage type, acc_t (float or
-// double) the math type of the blurred logits, attention and lam.
+// double) the math type of the blurred logits, attention and lam.  The row math shared with the
+// CUDA kernels (exp, rank order, threshold search) is in top_tau_row.h.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "cpu/lanes.h"
 #include "sopfast_common.h"
+#include "top_tau_row.h"
 
 namespace sopfast::cpu {
 
@@ -22,7 +24,9 @@ template <typename acc_t>
 struct TopTauProblem {
   int64_t d = 0;                       // features per row
   int64_t k_max = 0;                   // columns of indices
-  bool largest = true;                 // keep the largest (else the smallest) logits
+  bool largest = true;                 // keep the largest (else the smallest) scores
+  bool ties_authors = false;           // rank the attention, equal values higher index first when
+                                       // largest (else the blurred logits, equal ones lower index first)
   const acc_t* blur_kernel = nullptr;  // [blur_size] or nullptr: no blur
   int64_t blur_size = 0;
   int64_t grid_h = 0, grid_w = 0;  // both > 0: 2-D blur on [grid_h, grid_w]; else 1-D along d
@@ -35,8 +39,8 @@ struct TopTauProblem {
 template <typename acc_t>
 struct TopTauWorkspace {
   std::vector<acc_t> s, tmp;                              // [d] each
-  std::vector<typename TopTauKeyType<acc_t>::type> keys;  // [d]
-  std::vector<uint32_t> ranks;                            // [d]
+  std::vector<typename TopTauKeyType<acc_t>::type> keys;       // [d]
+  std::vector<typename RankPriorityType<acc_t>::type> ranks;  // [d]
   std::vector<int64_t> positions;                         // [d]
   explicit TopTauWorkspace(int64_t d) : s(d), tmp(d), keys(d), ranks(d), positions(d) {}
 };
@@ -121,30 +125,6 @@ const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar
   return s;
 }
 
-// exp(x) for the softmax's x <= 0, branch-free so that its loop vectorises: x = n ln2 + r with
-// |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r, 2^n through the exponent bits.  Within
-// 1 ulp of exp on [-87.3, 0]; exactly 1 at 0 and exactly 0 below -87.3 (where floats go subnormal).
-inline float softmax_exp(float x) {
-  constexpr float lowest = -87.33654f;
-  const float clamped = x > lowest ? x : lowest;
-  const int n = -static_cast<int>(0.5f - clamped * 1.44269504088896341f);  // round(x / ln2), x <= 0
-  const float fn = static_cast<float>(n);
-  const float r = (clamped - fn * 0.693359375f) - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (n + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x > lowest ? p * scale : 0.0f;
-}
-
-inline double softmax_exp(double x) { return std::exp(x); }
-
 // attention[d] = softmax of s over the valid features (invalid -> 0).  A row holding +inf
 // spreads the mass uniformly over its +inf entries; a row with NaN, or whose valid entries
 // are all -inf, gives NaN everywhere (as torch.softmax does).
@@ -174,71 +154,64 @@ void top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attent
   for (int64_t j = 0; j < d; ++j) a[j] *= inv;
 }
 
-// A threshold t for the kk largest of r[d] (1 <= kk <= d): either #{r >= t} == kk, or t is the
-// kk-th largest value (#{r > t} < kk <= #{r >= t}; the caller breaks the ties at t).  Bisection
-// over the 32-bit range with vectorised counts; the first case ends it after about log2(d) steps.
-inline uint32_t top_tau_threshold(const uint32_t* r, int64_t d, int64_t kk) {
-  uint64_t lo = 0, hi = uint64_t{1} << 32;  // #{r >= lo} >= kk > #{r >= hi}
-  while (hi - lo > 1) {
-    const uint64_t mid = (lo + hi) / 2;
-    const uint32_t t = static_cast<uint32_t>(mid);
-    int32_t count = 0;
-    for (int64_t j = 0; j < d; ++j) count += r[j] >= t;
-    if (count == kk) return t;
-    if (count > kk) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
+// Ties at the threshold priority t of r[d] (r > t kept), taken in index order, or from the highest
+// index down when `higher_first`, until `needed` are kept.
+template <typename Key>
+void top_tau_take_ties(const Key* r, Key t, int64_t d, int64_t needed, bool higher_first, bool* mask) {
+  for (int64_t i = 0; i < d; ++i) {
+    const int64_t j = higher_first ? d - 1 - i : i;
+    const bool tie = r[j] == t && needed > 0;
+    needed -= tie;
+    mask[j] = r[j] > t || tie;
   }
-  return static_cast<uint32_t>(lo);
 }
 
-// Fast path of top_tau_select for float rows keeping only valid features (kk <= #valid): the
-// key without its index field, r = 0 for invalid features and >= 1 for valid ones; the kk-th
-// largest r is the threshold, and ties at the threshold go to the lower indices.
-inline void top_tau_select_valid(const float* s, const bool* valid, bool largest, int64_t d, int64_t kk, bool* mask,
-                                 uint32_t* r) {
+// Fast path of top_tau_select for rows keeping only valid features (kk <= #valid): r = the rank
+// priority for valid features, floored at 1, and 0 for invalid ones; the kk-th largest r is found
+// by KthLargestSearch with vectorised counts (it usually stops after about log2(d) steps).
+template <typename acc_t>
+void top_tau_select_valid(const acc_t* score, const bool* valid, bool largest, bool higher_first, int64_t d,
+                          int64_t kk, bool* mask, typename RankPriorityType<acc_t>::type* r) {
+  using Key = typename RankPriorityType<acc_t>::type;
   for (int64_t j = 0; j < d; ++j) {
-    const uint32_t order = ordered_bits(s[j]);
-    const uint32_t priority = largest ? order : ~order;  // 0 only for NaN with largest=false
-    r[j] = (valid == nullptr || valid[j]) ? std::max(priority, 1u) : 0u;
+    const Key priority = rank_priority(score[j], largest);  // 0 only for NaN with largest=false
+    r[j] = (valid == nullptr || valid[j]) ? std::max(priority, Key{1}) : Key{0};
   }
-  const uint32_t threshold = top_tau_threshold(r, d, kk);
-  int32_t at_least = 0, above = 0;
-  for (int64_t j = 0; j < d; ++j) {
-    at_least += r[j] >= threshold;
-    above += r[j] > threshold;
+  KthLargestSearch<Key> search;
+  while (search.running()) {
+    const Key t = search.candidate();
+    int32_t count = 0;
+    for (int64_t j = 0; j < d; ++j) count += r[j] >= t;
+    search.step(count, kk);
   }
-  if (at_least == kk) {  // no ties to break at the threshold
+  const Key threshold = search.threshold;
+  if (search.exact) {
     for (int64_t j = 0; j < d; ++j) mask[j] = r[j] >= threshold;
     return;
   }
-  int64_t ties_left = kk - above;
-  for (int64_t j = 0; j < d; ++j) {
-    const bool tie = r[j] == threshold && ties_left > 0;
-    ties_left -= tie;
-    mask[j] = r[j] > threshold || tie;
-  }
+  int32_t above = 0;
+  for (int64_t j = 0; j < d; ++j) above += r[j] > threshold;
+  top_tau_take_ties(r, threshold, d, kk - above, higher_first, mask);
 }
 
-// mask[d] = the min(max(k, 0), d) features with the largest top_tau_key (valid first, then by
-// logit, ties to the lower index).  float rows that keep only valid features take the
-// bisection fast path; otherwise the k-th largest full key is found by nth_element.  O(d).
+// mask[d] = the min(max(k, 0), d) features ranked first: valid before invalid, then by score
+// (descending if largest, else ascending; NaN the largest), then by index (lower first, or higher
+// first when `higher_first`).  Rows keeping only valid features take the search fast path;
+// otherwise the k-th largest full key is found by nth_element.  O(d).
 template <typename acc_t>
-void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* s, const bool* valid, int64_t k, bool* mask,
-                    TopTauWorkspace<acc_t>& ws) {
+void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* score, const bool* valid, int64_t k,
+                    bool higher_first, bool* mask, TopTauWorkspace<acc_t>& ws) {
   const int64_t d = pb.d;
-  const int64_t kk = std::min(std::max<int64_t>(k, 0), d);
+  const int64_t kk = clamp_count(k, d);
   if (kk == 0 || kk == d) {
-    std::fill(mask, mask + d, kk == d);
+    for (int64_t j = 0; j < d; ++j) mask[j] = kk == d;
     return;
   }
-  if constexpr (std::is_same_v<acc_t, float>) {
-    const int64_t n_valid = valid == nullptr ? d : std::count(valid, valid + d, true);
-    if (kk <= n_valid) return top_tau_select_valid(s, valid, pb.largest, d, kk, mask, ws.ranks.data());
-  }
-  auto key = [&](int64_t j) { return top_tau_key(s[j], valid == nullptr || valid[j], pb.largest, j); };
+  const int64_t n_valid = valid == nullptr ? d : std::count(valid, valid + d, true);
+  if (kk <= n_valid) return top_tau_select_valid(score, valid, pb.largest, higher_first, d, kk, mask, ws.ranks.data());
+  auto key = [&](int64_t j) {
+    return top_tau_key(score[j], valid == nullptr || valid[j], pb.largest, j, higher_first);
+  };
   auto* keys = ws.keys.data();
   for (int64_t j = 0; j < d; ++j) keys[j] = key(j);
   std::nth_element(keys, keys + (kk - 1), keys + d, std::greater<>());
@@ -266,7 +239,8 @@ void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits,
                          int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
   const acc_t* s = top_tau_blurred_logits(pb, logits, ws);
   top_tau_softmax(s, valid, pb.d, attention);
-  top_tau_select(pb, s, valid, k, mask, ws);
+  // the authors' rule ranks the attention, equal values higher index first when keeping the largest
+  top_tau_select(pb, pb.ties_authors ? attention : s, valid, k, pb.ties_authors && pb.largest, mask, ws);
   top_tau_write_indices(mask, pb.d, pb.k_max, indices, ws.positions.data());
   *lam = 2 * lane_sum<acc_t>(pb.d, [&](int64_t j) { return mask[j] ? attention[j] : acc_t(0); }) - 1;
 }

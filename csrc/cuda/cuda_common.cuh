@@ -1,5 +1,6 @@
 // Device helpers of the sopfast CUDA kernels: dtype conversion, warp / block reductions,
-// dtype dispatch of the launchers.  Needs only the CUDA toolkit headers.
+// dtype dispatch of the launchers (special values and the row math: top_tau_row.h).  Needs only
+// the CUDA toolkit headers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,34 +11,12 @@
 
 #include "cuda/sopfast_cuda.h"
 #include "sopfast_common.h"
+#include "top_tau_row.h"
 
 namespace sopfast::cuda {
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kWarp = 32;
-
-// ---- special values (std::numeric_limits is host-only without --expt-relaxed-constexpr) ----
-template <typename T>
-__device__ __forceinline__ T infinity();
-template <>
-__device__ __forceinline__ float infinity<float>() {
-  return __int_as_float(0x7f800000);
-}
-template <>
-__device__ __forceinline__ double infinity<double>() {
-  return __longlong_as_double(0x7ff0000000000000LL);
-}
-
-template <typename T>
-__device__ __forceinline__ T quiet_nan();
-template <>
-__device__ __forceinline__ float quiet_nan<float>() {
-  return __int_as_float(0x7fc00000);
-}
-template <>
-__device__ __forceinline__ double quiet_nan<double>() {
-  return __longlong_as_double(0x7ff8000000000000LL);
-}
 
 // ---- conversions between storage types and the math type ----
 template <typename acc_t, typename T>
@@ -66,10 +45,6 @@ __device__ __forceinline__ __nv_bfloat16 cast_to<__nv_bfloat16, float>(float v) 
   return __float2bfloat16_rn(v);
 }
 
-// Products and sums that the compiler may not fuse into FMAs (the CPU kernels round the same way).
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
 // ---- reductions ----
 struct SumOp {
   template <typename T>
@@ -77,11 +52,11 @@ struct SumOp {
     return a + b;
   }
 };
-// Maximum that ignores NaN (NaN is tracked separately by the callers).
+// Maximum (of values without NaN: NaN is tracked separately by the callers).
 struct MaxOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const {
-    return fmax(a, b);
+    return b > a ? b : a;
   }
 };
 
@@ -106,16 +81,6 @@ __device__ T block_allreduce(T v, Op op) {
 #pragma unroll
   for (int w = 1; w < warps; ++w) total = op(total, partial[w]);
   return total;
-}
-
-// All-reduce over a team of TEAM threads: a warp (TEAM == 32) or the whole block.
-template <int TEAM, typename T, typename Op>
-__device__ __forceinline__ T team_allreduce(T v, Op op) {
-  if constexpr (TEAM == kWarp) {
-    return warp_allreduce(v, op);
-  } else {
-    return block_allreduce<TEAM>(v, op);
-  }
 }
 
 // Exclusive prefix count of `flag` over a block of THREADS threads, and the block's total.

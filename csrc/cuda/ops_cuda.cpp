@@ -1,13 +1,13 @@
-// Torch binding of the CUDA kernels (compiled only in CUDA builds): checks, output
-// allocation, the current stream, and the raw-pointer launchers of csrc/cuda/*.cu.
-#include "cuda/ops_cuda.h"
-
+// Torch binding of the CUDA kernels (compiled only in CUDA builds): the kCUDA entry points of
+// csrc/ops.h -- checks, output allocation, the current stream, and the raw-pointer launchers of
+// csrc/cuda/*.cu.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "cuda/sopfast_cuda.h"
 #include "op_checks.h"
+#include "ops.h"
 
 namespace sopfast {
 namespace {
@@ -41,7 +41,8 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
 
 }  // namespace
 
-at::Tensor sparsemax_forward_cuda(const at::Tensor& x_in) {
+template <>
+at::Tensor sparsemax_forward<c10::kCUDA>(const at::Tensor& x_in) {
   check_sparsemax_forward(x_in, c10::kCUDA);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
@@ -52,7 +53,8 @@ at::Tensor sparsemax_forward_cuda(const at::Tensor& x_in) {
   return p;
 }
 
-at::Tensor sparsemax_backward_cuda(const at::Tensor& p_in, const at::Tensor& grad_in) {
+template <>
+at::Tensor sparsemax_backward<c10::kCUDA>(const at::Tensor& p_in, const at::Tensor& grad_in) {
   check_sparsemax_backward(p_in, grad_in, c10::kCUDA);
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor p = p_in.contiguous(), grad = grad_in.contiguous();
@@ -63,10 +65,14 @@ at::Tensor sparsemax_backward_cuda(const at::Tensor& p_in, const at::Tensor& gra
   return grad_x;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cuda(
+template <>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCUDA>(
     const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
-    bool largest, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+    bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA);
+  TORCH_CHECK(logits_in.size(1) <= cuda::kTopTauCudaMaxFeatures, "top_tau_forward: the CUDA kernel takes at most ",
+              cuda::kTopTauCudaMaxFeatures, " features per row, got d=", logits_in.size(1),
+              " (the triton backend has no limit)");
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = logits_in.contiguous(), k = k_in.contiguous();
   const at::Tensor valid = contiguous_or_undefined(valid_in);
@@ -74,7 +80,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cuda(
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const auto opts = logits.options();
   const at::Tensor kernel = blur_kernel.has_value() ? blur_kernel->to(acc_dtype).contiguous() : at::Tensor();
-  const at::Tensor scratch = kernel.defined() ? at::empty({n, d}, opts.dtype(acc_dtype)) : at::Tensor();
+  const bool needs_scratch = kernel.defined() && d > cuda::kTopTauSharedFeatures;
+  const at::Tensor scratch = needs_scratch ? at::empty({n, d}, opts.dtype(acc_dtype)) : at::Tensor();
   at::Tensor indices = at::empty({n, k_max}, opts.dtype(at::kLong));
   at::Tensor mask = at::empty({n, d}, opts.dtype(at::kBool));
   at::Tensor lam = at::empty({n}, opts.dtype(acc_dtype));
@@ -88,6 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cuda(
   args.d = d;
   args.k_max = k_max;
   args.largest = largest;
+  args.ties_authors = ties_authors;
   args.blur_kernel = optional_ptr(kernel);
   args.blur_size = kernel.defined() ? kernel.size(0) : 0;
   args.grid_h = grid_h;
@@ -101,9 +109,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward_cuda(
   return {indices, mask, lam, attention};
 }
 
-at::Tensor top_tau_backward_cuda(const at::Tensor& attention_in, const at::Tensor& mask_in, const at::Tensor& lam_in,
-                                 const at::Tensor& grad_lam_in, const std::optional<at::Tensor>& grad_attention_in,
-                                 const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+template <>
+at::Tensor top_tau_backward<c10::kCUDA>(const at::Tensor& attention_in, const at::Tensor& mask_in,
+                                        const at::Tensor& lam_in, const at::Tensor& grad_lam_in,
+                                        const std::optional<at::Tensor>& grad_attention_in,
+                                        const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   check_top_tau_backward(attention_in, mask_in, lam_in, grad_lam_in, grad_attention_in, blur_kernel, grid_h, grid_w,
                          c10::kCUDA);
   const c10::cuda::CUDAGuard guard(attention_in.device());
@@ -111,9 +121,12 @@ at::Tensor top_tau_backward_cuda(const at::Tensor& attention_in, const at::Tenso
   const at::Tensor lam = lam_in.contiguous(), grad_lam = grad_lam_in.contiguous();
   const at::Tensor grad_attention = contiguous_or_undefined(grad_attention_in);
   const int64_t n = attention.size(0), d = attention.size(1);
+  TORCH_CHECK(d <= cuda::kTopTauCudaMaxFeatures, "top_tau_backward: the CUDA kernel takes at most ",
+              cuda::kTopTauCudaMaxFeatures, " features per row, got d=", d, " (the triton backend has no limit)");
   const at::Tensor kernel =
       blur_kernel.has_value() ? blur_kernel->to(attention.scalar_type()).contiguous() : at::Tensor();
-  const at::Tensor scratch = kernel.defined() ? at::empty({n, d}, attention.options()) : at::Tensor();
+  const bool needs_scratch = kernel.defined() && d > cuda::kTopTauSharedFeatures;
+  const at::Tensor scratch = needs_scratch ? at::empty({n, d}, attention.options()) : at::Tensor();
   at::Tensor grad_logits = at::empty({n, d}, attention.options());
   cuda::TopTauBackwardArgs args;
   args.is_double = attention.scalar_type() == at::kDouble;
@@ -136,8 +149,8 @@ at::Tensor top_tau_backward_cuda(const at::Tensor& attention_in, const at::Tenso
 
 namespace {
 
-cuda::GatherTokensDims gather_tokens_dims(const at::Tensor& indices, int64_t tokens, int64_t embed, int64_t prefix) {
-  cuda::GatherTokensDims dims;
+GatherTokensShape gather_tokens_dims(const at::Tensor& indices, int64_t tokens, int64_t embed, int64_t prefix) {
+  GatherTokensShape dims;
   dims.batch = indices.size(0);
   dims.groups = indices.size(1);
   dims.keep = indices.size(2);
@@ -149,11 +162,12 @@ cuda::GatherTokensDims gather_tokens_dims(const at::Tensor& indices, int64_t tok
 
 }  // namespace
 
-at::Tensor gather_tokens_forward_cuda(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
+template <>
+at::Tensor gather_tokens_forward<c10::kCUDA>(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
   check_gather_tokens_forward(x_in, indices_in, prefix, c10::kCUDA);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), indices = indices_in.contiguous();
-  const cuda::GatherTokensDims dims = gather_tokens_dims(indices, x.size(1), x.size(2), prefix);
+  const GatherTokensShape dims = gather_tokens_dims(indices, x.size(1), x.size(2), prefix);
   at::Tensor out = at::empty({dims.batch * dims.groups, dims.prefix + dims.keep, dims.embed}, x.options());
   check_launch(
       "gather_tokens_forward",
@@ -162,17 +176,19 @@ at::Tensor gather_tokens_forward_cuda(const at::Tensor& x_in, const at::Tensor& 
   return out;
 }
 
-at::Tensor gather_tokens_backward_cuda(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
-                                       int64_t num_tokens) {
+template <>
+at::Tensor gather_tokens_backward<c10::kCUDA>(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
+                                              int64_t num_tokens) {
   check_gather_tokens_backward(grad_in, indices_in, prefix, num_tokens, c10::kCUDA);
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous(), indices = indices_in.contiguous();
-  const cuda::GatherTokensDims dims = gather_tokens_dims(indices, num_tokens, grad.size(2), prefix);
+  const GatherTokensShape dims = gather_tokens_dims(indices, num_tokens, grad.size(2), prefix);
   at::Tensor grad_x = at::empty({dims.batch, num_tokens, dims.embed}, grad.options());
+  at::Tensor workspace = at::empty({cuda::gather_tokens_backward_workspace(dims)}, indices.options());
   check_launch("gather_tokens_backward",
                cuda::gather_tokens_backward_launch(grad.const_data_ptr(), indices.const_data_ptr<int64_t>(),
                                                    grad_x.mutable_data_ptr(), dims, float_type(grad.scalar_type()),
-                                                   current_stream()));
+                                                   workspace.mutable_data_ptr<int64_t>(), current_stream()));
   return grad_x;
 }
 

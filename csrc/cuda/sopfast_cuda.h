@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "sopfast_common.h"
+
 namespace sopfast::cuda {
 
 // Storage type of a float tensor; math runs in float32 (float64 for kFloat64).
@@ -20,15 +22,22 @@ int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, Fl
 int sparsemax_backward_launch(const void* p, const void* grad, void* grad_x, int64_t rows, int64_t n, FloatType dtype,
                               void* stream);
 
+// Longest top_tau row of the CUDA kernels (d <= 1024: a warp per row; longer: a block per row).
+constexpr int64_t kTopTauCudaMaxFeatures = 16384;
+// Rows up to this many features stage their blur in shared memory; longer ones need `scratch`.
+constexpr int64_t kTopTauSharedFeatures = 1024;
+
 // top_tau forward.  lam, attention, blur_kernel and scratch are in the math type (float64 for
-// kFloat64 logits, else float32).  scratch [rows, d] is needed only when blur_kernel is set.
+// kFloat64 logits, else float32).  scratch [rows, d] is needed only when blur_kernel is set and
+// d > kTopTauSharedFeatures.  d <= kTopTauCudaMaxFeatures.
 struct TopTauForwardArgs {
   const void* logits = nullptr;  // [rows, d] in logits_type
   FloatType logits_type = FloatType::kFloat32;
   const bool* valid = nullptr;  // [rows, d] or nullptr (all valid)
-  const int64_t* k = nullptr;   // [rows]; clamped to [0, d]
+  const int64_t* k = nullptr;   // [rows]; clamped to [0, number of valid features]
   int64_t rows = 0, d = 0, k_max = 0;
   bool largest = true;
+  bool ties_authors = false;  // rank the attention, equal values higher index first when largest
   const void* blur_kernel = nullptr;  // [blur_size] or nullptr
   int64_t blur_size = 0, grid_h = 0, grid_w = 0;
   void* scratch = nullptr;     // [rows, d]
@@ -50,21 +59,19 @@ struct TopTauBackwardArgs {
   int64_t rows = 0, d = 0;
   const void* blur_kernel = nullptr;  // [blur_size] or nullptr
   int64_t blur_size = 0, grid_h = 0, grid_w = 0;
-  void* scratch = nullptr;      // [rows, d], needed with a blur
+  void* scratch = nullptr;      // [rows, d], needed with a blur when d > kTopTauSharedFeatures
   void* grad_logits = nullptr;  // [rows, d] out
 };
 int top_tau_backward_launch(const TopTauBackwardArgs& args, void* stream);
 
-// gather_tokens shapes: x [batch, tokens, embed], indices [batch, groups, keep].
-struct GatherTokensDims {
-  int64_t batch = 0, tokens = 0, embed = 0, groups = 0, keep = 0, prefix = 0;
-};
 // out [batch * groups, prefix + keep, embed]; indices outside [0, tokens) give zero rows.
-int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensDims& dims,
+int gather_tokens_forward_launch(const void* x, const int64_t* indices, void* out, const GatherTokensShape& dims,
                                  FloatType dtype, void* stream);
+// Elements of the int64 workspace of gather_tokens_backward_launch: the inverted index of the indices.
+int64_t gather_tokens_backward_workspace(const GatherTokensShape& dims);
 // grad [batch * groups, prefix + keep, embed] -> grad_x [batch, tokens, embed] (scatter-add,
-// float32 accumulation, deterministic); indices outside [0, tokens) are skipped.
-int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensDims& dims,
-                                  FloatType dtype, void* stream);
+// float32 accumulation (float64 for kFloat64), deterministic); indices outside [0, tokens) are skipped.
+int gather_tokens_backward_launch(const void* grad, const int64_t* indices, void* grad_x, const GatherTokensShape& dims,
+                                  FloatType dtype, int64_t* workspace, void* stream);
 
 }  // namespace sopfast::cuda

@@ -1,181 +1,135 @@
-// CUDA sparsemax over rows x[rows, n]: one warp per row with the row in registers for
-// n <= 1024, one block per row otherwise; backward likewise.  Math in float32 (float64 for
-// double).  The threshold comes from Michelot's iteration (exact, sort-free, as on the CPU):
-// tau <- (sum_{z > tau} z - 1) / #{z > tau} from tau = max - 1 until the support stops shrinking.
+// CUDA sparsemax over rows x[rows, n]: one team of threads per row with the row in registers --
+// 4 lanes for n <= 32 (8 rows per warp), a warp for n <= 1024, a block of 256 or 512 threads up to
+// kSparsemaxRegisterEntries -- running the per-row algorithm of csrc/team_rows.h (Michelot's exact
+// iteration, sort-free: one read of the row from memory).  Longer rows: a block per row that
+// re-reads the row (from L2) per iteration.  Backward: (g - mean_S g) on S = {p > 0} by the same
+// teams.  Math in float32 (float64 for double).
+#include <type_traits>
+
 #include "cuda/cuda_common.cuh"
+#include "cuda/teams.cuh"
+#include "team_rows.h"
 
 namespace sopfast::cuda {
 namespace {
 
-constexpr int kBlockRowThreads = 256;  // threads of the one-block-per-row kernels
-constexpr int kWarpRowsPerBlock = 4;   // rows per block of the one-warp-per-row kernels
+constexpr int64_t kSparsemaxRegisterEntries = 16384;
+constexpr int kLongRowThreads = 256;
 
-// Whole-row facts deciding how a row is treated (after a team reduction).
-template <typename acc_t>
-struct RowStats {
-  acc_t max;  // largest non-NaN entry
-  int n_posinf = 0;
-  int has_nan = 0;
-
-  __device__ RowStats() : max(-infinity<acc_t>()) {}
-  __device__ void add(acc_t v) {
-    max = fmax(max, v);
-    n_posinf += (v == infinity<acc_t>());
-    has_nan |= (v != v);
-  }
-  template <int TEAM>
-  __device__ void reduce() {
-    max = team_allreduce<TEAM>(max, MaxOp{});
-    n_posinf = team_allreduce<TEAM>(n_posinf, SumOp{});
-    has_nan = team_allreduce<TEAM>(has_nan, SumOp{});
-  }
-  // Value of entry v when the row is special (+inf present, NaN, or all -inf).
-  __device__ acc_t special_value(acc_t v) const {
-    if (n_posinf > 0) return v == infinity<acc_t>() ? acc_t(1) / acc_t(n_posinf) : acc_t(0);
-    return quiet_nan<acc_t>();
-  }
-  __device__ bool special() const { return n_posinf > 0 || has_nan || max == -infinity<acc_t>(); }
-};
-
-// Michelot's iteration on the shifted row z (max 0); sum_over(tau) returns the team-reduced
-// (sum, count) of {z > tau}.  tau never decreases, so the support is nested and it terminates.
-template <typename acc_t, typename SumOver>
-__device__ acc_t sparsemax_threshold(SumOver sum_over) {
-  acc_t tau = -1;
-  int size = -1;
-  while (true) {
-    acc_t sum;
-    int count;
-    sum_over(tau, &sum, &count);
-    if (count == size) return tau;
-    size = count;
-    tau = fmax(tau, (sum - acc_t(1)) / acc_t(count));
-  }
-}
-
-// One warp per row; lane l holds entries l, l + 32, ... (VPT of them, n <= 32 * VPT).
-template <typename scalar_t, int VPT>
-__global__ void sparsemax_forward_warp_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ p, int64_t rows,
-                                              int64_t n) {
+template <typename Team, int VPT, typename scalar_t>
+__global__ void __launch_bounds__(TeamBlock<Team>::threads)
+    sparsemax_forward_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ p, int64_t rows, int64_t n) {
   using acc_t = typename AccType<scalar_t>::type;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t first = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / kWarp;
-  for (int64_t row = first; row < rows; row += int64_t(gridDim.x) * kWarpRowsPerBlock) {
+  constexpr int teams = TeamBlock<Team>::teams;
+  const Team team;
+  for (int64_t row = int64_t(blockIdx.x) * teams + Team::index_in_block(); row < rows;
+       row += int64_t(gridDim.x) * teams) {
     const scalar_t* xr = x + row * n;
     scalar_t* pr = p + row * n;
-    acc_t z[VPT];
-    RowStats<acc_t> stats;
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t i = lane + int64_t(v) * kWarp;
-      z[v] = i < n ? load_as<acc_t>(xr + i) : -infinity<acc_t>();
-      if (i < n) stats.add(z[v]);
-    }
-    stats.template reduce<kWarp>();
-    if (stats.special()) {
-#pragma unroll
-      for (int v = 0; v < VPT; ++v) {
-        const int64_t i = lane + int64_t(v) * kWarp;
-        if (i < n) pr[i] = cast_to<scalar_t>(stats.special_value(z[v]));
-      }
-      continue;
-    }
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) z[v] -= stats.max;
-    const acc_t tau = sparsemax_threshold<acc_t>([&](acc_t t, acc_t* sum, int* count) {
-      acc_t s = 0;
-      int c = 0;
-#pragma unroll
-      for (int v = 0; v < VPT; ++v) {
-        s += z[v] > t ? z[v] : acc_t(0);
-        c += z[v] > t;
-      }
-      *sum = warp_allreduce(s, SumOp{});
-      *count = warp_allreduce(c, SumOp{});
-    });
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t i = lane + int64_t(v) * kWarp;
-      if (i < n) pr[i] = cast_to<scalar_t>(fmax(z[v] - tau, acc_t(0)));
-    }
+    sparsemax_team_row<VPT, acc_t>(
+        team, n, [xr](int64_t i) { return load_as<acc_t>(xr + i); },
+        [pr](int64_t i, acc_t value) { pr[i] = cast_to<scalar_t>(value); });
   }
 }
 
-// One block per row for long rows; the row is re-read from global memory (L2) per iteration.
+// Rows longer than kSparsemaxRegisterEntries: a block per row, the row re-read per Michelot step.
 template <typename scalar_t>
-__global__ void sparsemax_forward_block_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ p, int64_t rows,
-                                               int64_t n) {
+__global__ void __launch_bounds__(kLongRowThreads)
+    sparsemax_forward_long_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ p, int64_t rows, int64_t n) {
   using acc_t = typename AccType<scalar_t>::type;
+  const BlockTeam<kLongRowThreads> team;
+  const acc_t inf = positive_infinity<acc_t>();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const scalar_t* xr = x + row * n;
     scalar_t* pr = p + row * n;
-    RowStats<acc_t> stats;
-    for (int64_t i = threadIdx.x; i < n; i += kBlockRowThreads) stats.add(load_as<acc_t>(xr + i));
-    stats.template reduce<kBlockRowThreads>();
-    if (stats.special()) {
-      for (int64_t i = threadIdx.x; i < n; i += kBlockRowThreads) {
-        pr[i] = cast_to<scalar_t>(stats.special_value(load_as<acc_t>(xr + i)));
-      }
-      continue;
+    acc_t row_max = -inf;
+    int n_posinf = 0, n_nan = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kLongRowThreads) {
+      const acc_t v = load_as<acc_t>(xr + i);
+      row_max = v > row_max ? v : row_max;
+      n_posinf += v == inf;
+      n_nan += v != v;
     }
-    const acc_t tau = sparsemax_threshold<acc_t>([&](acc_t t, acc_t* sum, int* count) {
-      acc_t s = 0;
-      int c = 0;
-      for (int64_t i = threadIdx.x; i < n; i += kBlockRowThreads) {
-        const acc_t z = load_as<acc_t>(xr + i) - stats.max;
-        s += z > t ? z : acc_t(0);
-        c += z > t;
+    row_max = team.max(row_max);
+    n_posinf = team.sum(n_posinf);
+    n_nan = team.sum(n_nan);
+    const bool special = n_posinf > 0 || n_nan > 0 || row_max == -inf;
+    acc_t tau = -1;
+    int support = -1;
+    while (!special) {
+      acc_t sum = 0;
+      int count = 0;
+      for (int64_t i = threadIdx.x; i < n; i += kLongRowThreads) {
+        const acc_t z = load_as<acc_t>(xr + i) - row_max;
+        sum += z > tau ? z : acc_t(0);
+        count += z > tau;
       }
-      *sum = block_allreduce<kBlockRowThreads>(s, SumOp{});
-      *count = block_allreduce<kBlockRowThreads>(c, SumOp{});
-    });
-    for (int64_t i = threadIdx.x; i < n; i += kBlockRowThreads) {
-      pr[i] = cast_to<scalar_t>(fmax(load_as<acc_t>(xr + i) - stats.max - tau, acc_t(0)));
+      sum = team.sum(sum);
+      count = team.sum(count);
+      if (count == support) break;
+      support = count;
+      const acc_t next = (sum - acc_t(1)) / acc_t(count);
+      tau = next > tau ? next : tau;
+    }
+    for (int64_t i = threadIdx.x; i < n; i += kLongRowThreads) {
+      const acc_t v = load_as<acc_t>(xr + i);
+      acc_t out = v - row_max - tau > acc_t(0) ? v - row_max - tau : acc_t(0);
+      if (special) out = n_posinf > 0 ? (v == inf ? acc_t(1) / acc_t(n_posinf) : acc_t(0)) : quiet_nan<acc_t>();
+      pr[i] = cast_to<scalar_t>(out);
     }
   }
 }
 
-// grad_x = (g - mean_S g) on S = {p > 0}: a team of TEAM threads per row (a warp, or the block).
-template <typename scalar_t, int TEAM>
-__global__ void sparsemax_backward_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ g,
-                                          scalar_t* __restrict__ grad_x, int64_t rows, int64_t n) {
+template <typename Team, typename scalar_t>
+__global__ void __launch_bounds__(TeamBlock<Team>::threads)
+    sparsemax_backward_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ g,
+                              scalar_t* __restrict__ grad_x, int64_t rows, int64_t n) {
   using acc_t = typename AccType<scalar_t>::type;
-  constexpr int teams = TEAM == kWarp ? kWarpRowsPerBlock : 1;
-  const int tid = threadIdx.x % TEAM;
-  for (int64_t row = int64_t(blockIdx.x) * teams + threadIdx.x / TEAM; row < rows; row += int64_t(gridDim.x) * teams) {
+  constexpr int teams = TeamBlock<Team>::teams;
+  const Team team;
+  for (int64_t row = int64_t(blockIdx.x) * teams + Team::index_in_block(); row < rows;
+       row += int64_t(gridDim.x) * teams) {
     const int64_t base = row * n;
-    acc_t sum = 0;
-    int size = 0;
-    for (int64_t i = tid; i < n; i += TEAM) {
-      const bool in_support = load_as<acc_t>(p + base + i) > acc_t(0);
-      sum += in_support ? load_as<acc_t>(g + base + i) : acc_t(0);
-      size += in_support;
-    }
-    sum = team_allreduce<TEAM>(sum, SumOp{});
-    size = team_allreduce<TEAM>(size, SumOp{});
-    const acc_t mean = sum / acc_t(size > 0 ? size : 1);
-    for (int64_t i = tid; i < n; i += TEAM) {
-      const bool in_support = load_as<acc_t>(p + base + i) > acc_t(0);
-      grad_x[base + i] = cast_to<scalar_t>(in_support ? load_as<acc_t>(g + base + i) - mean : acc_t(0));
-    }
+    sparsemax_backward_team_row<acc_t>(
+        team, n, [p, base](int64_t i) { return load_as<acc_t>(p + base + i); },
+        [g, base](int64_t i) { return load_as<acc_t>(g + base + i); },
+        [grad_x, base](int64_t i, acc_t value) { grad_x[base + i] = cast_to<scalar_t>(value); });
   }
 }
 
-template <typename scalar_t, int VPT>
-void launch_sparsemax_forward_warp(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
-  sparsemax_forward_warp_kernel<scalar_t, VPT>
-      <<<grid_for(rows, kWarpRowsPerBlock), kWarp * kWarpRowsPerBlock, 0, stream>>>(x, p, rows, n);
+template <typename Team, int VPT, typename scalar_t>
+int launch_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
+  using Block = TeamBlock<Team>;
+  sparsemax_forward_kernel<Team, VPT, scalar_t>
+      <<<grid_for(rows, Block::teams), Block::threads, 0, stream>>>(x, p, rows, n);
+  return static_cast<int>(cudaGetLastError());
 }
 
 template <typename scalar_t>
-void launch_sparsemax_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
-  if (n <= 32) return launch_sparsemax_forward_warp<scalar_t, 1>(x, p, rows, n, stream);
-  if (n <= 64) return launch_sparsemax_forward_warp<scalar_t, 2>(x, p, rows, n, stream);
-  if (n <= 128) return launch_sparsemax_forward_warp<scalar_t, 4>(x, p, rows, n, stream);
-  if (n <= 256) return launch_sparsemax_forward_warp<scalar_t, 8>(x, p, rows, n, stream);
-  if (n <= 512) return launch_sparsemax_forward_warp<scalar_t, 16>(x, p, rows, n, stream);
-  if (n <= 1024) return launch_sparsemax_forward_warp<scalar_t, 32>(x, p, rows, n, stream);
-  sparsemax_forward_block_kernel<scalar_t><<<grid_for(rows, 1), kBlockRowThreads, 0, stream>>>(x, p, rows, n);
+int launch_sparsemax_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
+  using W4 = WarpTeam<4>;
+  using W32 = WarpTeam<32>;
+  if (n <= 4) return launch_forward<W4, 1>(x, p, rows, n, stream);
+  if (n <= 8) return launch_forward<W4, 2>(x, p, rows, n, stream);
+  if (n <= 16) return launch_forward<W4, 4>(x, p, rows, n, stream);
+  if (n <= 32) return launch_forward<W4, 8>(x, p, rows, n, stream);
+  if (n <= 64) return launch_forward<W32, 2>(x, p, rows, n, stream);
+  if (n <= 128) return launch_forward<W32, 4>(x, p, rows, n, stream);
+  if (n <= 256) return launch_forward<W32, 8>(x, p, rows, n, stream);
+  if (n <= 512) return launch_forward<W32, 16>(x, p, rows, n, stream);
+  if (n <= 1024) return launch_forward<W32, 32>(x, p, rows, n, stream);
+  if (n <= 2048) return launch_forward<BlockTeam<256>, 8>(x, p, rows, n, stream);
+  if (n <= 8192) return launch_forward<BlockTeam<256>, 32>(x, p, rows, n, stream);
+  if (n <= kSparsemaxRegisterEntries) return launch_forward<BlockTeam<512>, 32>(x, p, rows, n, stream);
+  sparsemax_forward_long_kernel<scalar_t><<<grid_for(rows, 1), kLongRowThreads, 0, stream>>>(x, p, rows, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename Team, typename scalar_t>
+int launch_backward(const scalar_t* p, const scalar_t* g, scalar_t* out, int64_t rows, int64_t n, cudaStream_t s) {
+  using Block = TeamBlock<Team>;
+  sparsemax_backward_kernel<Team, scalar_t><<<grid_for(rows, Block::teams), Block::threads, 0, s>>>(p, g, out, rows, n);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
@@ -184,9 +138,8 @@ int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, Fl
   if (rows == 0 || n == 0) return 0;
   return dispatch_float_type(dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    launch_sparsemax_forward(static_cast<const scalar_t*>(x), static_cast<scalar_t*>(p), rows, n,
-                             static_cast<cudaStream_t>(stream));
-    return static_cast<int>(cudaGetLastError());
+    return launch_sparsemax_forward(static_cast<const scalar_t*>(x), static_cast<scalar_t*>(p), rows, n,
+                                    static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -199,14 +152,9 @@ int sparsemax_backward_launch(const void* p, const void* grad, void* grad_x, int
     const auto* g_ptr = static_cast<const scalar_t*>(grad);
     auto* out_ptr = static_cast<scalar_t*>(grad_x);
     auto s = static_cast<cudaStream_t>(stream);
-    if (n <= 1024) {
-      sparsemax_backward_kernel<scalar_t, kWarp>
-          <<<grid_for(rows, kWarpRowsPerBlock), kWarp * kWarpRowsPerBlock, 0, s>>>(p_ptr, g_ptr, out_ptr, rows, n);
-    } else {
-      sparsemax_backward_kernel<scalar_t, kBlockRowThreads>
-          <<<grid_for(rows, 1), kBlockRowThreads, 0, s>>>(p_ptr, g_ptr, out_ptr, rows, n);
-    }
-    return static_cast<int>(cudaGetLastError());
+    if (n <= 32) return launch_backward<WarpTeam<4>>(p_ptr, g_ptr, out_ptr, rows, n, s);
+    if (n <= 1024) return launch_backward<WarpTeam<32>>(p_ptr, g_ptr, out_ptr, rows, n, s);
+    return launch_backward<BlockTeam<256>>(p_ptr, g_ptr, out_ptr, rows, n, s);
   });
 }
 

@@ -1,51 +1,20 @@
-// CUDA top_tau: one block per row.  Blur (reflect padding) -> softmax over the valid
-// features -> rank of each feature by counting the keys that beat it (valid first, then by
-// logit, ties to the lower index: sopfast::top_tau_key) -> mask, lam, ascending indices.
-// Backward: the closed form of python/sopfast/ops/top_tau.py, then the blur's transpose in
-// gather form (deterministic).  Math in float32 (float64 for double logits).
+// CUDA top_tau: one team of threads per row (8 lanes for d <= 32, a warp for d <= 1024, a block of
+// 256 or 512 threads up to kTopTauCudaMaxFeatures), several rows per block, the row in registers:
+// one pass over memory, no sorting -- the per-row algorithm of csrc/team_rows.h (blur -> softmax ->
+// early-exit threshold search on team counts -> ties and indices by ballot prefix counts).  The blur
+// stages the row in shared memory (global scratch for rows longer than kTopTauSharedFeatures).
+// Backward: the closed form, then the blur's transpose in gather form.  Math in float32 (float64
+// for double logits).
+#include <type_traits>
+
 #include "cuda/cuda_common.cuh"
+#include "cuda/teams.cuh"
+#include "team_rows.h"
 
 namespace sopfast::cuda {
 namespace {
 
-constexpr int kThreads = 256;           // threads per block (= per row)
-constexpr int kKeyTile = 4 * kThreads;  // keys staged in shared memory per round of the rank count
-
-template <typename acc_t>
-struct BlurParams {
-  const acc_t* kernel;  // [size] or nullptr
-  int64_t size, grid_h, grid_w;
-
-  __device__ bool on() const { return kernel != nullptr && size > 0; }
-  __device__ bool two_d() const { return grid_h > 0 && grid_w > 0; }
-};
-
-// out = sum_t kernel[t] * in(reflect(pos + t - pad)) along one axis of length len; in(q) loads position q.
-template <typename acc_t, typename Load>
-__device__ acc_t blur_at(const BlurParams<acc_t>& blur, int64_t pos, int64_t len, Load in) {
-  const int64_t pad = blur.size / 2;
-  acc_t acc = 0;
-  for (int64_t t = 0; t < blur.size; ++t) acc += mul_rn(blur.kernel[t], in(reflect_index(pos + t - pad, len)));
-  return acc;
-}
-
-// Transpose of blur_at at position pos: sum of kernel[t] * g(j) over all (j, t) with
-// reflect(j + t - pad) == pos, i.e. j + t - pad is pos or one of its reflected images.
-template <typename acc_t, typename Load>
-__device__ acc_t blur_adjoint_at(const BlurParams<acc_t>& blur, int64_t pos, int64_t len, Load g) {
-  const int64_t pad = blur.size / 2;
-  const int64_t images[3] = {pos, -pos, 2 * (len - 1) - pos};
-  const bool used[3] = {true, pos >= 1 && pos <= pad, pos <= len - 2 && pos >= len - 1 - pad};
-  acc_t acc = 0;
-  for (int m = 0; m < 3; ++m) {
-    if (!used[m]) continue;
-    for (int64_t t = 0; t < blur.size; ++t) {
-      const int64_t j = images[m] - t + pad;
-      if (j >= 0 && j < len) acc += mul_rn(blur.kernel[t], g(j));
-    }
-  }
-  return acc;
-}
+extern __shared__ __align__(16) unsigned char team_shared_memory[];
 
 template <typename scalar_t, typename acc_t>
 struct ForwardParams {
@@ -53,120 +22,39 @@ struct ForwardParams {
   const bool* valid;
   const int64_t* k;
   int64_t rows, d, k_max;
-  bool largest;
-  BlurParams<acc_t> blur;
-  acc_t* scratch;
+  bool largest, ties_authors;
+  BlurSpec<acc_t> blur;
+  acc_t* scratch;  // [rows, d] or nullptr: the blur buffer in shared memory
   int64_t* indices;
   bool* mask;
   acc_t* lam;
   acc_t* attention;
 };
 
-// Blurs row `row` of the logits into scratch (2-D: along w into the attention row, free until
-// the softmax, then along h into scratch); returns the blurred row.  Ends with a block barrier.
-template <typename scalar_t, typename acc_t>
-__device__ const acc_t* blur_logits_row(const ForwardParams<scalar_t, acc_t>& p, int64_t row) {
-  const int64_t d = p.d;
-  const scalar_t* logits = p.logits + row * d;
-  acc_t* s = p.scratch + row * d;
-  auto load_logit = [&](int64_t q) { return load_as<acc_t>(logits + q); };
-  if (p.blur.two_d()) {
-    const int64_t h = p.blur.grid_h, w = p.blur.grid_w;
-    acc_t* tmp = p.attention + row * d;
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const int64_t r = j / w, c = j % w;
-      tmp[j] = blur_at(p.blur, c, w, [&](int64_t q) { return load_logit(r * w + q); });
-    }
-    __syncthreads();
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const int64_t r = j / w, c = j % w;
-      s[j] = blur_at(p.blur, r, h, [&](int64_t q) { return tmp[q * w + c]; });
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) s[j] = blur_at(p.blur, j, d, load_logit);
-  }
-  __syncthreads();
-  return s;
-}
-
-template <typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(kThreads) top_tau_forward_kernel(ForwardParams<scalar_t, acc_t> p) {
-  using key_t = typename TopTauKeyType<acc_t>::type;
-  __shared__ key_t keys[kKeyTile];
-  const int64_t d = p.d;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const acc_t* blurred = p.blur.on() ? blur_logits_row(p, row) : nullptr;
-    const scalar_t* logits = p.logits + row * d;
-    const bool* valid = p.valid == nullptr ? nullptr : p.valid + row * d;
-    auto s_at = [&](int64_t j) { return blurred != nullptr ? blurred[j] : load_as<acc_t>(logits + j); };
-    auto valid_at = [&](int64_t j) { return valid == nullptr || valid[j]; };
-
-    // softmax statistics over the valid features
-    acc_t row_max = -infinity<acc_t>();
-    int n_posinf = 0, has_nan = 0;
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      if (!valid_at(j)) continue;
-      const acc_t v = s_at(j);
-      row_max = fmax(row_max, v);
-      n_posinf += v == infinity<acc_t>();
-      has_nan |= v != v;
-    }
-    row_max = block_allreduce<kThreads>(row_max, MaxOp{});
-    n_posinf = block_allreduce<kThreads>(n_posinf, SumOp{});
-    has_nan = block_allreduce<kThreads>(has_nan, SumOp{});
-    const bool nan_row = n_posinf == 0 && (has_nan || row_max == -infinity<acc_t>());
-    acc_t sum = 0;
-    if (n_posinf == 0 && !nan_row) {
-      for (int64_t j = threadIdx.x; j < d; j += kThreads) sum += valid_at(j) ? exp(s_at(j) - row_max) : acc_t(0);
-    }
-    const acc_t inv_sum = acc_t(1) / block_allreduce<kThreads>(sum, SumOp{});
-    auto attention_at = [&](int64_t j) -> acc_t {
-      if (nan_row) return quiet_nan<acc_t>();
-      if (!valid_at(j)) return acc_t(0);
-      const acc_t v = s_at(j);
-      if (n_posinf > 0) return v == infinity<acc_t>() ? acc_t(1) / acc_t(n_posinf) : acc_t(0);
-      return exp(v - row_max) * inv_sum;
-    };
-
-    // rank by counting: feature j is kept when fewer than k keys beat its key
-    const int64_t kk = min(max(p.k[row], int64_t(0)), d);
-    acc_t kept = 0;
-    for (int64_t j0 = 0; j0 < d; j0 += kThreads) {
-      const int64_t j = j0 + threadIdx.x;
-      const key_t key_j = j < d ? top_tau_key(s_at(j), valid_at(j), p.largest, j) : key_t(0);
-      int64_t beaten_by = 0;
-      for (int64_t i0 = 0; i0 < d; i0 += kKeyTile) {
-        const int64_t tile = min(int64_t(kKeyTile), d - i0);
-        __syncthreads();
-        for (int64_t i = threadIdx.x; i < tile; i += kThreads) {
-          keys[i] = top_tau_key(s_at(i0 + i), valid_at(i0 + i), p.largest, i0 + i);
-        }
-        __syncthreads();
-        for (int64_t i = 0; i < tile; ++i) beaten_by += keys[i] > key_j;
-      }
-      if (j < d) {
-        const bool in_group = beaten_by < kk;
-        const acc_t a = attention_at(j);
-        p.mask[row * d + j] = in_group;
-        kept += in_group ? a : acc_t(0);
-        p.attention[row * d + j] = a;
-      }
-    }
-    kept = block_allreduce<kThreads>(kept, SumOp{});  // also orders the mask writes before the reads below
-    if (threadIdx.x == 0) p.lam[row] = 2 * kept - 1;
-
-    // ascending indices of the mask, -1 padded
-    int64_t count = 0;
-    for (int64_t j0 = 0; j0 < d && count < p.k_max; j0 += kThreads) {
-      const int64_t j = j0 + threadIdx.x;
-      const bool flag = j < d && p.mask[row * d + j];
-      int tile_total;
-      const int64_t pos = count + block_exclusive_count<kThreads>(flag, &tile_total);
-      if (flag && pos < p.k_max) p.indices[row * p.k_max + pos] = j;
-      count += tile_total;
-    }
-    for (int64_t pos = count + threadIdx.x; pos < p.k_max; pos += kThreads) p.indices[row * p.k_max + pos] = -1;
-    __syncthreads();
+template <typename Team, int VPT, typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(TeamBlock<Team>::threads) top_tau_forward_kernel(ForwardParams<scalar_t, acc_t> p) {
+  constexpr int teams = TeamBlock<Team>::teams;
+  const Team team;
+  const int team_index = Team::index_in_block();
+  acc_t* shared_buffer = reinterpret_cast<acc_t*>(team_shared_memory) + team_index * p.d;
+  for (int64_t row = int64_t(blockIdx.x) * teams + team_index; row < p.rows; row += int64_t(gridDim.x) * teams) {
+    TopTauRow<acc_t> r;
+    r.d = p.d;
+    r.k = p.k[row];
+    r.k_max = p.k_max;
+    r.largest = p.largest;
+    r.ties_authors = p.ties_authors;
+    r.blur = p.blur;
+    r.buffer = p.scratch != nullptr ? p.scratch + row * p.d : shared_buffer;
+    r.indices = p.indices + row * p.k_max;
+    r.mask = p.mask + row * p.d;
+    r.lam = p.lam + row;
+    r.attention = p.attention + row * p.d;
+    const scalar_t* logits = p.logits + row * p.d;
+    const bool* valid = p.valid == nullptr ? nullptr : p.valid + row * p.d;
+    top_tau_team_row<VPT>(
+        team, r, [logits](int64_t j) { return load_as<acc_t>(logits + j); },
+        [valid](int64_t j) { return valid == nullptr || valid[j]; });
   }
 }
 
@@ -178,66 +66,77 @@ struct BackwardParams {
   const acc_t* grad_lam;
   const acc_t* grad_attention;
   int64_t rows, d;
-  BlurParams<acc_t> blur;
+  BlurSpec<acc_t> blur;
   acc_t* scratch;
   acc_t* grad_logits;
 };
 
-template <typename acc_t>
-__global__ void __launch_bounds__(kThreads) top_tau_backward_kernel(BackwardParams<acc_t> p) {
-  const int64_t d = p.d;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const acc_t* a = p.attention + row * d;
-    const acc_t* ga = p.grad_attention == nullptr ? nullptr : p.grad_attention + row * d;
-    acc_t dot = 0;
-    if (ga != nullptr) {
-      for (int64_t j = threadIdx.x; j < d; j += kThreads) dot += a[j] * ga[j];
-      dot = block_allreduce<kThreads>(dot, SumOp{});
-    }
-    const acc_t lam = p.lam[row], grad_lam = p.grad_lam[row];
-    // without a blur g goes straight out; 1-D blur: g -> scratch; 2-D: g -> out -> scratch -> out
-    acc_t* out = p.grad_logits + row * d;
-    acc_t* scratch = p.scratch == nullptr ? nullptr : p.scratch + row * d;
-    acc_t* g = p.blur.on() && !p.blur.two_d() ? scratch : out;
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const acc_t sign = p.mask[row * d + j] ? acc_t(1) : acc_t(-1);
-      acc_t v = a[j] * (grad_lam * (sign - lam));
-      if (ga != nullptr) v += a[j] * (ga[j] - dot);
-      g[j] = v;
-    }
-    if (p.blur.on()) {
-      __syncthreads();
-      if (p.blur.two_d()) {
-        const int64_t h = p.blur.grid_h, w = p.blur.grid_w;
-        for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-          const int64_t r = j / w, c = j % w;
-          scratch[j] = blur_adjoint_at(p.blur, r, h, [&](int64_t q) { return g[q * w + c]; });
-        }
-        __syncthreads();
-        for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-          const int64_t r = j / w, c = j % w;
-          out[j] = blur_adjoint_at(p.blur, c, w, [&](int64_t q) { return scratch[r * w + q]; });
-        }
-      } else {
-        for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-          out[j] = blur_adjoint_at(p.blur, j, d, [&](int64_t q) { return scratch[q]; });
-        }
-      }
-    }
-    __syncthreads();
+template <typename Team, int VPT, typename acc_t>
+__global__ void __launch_bounds__(TeamBlock<Team>::threads) top_tau_backward_kernel(BackwardParams<acc_t> p) {
+  constexpr int teams = TeamBlock<Team>::teams;
+  const Team team;
+  const int team_index = Team::index_in_block();
+  acc_t* shared_buffer = reinterpret_cast<acc_t*>(team_shared_memory) + team_index * p.d;
+  for (int64_t row = int64_t(blockIdx.x) * teams + team_index; row < p.rows; row += int64_t(gridDim.x) * teams) {
+    const int64_t base = row * p.d;
+    const acc_t* a = p.attention + base;
+    const bool* mask = p.mask + base;
+    const acc_t* ga = p.grad_attention == nullptr ? nullptr : p.grad_attention + base;
+    acc_t* out = p.grad_logits + base;
+    top_tau_backward_team_row<VPT>(
+        team, p.d, p.lam[row], p.grad_lam[row], ga != nullptr, p.blur,
+        p.scratch != nullptr ? p.scratch + base : shared_buffer, [a](int64_t j) { return a[j]; },
+        [mask](int64_t j) { return mask[j]; }, [ga](int64_t j) { return ga[j]; },
+        [out](int64_t j, acc_t g) { out[j] = g; });
   }
 }
 
+// Launches kernel<Team, VPT> over `rows` rows, with the team blur buffers in shared memory when
+// `shared_buffer` (d values of acc_t per team).
+template <typename Team, typename Kernel, typename Params>
+int launch_teams(Kernel kernel, const Params& p, int64_t acc_bytes, bool shared_buffer, cudaStream_t stream) {
+  using Block = TeamBlock<Team>;
+  const size_t shared = shared_buffer ? static_cast<size_t>(Block::teams * p.d * acc_bytes) : 0;
+  kernel<<<grid_for(p.rows, Block::teams), Block::threads, shared, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Calls f(Team{}, VPT constant) for the team kind and values per thread that hold a row of d.
+template <typename F>
+int dispatch_team(int64_t d, F&& f) {
+  using W8 = WarpTeam<8>;
+  using W32 = WarpTeam<32>;
+  using B256 = BlockTeam<256>;
+  if (d <= 32) return f(W8{}, std::integral_constant<int, 4>{});
+  if (d <= 64) return f(W32{}, std::integral_constant<int, 2>{});
+  if (d <= 128) return f(W32{}, std::integral_constant<int, 4>{});
+  if (d <= 256) return f(W32{}, std::integral_constant<int, 8>{});
+  if (d <= 512) return f(W32{}, std::integral_constant<int, 16>{});
+  if (d <= 1024) return f(W32{}, std::integral_constant<int, 32>{});
+  if (d <= 2048) return f(B256{}, std::integral_constant<int, 8>{});
+  if (d <= 8192) return f(B256{}, std::integral_constant<int, 32>{});
+  if (d <= kTopTauCudaMaxFeatures) return f(BlockTeam<512>{}, std::integral_constant<int, 32>{});
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 template <typename acc_t>
-BlurParams<acc_t> blur_params(const void* kernel, int64_t size, int64_t grid_h, int64_t grid_w) {
-  return {static_cast<const acc_t*>(kernel), kernel == nullptr ? 0 : size, grid_h, grid_w};
+BlurSpec<acc_t> blur_spec(const void* kernel, int64_t size, int64_t grid_h, int64_t grid_w) {
+  BlurSpec<acc_t> blur;
+  blur.kernel = static_cast<const acc_t*>(kernel);
+  blur.size = kernel == nullptr ? 0 : size;
+  blur.grid_h = grid_h;
+  blur.grid_w = grid_w;
+  return blur;
 }
 
 }  // namespace
 
 int top_tau_forward_launch(const TopTauForwardArgs& args, void* stream) {
   if (args.rows == 0) return 0;
-  if (args.blur_kernel != nullptr && args.scratch == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  const bool shared_buffer = args.blur_kernel != nullptr && args.d <= kTopTauSharedFeatures;
+  if (args.blur_kernel != nullptr && !shared_buffer && args.scratch == nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   return dispatch_float_type(args.logits_type, [&](auto tag) {
     using scalar_t = decltype(tag);
     using acc_t = typename AccType<scalar_t>::type;
@@ -248,19 +147,23 @@ int top_tau_forward_launch(const TopTauForwardArgs& args, void* stream) {
                                      args.d,
                                      args.k_max,
                                      args.largest,
-                                     blur_params<acc_t>(args.blur_kernel, args.blur_size, args.grid_h, args.grid_w),
-                                     static_cast<acc_t*>(args.scratch),
+                                     args.ties_authors,
+                                     blur_spec<acc_t>(args.blur_kernel, args.blur_size, args.grid_h, args.grid_w),
+                                     shared_buffer ? nullptr : static_cast<acc_t*>(args.scratch),
                                      args.indices,
                                      args.mask,
                                      static_cast<acc_t*>(args.lam),
                                      static_cast<acc_t*>(args.attention)};
-    top_tau_forward_kernel<<<grid_for(args.rows, 1), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-    return static_cast<int>(cudaGetLastError());
+    return dispatch_team(args.d, [&](auto team, auto vpt) {
+      using Team = decltype(team);
+      return launch_teams<Team>(top_tau_forward_kernel<Team, decltype(vpt)::value, scalar_t, acc_t>, p,
+                                sizeof(acc_t), shared_buffer, static_cast<cudaStream_t>(stream));
+    });
   });
 }
 
 template <typename acc_t>
-int launch_top_tau_backward(const TopTauBackwardArgs& args, cudaStream_t stream) {
+int launch_top_tau_backward(const TopTauBackwardArgs& args, bool shared_buffer, cudaStream_t stream) {
   BackwardParams<acc_t> p{static_cast<const acc_t*>(args.attention),
                           args.mask,
                           static_cast<const acc_t*>(args.lam),
@@ -268,18 +171,25 @@ int launch_top_tau_backward(const TopTauBackwardArgs& args, cudaStream_t stream)
                           static_cast<const acc_t*>(args.grad_attention),
                           args.rows,
                           args.d,
-                          blur_params<acc_t>(args.blur_kernel, args.blur_size, args.grid_h, args.grid_w),
-                          static_cast<acc_t*>(args.scratch),
+                          blur_spec<acc_t>(args.blur_kernel, args.blur_size, args.grid_h, args.grid_w),
+                          shared_buffer ? nullptr : static_cast<acc_t*>(args.scratch),
                           static_cast<acc_t*>(args.grad_logits)};
-  top_tau_backward_kernel<acc_t><<<grid_for(args.rows, 1), kThreads, 0, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return dispatch_team(args.d, [&](auto team, auto vpt) {
+    using Team = decltype(team);
+    return launch_teams<Team>(top_tau_backward_kernel<Team, decltype(vpt)::value, acc_t>, p, sizeof(acc_t),
+                              shared_buffer, stream);
+  });
 }
 
 int top_tau_backward_launch(const TopTauBackwardArgs& args, void* stream) {
   if (args.rows == 0) return 0;
-  if (args.blur_kernel != nullptr && args.scratch == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  const bool shared_buffer = args.blur_kernel != nullptr && args.d <= kTopTauSharedFeatures;
+  if (args.blur_kernel != nullptr && !shared_buffer && args.scratch == nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   auto s = static_cast<cudaStream_t>(stream);
-  return args.is_double ? launch_top_tau_backward<double>(args, s) : launch_top_tau_backward<float>(args, s);
+  return args.is_double ? launch_top_tau_backward<double>(args, shared_buffer, s)
+                        : launch_top_tau_backward<float>(args, shared_buffer, s);
 }
 
 }  // namespace sopfast::cuda

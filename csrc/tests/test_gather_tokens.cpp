@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "cpu/gather_tokens_kernels.h"
-#include "cpu/ops_cpu.h"
+#include "ops.h"
 #include "tests/harness.h"
 
 namespace {
 
-using sopfast::cpu::GatherTokensShape;
+using sopfast::GatherTokensShape;
 
 GatherTokensShape small_shape() {
   GatherTokensShape sh;
@@ -88,22 +88,24 @@ TEST_CASE(backward_blocks_sum_every_use_of_a_token) {
 TEST_CASE(torch_entry_points) {
   const at::Tensor x = at::randn({4, 197, 64});
   const at::Tensor indices = at::randint(1, 197, {4, 5, 39}, at::kLong);  // never the prefix token
-  const at::Tensor out = sopfast::gather_tokens_forward_cpu(x, indices, 1);
+  const at::Tensor out = sopfast::gather_tokens_forward<c10::kCPU>(x, indices, 1);
   EXPECT(out.sizes() == at::IntArrayRef({20, 40, 64}));
   EXPECT(out.select(1, 0).equal(x.select(1, 0).repeat_interleave(5, 0)));
-  const at::Tensor grad_x = sopfast::gather_tokens_backward_cpu(at::ones({20, 40, 64}, at::kBFloat16), indices, 1, 197);
+  const at::Tensor grad_x =
+      sopfast::gather_tokens_backward<c10::kCPU>(at::ones({20, 40, 64}, at::kBFloat16), indices, 1, 197);
   EXPECT(grad_x.scalar_type() == at::kBFloat16 && grad_x.sizes() == x.sizes());
   EXPECT(grad_x[0][0][0].item<float>() == 5.0f);  // the prefix token, once per group
 }
 
 TEST_CASE(torch_entry_points_reject_bad_inputs) {
   const at::Tensor x = at::randn({2, 5, 3});
-  EXPECT_THROWS(sopfast::gather_tokens_forward_cpu(x, at::full({2, 1, 1}, 5, at::kLong), 0));
-  EXPECT_THROWS(sopfast::gather_tokens_forward_cpu(x, at::full({2, 1, 1}, -2, at::kLong), 0));
-  EXPECT_THROWS(sopfast::gather_tokens_forward_cpu(x, at::zeros({3, 1, 1}, at::kLong), 0));
-  EXPECT_THROWS(sopfast::gather_tokens_forward_cpu(x, at::zeros({2, 1, 1}, at::kInt), 0));
-  EXPECT_THROWS(sopfast::gather_tokens_forward_cpu(x, at::zeros({2, 1, 1}, at::kLong), 6));
-  EXPECT_THROWS(sopfast::gather_tokens_backward_cpu(at::randn({2, 3, 4}), at::zeros({2, 1, 2}, at::kLong), 0, 5));
+  EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::full({2, 1, 1}, 5, at::kLong), 0));
+  EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::full({2, 1, 1}, -2, at::kLong), 0));
+  EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::zeros({3, 1, 1}, at::kLong), 0));
+  EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::zeros({2, 1, 1}, at::kInt), 0));
+  EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::zeros({2, 1, 1}, at::kLong), 6));
+  EXPECT_THROWS(
+      sopfast::gather_tokens_backward<c10::kCPU>(at::randn({2, 3, 4}), at::zeros({2, 1, 2}, at::kLong), 0, 5));
 }
 
 }  // namespace

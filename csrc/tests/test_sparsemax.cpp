@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/ops_cpu.h"
+#include "ops.h"
 #include "cpu/sparsemax_kernels.h"
 #include "tests/harness.h"
 
@@ -83,25 +83,25 @@ TEST_CASE(backward_centres_the_gradient_on_the_support) {
 
 TEST_CASE(torch_entry_points) {
   const at::Tensor x = at::randn({300, 37});
-  const at::Tensor p = sopfast::sparsemax_forward_cpu(x);
+  const at::Tensor p = sopfast::sparsemax_forward<c10::kCPU>(x);
   EXPECT(p.sizes() == x.sizes() && p.scalar_type() == at::kFloat);
   EXPECT(at::allclose(p.sum(1), at::ones({300}), 0, 1e-5));
   const at::Tensor x_half = x.to(at::kHalf);
-  const at::Tensor p_half = sopfast::sparsemax_forward_cpu(x_half);
+  const at::Tensor p_half = sopfast::sparsemax_forward<c10::kCPU>(x_half);
   EXPECT(p_half.scalar_type() == at::kHalf);
-  EXPECT(at::allclose(p_half.to(at::kFloat), sopfast::sparsemax_forward_cpu(x_half.to(at::kFloat)), 0, 1e-3));
-  const at::Tensor p_double = sopfast::sparsemax_forward_cpu(x.to(at::kDouble));
+  EXPECT(at::allclose(p_half.to(at::kFloat), sopfast::sparsemax_forward<c10::kCPU>(x_half.to(at::kFloat)), 0, 1e-3));
+  const at::Tensor p_double = sopfast::sparsemax_forward<c10::kCPU>(x.to(at::kDouble));
   EXPECT(at::allclose(p_double.to(at::kFloat), p, 0, 1e-6));
-  const at::Tensor grad_x = sopfast::sparsemax_backward_cpu(p, at::randn({300, 37}));
+  const at::Tensor grad_x = sopfast::sparsemax_backward<c10::kCPU>(p, at::randn({300, 37}));
   EXPECT(at::allclose(grad_x.sum(1), at::zeros({300}), 0, 1e-5));
-  EXPECT(sopfast::sparsemax_forward_cpu(at::randn({0, 5})).numel() == 0);
+  EXPECT(sopfast::sparsemax_forward<c10::kCPU>(at::randn({0, 5})).numel() == 0);
 }
 
 TEST_CASE(torch_entry_points_reject_bad_inputs) {
-  EXPECT_THROWS(sopfast::sparsemax_forward_cpu(at::randn({2, 3, 4})));
-  EXPECT_THROWS(sopfast::sparsemax_forward_cpu(at::randn({2, 3}).to(at::kInt)));
-  EXPECT_THROWS(sopfast::sparsemax_backward_cpu(at::randn({2, 3}), at::randn({3, 2})));
-  EXPECT_THROWS(sopfast::sparsemax_backward_cpu(at::randn({2, 3}), at::randn({2, 3}).to(at::kDouble)));
+  EXPECT_THROWS(sopfast::sparsemax_forward<c10::kCPU>(at::randn({2, 3, 4})));
+  EXPECT_THROWS(sopfast::sparsemax_forward<c10::kCPU>(at::randn({2, 3}).to(at::kInt)));
+  EXPECT_THROWS(sopfast::sparsemax_backward<c10::kCPU>(at::randn({2, 3}), at::randn({3, 2})));
+  EXPECT_THROWS(sopfast::sparsemax_backward<c10::kCPU>(at::randn({2, 3}), at::randn({2, 3}).to(at::kDouble)));
 }
 
 }  // namespace

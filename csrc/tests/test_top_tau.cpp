@@ -1,5 +1,7 @@
-// Unit tests of the top_tau CPU kernels: key order, reflect padding, blur adjointness, the row
-// kernel against a brute-force stable sort, and the torch entry points.
+// Unit tests of the top_tau CPU kernels and of the row math they share with the CUDA kernels
+// (top_tau_row.h): key order, the softmax exp (subnormals kept), the threshold search, reflect
+// padding, blur adjointness, the row kernel against a brute-force stable sort for both tie rules,
+// and the torch entry points.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -10,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "cpu/ops_cpu.h"
 #include "cpu/top_tau_kernels.h"
+#include "ops.h"
 #include "tests/harness.h"
 
 namespace {
@@ -41,24 +43,76 @@ TEST_CASE(ordered_bits_sort_like_torch) {
   EXPECT(sopfast::ordered_bits(-1.0) < sopfast::ordered_bits(1e-300));
 }
 
-TEST_CASE(keys_rank_valid_first_then_value_then_lower_index) {
+TEST_CASE(keys_rank_valid_first_then_value_then_index) {
   using sopfast::top_tau_key;
-  EXPECT(top_tau_key(-5.0f, true, true, 3) > top_tau_key(5.0f, false, true, 0));
-  EXPECT(top_tau_key(2.0f, true, true, 3) > top_tau_key(1.0f, true, true, 0));
-  EXPECT(top_tau_key(1.0f, true, false, 3) > top_tau_key(2.0f, true, false, 0));
-  EXPECT(top_tau_key(1.0f, true, true, 2) > top_tau_key(1.0f, true, true, 3));
-  EXPECT(top_tau_key(1.0, true, true, 2) > top_tau_key(1.0, true, true, 3));
-  EXPECT(top_tau_key(std::nan(""), true, false, 0) < top_tau_key(-1e300, true, false, 1));
+  for (bool higher_first : {false, true}) {
+    EXPECT(top_tau_key(-5.0f, true, true, 3, higher_first) > top_tau_key(5.0f, false, true, 0, higher_first));
+    EXPECT(top_tau_key(2.0f, true, true, 3, higher_first) > top_tau_key(1.0f, true, true, 0, higher_first));
+    EXPECT(top_tau_key(1.0f, true, false, 3, higher_first) > top_tau_key(2.0f, true, false, 0, higher_first));
+    EXPECT(top_tau_key(std::nan(""), true, false, 0, higher_first) < top_tau_key(-1e300, true, false, 1, higher_first));
+  }
+  EXPECT(top_tau_key(1.0f, true, true, 2, false) > top_tau_key(1.0f, true, true, 3, false));
+  EXPECT(top_tau_key(1.0, true, true, 2, false) > top_tau_key(1.0, true, true, 3, false));
+  EXPECT(top_tau_key(1.0f, true, true, 2, true) < top_tau_key(1.0f, true, true, 3, true));
+  EXPECT(top_tau_key(1.0, true, true, 2, true) < top_tau_key(1.0, true, true, 3, true));
 }
 
 TEST_CASE(softmax_exp_is_within_one_ulp) {
   for (float x = -87.0f; x <= 0.0f; x += 0.0137f) {
     const float exact = static_cast<float>(std::exp(static_cast<double>(x)));
     const float ulp = std::nextafter(exact, kInf) - exact;
-    EXPECT_NEAR(sopfast::cpu::softmax_exp(x), exact, 1.01 * ulp);
+    EXPECT_NEAR(sopfast::softmax_exp(x), exact, 1.01 * ulp);
   }
-  EXPECT(sopfast::cpu::softmax_exp(0.0f) == 1.0f);
-  EXPECT(sopfast::cpu::softmax_exp(-kInf) == 0.0f);
+  EXPECT(sopfast::softmax_exp(0.0f) == 1.0f);
+  EXPECT(sopfast::softmax_exp(-kInf) == 0.0f);
+}
+
+// torch's softmax keeps subnormal results (softmax([0, -90]) = [1, 8.19e-40]; 0 only below about
+// -103.97): the exp must too, within one step of the subnormal grid (2^-149), and stay monotone.
+TEST_CASE(softmax_exp_keeps_subnormals) {
+  const double quantum = std::ldexp(1.0, -149);
+  float previous = 0.0f;
+  int64_t nonzero = 0;
+  for (float x = -105.0f; x <= -86.0f; x += 0.00173f) {
+    const double exact = std::exp(static_cast<double>(x));
+    const float got = sopfast::softmax_exp(x);
+    EXPECT_NEAR(got, exact, x < -87.3f ? 1.01 * quantum : 2e-7 * exact);
+    EXPECT(got >= previous);
+    previous = got;
+    nonzero += got > 0.0f;
+  }
+  EXPECT(nonzero > 10000);
+  EXPECT(sopfast::softmax_exp(-90.0f) > 8.1e-40f && sopfast::softmax_exp(-90.0f) < 8.3e-40f);
+  EXPECT(sopfast::softmax_exp(-103.9f) > 0.0f);
+  EXPECT(sopfast::softmax_exp(-104.1f) == 0.0f);
+}
+
+// KthLargestSearch against sorting, with many ties and early exits.
+TEST_CASE(threshold_search_finds_the_kth_largest) {
+  std::mt19937 rng(5);
+  for (int rep = 0; rep < 300; ++rep) {
+    const int64_t d = std::uniform_int_distribution<int64_t>(1, 80)(rng);
+    const uint32_t spread = rep % 3 == 0 ? 4u : 0xFFFFFFFFu;
+    std::vector<uint32_t> keys(d);
+    for (auto& key : keys) key = std::uniform_int_distribution<uint32_t>(0, spread)(rng);
+    const int64_t k = std::uniform_int_distribution<int64_t>(1, d)(rng);
+    sopfast::KthLargestSearch<uint32_t> search;
+    int steps = 0;
+    while (search.running()) {
+      const uint32_t t = search.candidate();
+      search.step(std::count_if(keys.begin(), keys.end(), [t](uint32_t key) { return key >= t; }), k);
+      ++steps;
+    }
+    std::vector<uint32_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const auto at_least = std::count_if(keys.begin(), keys.end(), [&](uint32_t v) { return v >= search.threshold; });
+    if (search.exact) {
+      EXPECT(at_least == k && (k == d || sorted[k] < search.threshold));
+    } else {
+      EXPECT(search.threshold == sorted[k - 1]);
+    }
+    EXPECT(steps <= 32);
+  }
 }
 
 // <blur(x), y> == <x, blur^T(y)> for the line and column passes.
@@ -84,11 +138,12 @@ TEST_CASE(blur_adjoint_is_the_transpose) {
   for (double v : bx) EXPECT_NEAR(v, 1.0, 1e-15);
 }
 
-// Brute force: stable sort of (valid desc, value by `largest`, index asc), keep the first k.
+// Brute force: stable sort of (valid desc, value by `largest`, index asc or desc), keep the first k.
 std::vector<bool> brute_force_mask(const std::vector<float>& s, const std::vector<bool>& valid, int64_t k,
-                                   bool largest) {
+                                   bool largest, bool higher_first = false) {
   std::vector<int64_t> order(s.size());
   std::iota(order.begin(), order.end(), 0);
+  if (higher_first) std::reverse(order.begin(), order.end());
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
     if (valid[a] != valid[b]) return static_cast<bool>(valid[a]);
     return largest ? s[a] > s[b] : s[a] < s[b];
@@ -102,43 +157,78 @@ TEST_CASE(row_kernel_matches_brute_force_with_ties) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> small(-3, 3);  // many ties
   std::bernoulli_distribution coin(0.7);
-  for (bool largest : {true, false}) {
-    for (int64_t d : {1, 2, 7, 40, 196}) {
-      TopTauProblem<float> pb;
-      pb.d = d;
-      pb.k_max = d;
-      pb.largest = largest;
-      TopTauWorkspace<float> ws(d);
-      for (int rep = 0; rep < 30; ++rep) {
-        std::vector<float> logits(d);
-        std::vector<bool> valid(d);
-        std::unique_ptr<bool[]> valid_raw(new bool[d]);
-        for (int64_t j = 0; j < d; ++j) logits[j] = small(rng), valid[j] = valid_raw[j] = coin(rng);
-        const int64_t k = std::uniform_int_distribution<int64_t>(0, d)(rng);
-        std::vector<int64_t> indices(d);
-        std::unique_ptr<bool[]> mask(new bool[d]);
-        std::vector<float> attention(d);
-        float lam = 0;
-        sopfast::cpu::top_tau_forward_row(pb, logits.data(), valid_raw.get(), k, indices.data(), mask.get(), &lam,
-                                          attention.data(), ws);
-        const std::vector<bool> expected = brute_force_mask(logits, valid, k, largest);
-        float kept = 0, total = 0;
-        int64_t pos = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          EXPECT(mask[j] == expected[j]);
-          if (expected[j]) EXPECT(indices[pos++] == j);
-          kept += mask[j] ? attention[j] : 0.0f;
-          total += valid[j] ? attention[j] : 0.0f;
-        }
-        for (; pos < d; ++pos) EXPECT(indices[pos] == -1);
-        if (std::find(valid.begin(), valid.end(), true) != valid.end()) {  // else the softmax is NaN
-          for (int64_t j = 0; j < d; ++j) EXPECT(valid[j] || attention[j] == 0.0f);
-          EXPECT_NEAR(total, 1.0, 1e-5);
-          EXPECT_NEAR(lam, 2 * kept - 1, 1e-5);
+  for (bool authors : {false, true}) {
+    for (bool largest : {true, false}) {
+      for (int64_t d : {1, 2, 7, 40, 196}) {
+        TopTauProblem<float> pb;
+        pb.d = d;
+        pb.k_max = d;
+        pb.largest = largest;
+        pb.ties_authors = authors;
+        TopTauWorkspace<float> ws(d);
+        for (int rep = 0; rep < 30; ++rep) {
+          std::vector<float> logits(d);
+          std::vector<bool> valid(d);
+          std::unique_ptr<bool[]> valid_raw(new bool[d]);
+          for (int64_t j = 0; j < d; ++j) logits[j] = small(rng), valid[j] = valid_raw[j] = coin(rng);
+          const int64_t k = std::uniform_int_distribution<int64_t>(0, d)(rng);
+          std::vector<int64_t> indices(d);
+          std::unique_ptr<bool[]> mask(new bool[d]);
+          std::vector<float> attention(d);
+          float lam = 0;
+          sopfast::cpu::top_tau_forward_row(pb, logits.data(), valid_raw.get(), k, indices.data(), mask.get(), &lam,
+                                            attention.data(), ws);
+          // the authors' rule ranks the attention: the order of the logits here (softmax is monotone,
+          // equal logits give equal attention) with invalid features all 0, ties to the higher index
+          // if largest
+          std::vector<float> scores = logits;
+          for (int64_t j = 0; j < d; ++j) scores[j] = authors && !valid[j] ? 0.0f : scores[j];
+          const std::vector<bool> expected = brute_force_mask(scores, valid, k, largest, authors && largest);
+          float kept = 0, total = 0;
+          int64_t pos = 0;
+          for (int64_t j = 0; j < d; ++j) {
+            EXPECT(mask[j] == expected[j]);
+            if (expected[j]) EXPECT(indices[pos++] == j);
+            kept += mask[j] ? attention[j] : 0.0f;
+            total += valid[j] ? attention[j] : 0.0f;
+          }
+          for (; pos < d; ++pos) EXPECT(indices[pos] == -1);
+          if (std::find(valid.begin(), valid.end(), true) != valid.end()) {  // else the softmax is NaN
+            for (int64_t j = 0; j < d; ++j) EXPECT(valid[j] || attention[j] == 0.0f);
+            EXPECT_NEAR(total, 1.0, 1e-5);
+            EXPECT_NEAR(lam, 2 * kept - 1, 1e-5);
+          }
         }
       }
     }
   }
+}
+
+// Saturated rows: attention that underflows to exactly 0 ties; the authors' rule keeps the zeros
+// with the highest indices (lowest for largest=false), the logits rule ranks the logits.
+TEST_CASE(authors_rule_breaks_underflow_ties_by_the_higher_index) {
+  const std::vector<float> logits = {0.0f, -200.0f, -300.0f, 5.0f, -250.0f, -90.0f, -1000.0f};
+  const int64_t d = static_cast<int64_t>(logits.size());
+  auto kept = [&](bool authors, bool largest, int64_t k) {
+    TopTauProblem<float> pb;
+    pb.d = d;
+    pb.k_max = d;
+    pb.largest = largest;
+    pb.ties_authors = authors;
+    TopTauWorkspace<float> ws(d);
+    std::vector<int64_t> indices(d);
+    std::unique_ptr<bool[]> mask(new bool[d]);
+    std::vector<float> attention(d);
+    float lam = 0;
+    sopfast::cpu::top_tau_forward_row(pb, logits.data(), static_cast<const bool*>(nullptr), k, indices.data(),
+                                      mask.get(), &lam, attention.data(), ws);
+    return std::vector<int64_t>(indices.begin(), indices.begin() + k);
+  };
+  // attention: [e^-5, 0, 0, ~1, 0, e^-95 (subnormal), 0]
+  EXPECT((kept(true, true, 4) == std::vector<int64_t>{0, 3, 5, 6}));
+  EXPECT((kept(false, true, 4) == std::vector<int64_t>{0, 1, 3, 5}));
+  EXPECT((kept(true, false, 2) == std::vector<int64_t>{1, 2}));
+  EXPECT((kept(false, false, 2) == std::vector<int64_t>{2, 6}));
 }
 
 TEST_CASE(torch_entry_points) {
@@ -146,25 +236,29 @@ TEST_CASE(torch_entry_points) {
   const at::Tensor k = at::full({50}, 39, at::kLong);
   const at::Tensor kernel = at::ones({3}) / 3;
   auto [indices, mask, lam, attention] =
-      sopfast::top_tau_forward_cpu(logits, k, 39, std::nullopt, true, kernel, 14, 14);
+      sopfast::top_tau_forward<c10::kCPU>(logits, k, 39, std::nullopt, true, false, kernel, 14, 14);
   EXPECT(indices.sizes() == at::IntArrayRef({50, 39}) && mask.sum().item<int64_t>() == 50 * 39);
   EXPECT(lam.scalar_type() == at::kFloat && (lam.abs() <= 1).all().item<bool>());
   const at::Tensor grad =
-      sopfast::top_tau_backward_cpu(attention, mask, lam, at::ones({50}), std::nullopt, kernel, 14, 14);
+      sopfast::top_tau_backward<c10::kCPU>(attention, mask, lam, at::ones({50}), std::nullopt, kernel, 14, 14);
   EXPECT(grad.sizes() == logits.sizes());
-  auto half = sopfast::top_tau_forward_cpu(logits.to(at::kHalf), k, 39, std::nullopt, false, std::nullopt, 0, 0);
+  auto half =
+      sopfast::top_tau_forward<c10::kCPU>(logits.to(at::kHalf), k, 39, std::nullopt, false, false, std::nullopt, 0, 0);
   EXPECT(std::get<2>(half).scalar_type() == at::kFloat);
 }
 
 TEST_CASE(torch_entry_points_reject_bad_inputs) {
   const at::Tensor logits = at::randn({4, 6});
   const at::Tensor k = at::full({4}, 2, at::kLong);
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k.to(at::kInt), 2, std::nullopt, true, std::nullopt, 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 7, std::nullopt, true, std::nullopt, 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, at::ones({4}), 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, at::ones({13}), 0, 0));
-  EXPECT_THROWS(sopfast::top_tau_forward_cpu(logits, k, 2, std::nullopt, true, std::nullopt, 4, 4));
-  EXPECT_THROWS(sopfast::top_tau_backward_cpu(logits.to(at::kHalf), at::ones({4, 6}, at::kBool), at::ones({4}),
+  auto forward = [&](const at::Tensor& counts, int64_t k_max, const std::optional<at::Tensor>& kernel, int64_t grid) {
+    return sopfast::top_tau_forward<c10::kCPU>(logits, counts, k_max, std::nullopt, true, false, kernel, grid, grid);
+  };
+  EXPECT_THROWS(forward(k.to(at::kInt), 2, std::nullopt, 0));
+  EXPECT_THROWS(forward(k, 7, std::nullopt, 0));
+  EXPECT_THROWS(forward(k, 2, at::ones({4}), 0));
+  EXPECT_THROWS(forward(k, 2, at::ones({13}), 0));
+  EXPECT_THROWS(forward(k, 2, std::nullopt, 4));
+  EXPECT_THROWS(sopfast::top_tau_backward<c10::kCPU>(logits.to(at::kHalf), at::ones({4, 6}, at::kBool), at::ones({4}),
                                               at::ones({4}), std::nullopt, std::nullopt, 0, 0));
 }
 

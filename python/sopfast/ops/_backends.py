@@ -1,15 +1,17 @@
-"""Backend discovery and selection for the fused ops.
+"""Backend discovery, selection and the registry of the fused ops.
 
-Every op has up to four implementations that share one name:
+Every op (``"sparsemax_forward"``, ``"top_tau_backward"``, …) has up to four implementations,
+found by one regular name (:data:`IMPLEMENTATIONS`, the one place that maps them):
 
-* ``torch``  – the pure-PyTorch reference (always available, the oracle),
-* ``cpp``    – the C++ CPU kernel in the compiled extension ``sopfast._C``,
-* ``triton`` – the Triton kernel in ``sop_kernels`` (CUDA tensors, or the interpreter),
-* ``cuda``   – the CUDA C++ kernel in ``sopfast._C`` (built only against a CUDA torch).
+* ``torch``  – the pure-PyTorch reference given to :class:`Op` (always available, the oracle),
+* ``cpp``    – ``sopfast._C.<op>_cpu``, the C++ CPU kernel of the compiled extension,
+* ``cuda``   – ``sopfast._C.<op>_cuda``, the CUDA C++ kernel (built only against a CUDA torch),
+* ``triton`` – ``sop_kernels.<op>``, the Triton kernel (CUDA tensors, or the interpreter).
 
-:func:`select_backend` picks one for a tensor: CUDA tensors → ``triton`` (else ``cuda``),
-CPU tensors → ``cpp``, anything else → ``torch``.  ``SOPFAST_BACKEND=torch|cpp|triton|cuda``
-overrides the choice (an unavailable backend is an error, never a silent fallback).
+All four take the same arguments.  :func:`select_backend` picks one for a tensor: CUDA tensors →
+``triton`` (else ``cuda``), CPU tensors → ``cpp``, anything else → ``torch``.
+``SOPFAST_BACKEND=torch|cpp|triton|cuda`` overrides the choice (an unavailable backend is an
+error, never a silent fallback).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -101,8 +105,10 @@ def select_backend(tensor: torch.Tensor) -> str:
                 f"SOPFAST_BACKEND={forced!r} was requested but is not available here "
                 f"(available: {[k for k, v in available_backends().items() if v]})"
             )
-        if forced in ("triton", "cuda") and tensor.device.type != "cuda" and not (
-            forced == "triton" and _triton_interpreting()
+        if (
+            forced in ("triton", "cuda")
+            and tensor.device.type != "cuda"
+            and not (forced == "triton" and _triton_interpreting())
         ):
             raise RuntimeError(f"SOPFAST_BACKEND={forced!r} needs CUDA tensors, got {tensor.device}")
         if forced == "cpp" and tensor.device.type != "cpu":
@@ -125,9 +131,7 @@ def backends() -> dict[str, object]:
     """What is active: available implementations and the choice for CPU / CUDA tensors."""
     avail = available_backends()
     cpu_choice = "cpp" if avail["cpp"] else "torch"
-    cuda_choice = "triton" if avail["triton"] and torch.cuda.is_available() else (
-        "cuda" if avail["cuda"] else "torch"
-    )
+    cuda_choice = "triton" if avail["triton"] and torch.cuda.is_available() else ("cuda" if avail["cuda"] else "torch")
     forced = requested_backend()
     return {
         "available": avail,
@@ -135,3 +139,39 @@ def backends() -> dict[str, object]:
         "cuda": forced or cuda_choice,
         "forced": forced,
     }
+
+
+# backend -> op name -> that backend's implementation of the op (the native modules load lazily)
+IMPLEMENTATIONS: dict[str, Callable[[str], Callable[..., Any]]] = {
+    "cpp": lambda op: getattr(native_extension(), f"{op}_cpu"),
+    "cuda": lambda op: getattr(native_extension(), f"{op}_cuda"),
+    "triton": lambda op: getattr(triton_kernels(), op),
+}
+
+
+class Op:
+    """One op's implementations, by backend: ``reference`` for ``torch``, the others by name
+    (:data:`IMPLEMENTATIONS`).  Calling it runs the backend :func:`select_backend` picks for the
+    first argument."""
+
+    def __init__(self, name: str, reference: Callable[..., Any]) -> None:
+        if name in OPS:
+            raise ValueError(f"op {name!r} is already registered")
+        self.name = name
+        self.reference = reference
+        OPS[name] = self
+
+    def implementation(self, backend: str) -> Callable[..., Any]:
+        """The implementation on ``backend`` (one of :data:`BACKENDS`)."""
+        if backend == "torch":
+            return self.reference
+        if backend not in IMPLEMENTATIONS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return IMPLEMENTATIONS[backend](self.name)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.implementation(select_backend(args[0]))(*args)
+
+
+# every registered op by name
+OPS: dict[str, Op] = {}

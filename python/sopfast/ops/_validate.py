@@ -3,6 +3,11 @@ the offending value and what is allowed."""
 
 from __future__ import annotations
 
+import math
+import operator
+from fractions import Fraction
+from functools import lru_cache
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -42,5 +47,26 @@ def check_tau(tau: float) -> float:
 
 
 def num_kept(tau: float, d: int) -> int:
-    """``k = max(1, floor(tau * d))``: how many of ``d`` features a group keeps."""
-    return max(1, int(tau * d))
+    """``k = max(1, floor(tau · d))``: how many of ``d`` features a group keeps, computed exactly with
+    ``tau`` read as the decimal it prints as (``0.29 · 100`` keeps 29, where floating point gives
+    28.999999999999996 and would keep 28)."""
+    return max(1, math.floor(Fraction(repr(float(tau))) * d))
+
+
+@lru_cache(maxsize=64)
+def num_kept_table(tau: float, d: int) -> tuple[int, ...]:
+    """``num_kept(tau, c)`` for every count ``c`` in ``[0, d]`` (per-row ``k`` from valid counts)."""
+    return tuple(num_kept(tau, c) for c in range(d + 1))
+
+
+def check_grid(grid: object, d: int) -> tuple[int, int]:
+    """A feature grid ``(h, w)``: two positive integers with ``h · w = d``."""
+    try:
+        h, w = (operator.index(side) for side in grid)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid must be two positive integers (h, w) with h · w = d={d}, got {grid!r}") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"grid sides must be positive integers, got {grid!r}")
+    if h * w != d:
+        raise ValueError(f"grid {(h, w)} has {h * w} cells but logits have d={d} features")
+    return h, w

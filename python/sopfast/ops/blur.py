@@ -69,9 +69,7 @@ def blur_reference(rows: torch.Tensor, kernel: torch.Tensor, grid: tuple[int, in
     return x.reshape(n, d)
 
 
-def blur_adjoint_reference(
-    grad: torch.Tensor, kernel: torch.Tensor, grid: tuple[int, int] | None
-) -> torch.Tensor:
+def blur_adjoint_reference(grad: torch.Tensor, kernel: torch.Tensor, grid: tuple[int, int] | None) -> torch.Tensor:
     """The transpose of :func:`blur_reference` applied to ``grad [N, d]`` (it is linear)."""
     kernel = kernel.to(grad.dtype)
     if grid is None:

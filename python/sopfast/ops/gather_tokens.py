@@ -3,7 +3,8 @@
 Row ``b·m + i`` of the output holds the ``p`` always-kept prefix tokens ``x[b, :p]``
 (e.g. CLS) followed by the tokens ``x[b, indices[b, i]]``; an index of ``-1`` is padding
 and gives a zero row.  Never materialises ``[B, m, T, E]``.  Backward is a scatter-add into
-``[B, T, E]`` accumulated in fp32.
+``[B, T, E]`` accumulated in fp32 (fp64 for fp64); being linear in the incoming gradient, its own
+backward is the gather again (higher-order gradients work).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int 
 def gather_tokens_backward_reference(
     grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int
 ) -> torch.Tensor:
-    """Scatter-add of ``grad [B·m, p+k, E]`` back to ``[B, T, E]`` (fp32 accumulation)."""
+    """Scatter-add of ``grad [B·m, p+k, E]`` back to ``[B, T, E]`` (fp32 accumulation; fp64 for fp64)."""
     b, m, k = indices.shape
     e = grad.shape[-1]
-    acc = torch.zeros(b, num_tokens, e, dtype=torch.float32, device=grad.device)
-    g = grad.reshape(b, m, prefix + k, e).float()
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    acc = torch.zeros(b, num_tokens, e, dtype=acc_dtype, device=grad.device)
+    g = grad.reshape(b, m, prefix + k, e).to(acc_dtype)
     if prefix:
         acc[:, :prefix] += g[:, :, :prefix].sum(dim=1)
     body = g[:, :, prefix:].masked_fill((indices < 0).unsqueeze(-1), 0).reshape(b, m * k, e)
@@ -43,32 +45,15 @@ def gather_tokens_backward_reference(
     return acc.to(grad.dtype)
 
 
-def _forward_impl(x, indices, prefix):
-    backend = _backends.select_backend(x)
-    if backend == "cpp":
-        return _backends.native_extension().gather_tokens_forward(x, indices, prefix)
-    if backend == "cuda":
-        return _backends.native_extension().gather_tokens_forward_cuda(x, indices, prefix)
-    if backend == "triton":
-        return _backends.triton_kernels().gather_tokens_forward(x, indices, prefix)
-    return gather_tokens_reference(x, indices, prefix)
-
-
-def _backward_impl(grad, indices, prefix, num_tokens):
-    backend = _backends.select_backend(grad)
-    if backend == "cpp":
-        return _backends.native_extension().gather_tokens_backward(grad, indices, prefix, num_tokens)
-    if backend == "cuda":
-        return _backends.native_extension().gather_tokens_backward_cuda(grad, indices, prefix, num_tokens)
-    if backend == "triton":
-        return _backends.triton_kernels().gather_tokens_backward(grad, indices, prefix, num_tokens)
-    return gather_tokens_backward_reference(grad, indices, prefix, num_tokens)
+# the reference entries look the module's functions up at call time (tests replace them)
+_forward = _backends.Op("gather_tokens_forward", lambda *args: gather_tokens_reference(*args))
+_backward = _backends.Op("gather_tokens_backward", lambda *args: gather_tokens_backward_reference(*args))
 
 
 @torch.library.custom_op("sopfast::gather_tokens_forward", mutates_args=())
 def gather_tokens_forward(x: torch.Tensor, indices: torch.Tensor, prefix: int) -> torch.Tensor:
     """Gather on contiguous ``x [B, T, E]`` and int64 ``indices [B, m, k]`` on the active backend."""
-    return _forward_impl(x, indices, prefix)
+    return _forward(x, indices, prefix)
 
 
 @gather_tokens_forward.register_fake
@@ -80,13 +65,28 @@ def _(x, indices, prefix):
 @torch.library.custom_op("sopfast::gather_tokens_backward", mutates_args=())
 def gather_tokens_backward(grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int) -> torch.Tensor:
     """Scatter-add backward on the active backend."""
-    return _backward_impl(grad, indices, prefix, num_tokens)
+    return _backward(grad, indices, prefix, num_tokens)
 
 
 @gather_tokens_backward.register_fake
 def _(grad, indices, prefix, num_tokens):
     b = indices.shape[0]
     return grad.new_empty(b, num_tokens, grad.shape[-1])
+
+
+class GatherTokensBackwardFunction(torch.autograd.Function):
+    """The scatter-add as a differentiable function of the incoming gradient (adjoint: the gather)."""
+
+    @staticmethod
+    def forward(ctx, grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int) -> torch.Tensor:
+        ctx.save_for_backward(indices)
+        ctx.prefix = prefix
+        return torch.ops.sopfast.gather_tokens_backward(grad, indices, prefix, num_tokens)
+
+    @staticmethod
+    def backward(ctx, grad_grad: torch.Tensor):
+        (indices,) = ctx.saved_tensors
+        return torch.ops.sopfast.gather_tokens_forward(grad_grad.contiguous(), indices, ctx.prefix), None, None, None
 
 
 class GatherTokensFunction(torch.autograd.Function):
@@ -102,8 +102,19 @@ class GatherTokensFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (indices,) = ctx.saved_tensors
-        grad_x = torch.ops.sopfast.gather_tokens_backward(grad.contiguous(), indices, ctx.prefix, ctx.num_tokens)
+        grad_x = GatherTokensBackwardFunction.apply(grad.contiguous(), indices, ctx.prefix, ctx.num_tokens)
         return grad_x, None, None
+
+
+def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
+    """Indices in ``[-1, T)``: checked on the host for CPU tensors; on a GPU without a host sync, by a
+    device-side assertion (as torch's own indexing does), and the kernels read nothing outside ``x``."""
+    in_range = ((indices >= -1) & (indices < num_tokens)).all()
+    message = f"indices must lie in [0, T={num_tokens}) or be -1 (padding)"
+    if indices.device.type != "cpu":
+        torch._assert_async(in_range, f"gather_tokens: {message}")
+    elif not bool(in_range):
+        raise ValueError(f"{message}, got values in [{int(indices.min())}, {int(indices.max())}]")
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
@@ -129,9 +140,6 @@ def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> to
         raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
     if not 0 <= prefix <= x.shape[1]:
         raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
-    if indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= x.shape[1]):
-        raise ValueError(
-            f"indices must lie in [0, T={x.shape[1]}) or be -1 (padding), "
-            f"got values in [{int(indices.min())}, {int(indices.max())}]"
-        )
+    if indices.numel():
+        _check_index_range(indices, x.shape[1])
     return GatherTokensFunction.apply(x.contiguous(), indices.to(torch.int64).contiguous(), int(prefix))

@@ -49,8 +49,11 @@ def aggregate(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tens
     check_rank("c", c, 3, "[B, Cls, m]")
     check_rank("lam", lam, 2, "[B, m]")
     check_rank("y", y, 3, "[B, m, Cls]")
-    if not (c.shape[0] == lam.shape[0] == y.shape[0] and c.shape[2] == lam.shape[1] == y.shape[1]
-            and c.shape[1] == y.shape[2]):
+    if not (
+        c.shape[0] == lam.shape[0] == y.shape[0]
+        and c.shape[2] == lam.shape[1] == y.shape[1]
+        and c.shape[1] == y.shape[2]
+    ):
         raise ValueError(
             f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
             f"y {tuple(y.shape)} [B, m, Cls]"

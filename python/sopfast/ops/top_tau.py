@@ -4,7 +4,7 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
 
 1. optional Gaussian blur on the key grid (:mod:`sopfast.ops.blur`);
 2. ``a = softmax(s)`` over the valid keys (invalid keys get ``a = 0``; ``+inf`` logits
-   share the mass uniformly);
+   share the mass uniformly); subnormal values are kept, as ``torch.softmax`` keeps them;
 3. the group keeps the ``k`` valid features with the largest (``largest=False``: smallest)
    attention.  How equal values are ordered is ``ties``:
 
@@ -16,9 +16,15 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
      ties to the lower feature index: the paper's math at infinite precision;
 4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
 
+``k = max(1, floor(τ · d))`` is computed exactly, ``τ`` read as the decimal it prints as.  Every
+argument is validated here, before dispatch, so all backends accept and reject alike.
+
 Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ)`` with
 ``σ_j = ±1`` inside/outside the group, plus the softmax backward when the attention output
-is used, through the adjoint of the blur.
+is used, through the adjoint of the blur.  Under ``create_graph`` the backward runs as
+differentiable torch ops, so second derivatives work on every backend.  The kernels' softmax is
+torch's up to rounding: the authors' rule may order two attention values that differ only in the
+last bit differently from ``torch.sort`` on torch's softmax.
 """
 
 from __future__ import annotations
@@ -28,7 +34,16 @@ from typing import NamedTuple
 import torch
 
 from . import _backends
-from ._validate import check_float, check_rank, check_same_device, check_tau, check_tensor, num_kept
+from ._validate import (
+    check_float,
+    check_grid,
+    check_rank,
+    check_same_device,
+    check_tau,
+    check_tensor,
+    num_kept,
+    num_kept_table,
+)
 from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
 
 
@@ -129,32 +144,15 @@ def top_tau_backward_reference(
     return g
 
 
-def _forward_impl(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
-    args = (logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w)
-    if ties_authors:  # the native kernels implement only the logits rule so far
-        with torch.no_grad():
-            return tuple(top_tau_reference(*args, ties_authors=True))
-    backend = _backends.select_backend(logits)
-    if backend == "cpp":
-        return tuple(_backends.native_extension().top_tau_forward(*args))
-    if backend == "cuda":
-        return tuple(_backends.native_extension().top_tau_forward_cuda(*args))
-    if backend == "triton":
-        return tuple(_backends.triton_kernels().top_tau_forward(*args))
+def _forward_reference(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
     with torch.no_grad():
-        return tuple(top_tau_reference(*args))
+        result = top_tau_reference(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w, ties_authors)
+    return tuple(result)
 
 
-def _backward_impl(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w):
-    backend = _backends.select_backend(attention)
-    args = (attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
-    if backend == "cpp":
-        return _backends.native_extension().top_tau_backward(*args)
-    if backend == "cuda":
-        return _backends.native_extension().top_tau_backward_cuda(*args)
-    if backend == "triton":
-        return _backends.triton_kernels().top_tau_backward(*args)
-    return top_tau_backward_reference(*args)
+# the reference entries look the module's functions up at call time (tests replace them)
+_forward = _backends.Op("top_tau_forward", _forward_reference)
+_backward = _backends.Op("top_tau_backward", lambda *args: top_tau_backward_reference(*args))
 
 
 @torch.library.custom_op("sopfast::top_tau_forward", mutates_args=())
@@ -170,7 +168,7 @@ def top_tau_forward(
     grid_w: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-τ forward on contiguous ``logits [N, d]`` on the active backend."""
-    indices, mask, lam, attention = _forward_impl(
+    indices, mask, lam, attention = _forward(
         logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w
     )
     return indices, mask, lam, attention
@@ -200,7 +198,7 @@ def top_tau_backward(
     grid_w: int,
 ) -> torch.Tensor:
     """Gradient w.r.t. the logits ``[N, d]`` on the active backend."""
-    return _backward_impl(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
+    return _backward(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
 
 
 @top_tau_backward.register_fake
@@ -227,29 +225,53 @@ class TopTauFunction(torch.autograd.Function):
         attention, mask, lam, blur_kernel = ctx.saved_tensors
         if grad_lam is None:
             grad_lam = torch.zeros_like(lam)
-        grad = torch.ops.sopfast.top_tau_backward(
-            attention, mask, lam, grad_lam.contiguous(),
+        args = (
+            attention,
+            mask,
+            lam,
+            grad_lam.contiguous(),
             None if grad_attention is None else grad_attention.contiguous(),
-            blur_kernel, *ctx.grid,
         )
+        if torch.is_grad_enabled():
+            # create_graph: the closed form in differentiable torch ops.  attention and lam are this
+            # Function's outputs, so second derivatives flow back through this backward again.
+            grad = top_tau_backward_reference(*args, blur_kernel, *ctx.grid)
+        else:
+            grad = torch.ops.sopfast.top_tau_backward(*args, blur_kernel, *ctx.grid)
         return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None, None
 
 
 def _resolve_k(
     tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, int]:
+    """Per-row counts ``k [N]`` (int64) and their maximum.  Without ``valid`` and with ``tau`` or an
+    int ``k`` the maximum is known on the host; otherwise one device-to-host transfer returns it
+    together with the validity checks."""
     if (tau is None) == (k is None):
         raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
-    counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
     if tau is not None:
         tau = check_tau(tau)
         if valid is None:
-            return torch.full((n,), num_kept(tau, d), dtype=torch.int64, device=device)
-        return torch.clamp((tau * counts.double()).floor().to(torch.int64), min=1)
-    k_t = torch.as_tensor(k, dtype=torch.int64, device=device).expand(n).contiguous()
-    if n and (bool((k_t < 1).any()) or bool((k_t > counts).any())):
+            k_max = num_kept(tau, d)
+            return torch.full((n,), k_max, dtype=torch.int64, device=device), k_max
+        counts = valid.sum(dim=-1)
+        k_rows = torch.tensor(num_kept_table(tau, d), dtype=torch.int64, device=device)[counts]
+        k_max, empty_rows = (torch.stack([k_rows.max(), (counts == 0).sum()]).tolist()) if n else (num_kept(tau, d), 0)
+        if empty_rows:
+            raise ValueError(f"every row of valid must allow at least one feature, got {empty_rows} rows without one")
+        return k_rows, k_max
+    if isinstance(k, int) and not isinstance(k, bool) and valid is None:
+        if not 1 <= k <= d:
+            raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")
+        return torch.full((n,), k, dtype=torch.int64, device=device), k
+    k_rows = torch.as_tensor(k, dtype=torch.int64, device=device).expand(n).contiguous()
+    counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
+    if not n:
+        return k_rows, int(k) if isinstance(k, int) else 0
+    k_max, out_of_range = torch.stack([k_rows.max(), ((k_rows < 1) | (k_rows > counts)).sum()]).tolist()
+    if out_of_range:
         raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")
-    return k_t
+    return k_rows, k_max
 
 
 def top_tau(
@@ -294,22 +316,15 @@ def top_tau(
                 f"got {valid.dtype} {tuple(valid.shape)}"
             )
         check_same_device(logits=logits, valid=valid)
-        if n and not bool(valid.any(dim=-1).all()):
-            raise ValueError("every row of valid must allow at least one feature")
         valid = valid.contiguous()
-    k_rows = _resolve_k(tau, k, n, d, valid, logits.device)
-    k_max = int(k_rows.max()) if n else (num_kept(tau, d) if tau is not None else int(k))
+    grid_h, grid_w = check_grid(grid, d) if grid is not None else (0, 0)
     blur_kernel = None
-    grid_h = grid_w = 0
-    if grid is not None:
-        grid_h, grid_w = (int(g) for g in grid)
-        if grid_h * grid_w != d:
-            raise ValueError(f"grid {tuple(grid)} has {grid_h * grid_w} cells but logits have d={d} features")
     if blur_kernel_size > 1:
         check_blur_fits(blur_kernel_size, (grid_h, grid_w) if grid is not None else (d,))
         blur_kernel = gaussian_kernel1d(blur_kernel_size, blur_sigma, logits.device)
         if logits.dtype == torch.float64:
             blur_kernel = blur_kernel.double()
+    k_rows, k_max = _resolve_k(tau, k, n, d, valid, logits.device)
     return TopTauResult(
         *TopTauFunction.apply(
             logits.contiguous(), k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w

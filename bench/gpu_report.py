@@ -1,0 +1,745 @@
+"""The GPU report of sopfast (issue #12): correctness, kernel bandwidth and end-to-end speed on one
+GPU, in one command of at most 8 minutes on an H100 or H200::
+
+    PYTHONPATH=.:python python bench/gpu_report.py                 # writes bench/RESULTS_gpu.md
+    PYTHONPATH=.:python python bench/gpu_report.py --dry-run       # tiny shapes on the CPU, same code paths
+
+Sections (each check runs in isolation: a failure is recorded and the next check runs):
+
+1. **ops vs reference** — every op (sparsemax, top_tau with both tie rules, gather_tokens) on the
+   ``cuda`` and ``triton`` backends against the PyTorch reference over shapes (register and
+   block/tiled paths), dtypes and special values (NaN, NaN with the sign bit, ±inf, +inf beside NaN,
+   ties, saturated and uniform rows, subnormal attention), forward and backward; gather_tokens also
+   past 2³¹ output elements and past 2³¹ output rows (checked on sampled rows);
+2. **kernel timings** — CUDA events, median of repeated launches, GB/s of the bytes an ideal kernel
+   moves and % of the card's peak bandwidth (H100 3350 GB/s, H200 4800 GB/s, found by name), for
+   each backend and the PyTorch reference; plus Triton launch-shape alternatives;
+3. **end to end** — ViT-B/16 at 224 (random-init HF ``ViTForImageClassification``, 1000 classes) and
+   BERT-base at 512 tokens, m = 20, τ = 0.2, bf16 autocast: the authors' algorithm
+   (``sopfast.reference.reference_forward``) vs ``mode="exact"`` vs ``mode="drop"``, forward and a
+   training step (loss backward + AdamW on ``model.trainable_parameters()``), samples/s;
+4. **CPU = CUDA** — the same SOP weights on the CPU and on the GPU (fp32): identical groups, logits
+   within 1e-3.
+
+``--dry-run`` runs the same functions on tiny shapes on the CPU: the native backends are then ``cpp``
+and ``triton`` (its interpreter), timings use ``time.perf_counter`` and the backbones are tiny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DRY_RUN = "--dry-run" in sys.argv
+if DRY_RUN or not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton on CPU tensors (set before triton loads)
+
+import sopfast  # noqa: E402
+from sopfast.bench import step_functions  # noqa: E402
+from sopfast.ops import (  # noqa: E402
+    _backends,
+    gather_tokens_backward_reference,
+    gather_tokens_reference,
+    gaussian_kernel1d,
+    sparsemax_backward_reference,
+    sparsemax_reference,
+    top_tau_backward_reference,
+    top_tau_reference,
+)
+
+PEAK_GBPS_BY_NAME = {"H200": 4800.0, "H100": 3350.0}
+TIME_BUDGET_S = 7.5 * 60  # stop starting checks after this: the run must fit in 8 minutes
+INF = float("inf")
+ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Check:
+    section: str
+    name: str
+    status: str  # ok | FAIL | error | skipped
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    device: torch.device
+    dry_run: bool
+    deadline: float
+    checks: list[Check] = field(default_factory=list)
+    tables: dict[str, list[str]] = field(default_factory=dict)
+
+    def run(self, section: str, name: str, fn: Callable[[], str | None]) -> None:
+        """Runs one check in isolation; ``fn`` returns a detail string, raises AssertionError to fail."""
+        if time.monotonic() > self.deadline:
+            self.checks.append(Check(section, name, "skipped", "time budget spent"))
+            return
+        start = time.monotonic()
+        try:
+            detail = fn() or ""
+            status = "ok"
+        except AssertionError as error:
+            status, detail = "FAIL", str(error)[:300]
+        except Exception as error:  # one broken check must not hide the others
+            status, detail = "error", f"{type(error).__name__}: {str(error)[:300]}"
+            traceback.print_exc(limit=3)
+        self.checks.append(Check(section, name, status, detail.replace("|", "/"), time.monotonic() - start))
+        print(f"[{status:>5}] {section} / {name} {detail[:160]}", flush=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def row(self, table: str, cells: list[object]) -> None:
+        self.tables.setdefault(table, []).append("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def native_backends(device: torch.device) -> list[str]:
+    """The native backends that run on ``device``: cuda and triton on a GPU; cpp, and triton in its
+    interpreter, on the CPU."""
+    available = _backends.available_backends()
+    if device.type == "cuda":
+        return [b for b in ("cuda", "triton") if available[b]]
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    return [b for b in ("cpp", "triton") if available[b] and (b != "triton" or interpreting)]
+
+
+@contextlib.contextmanager
+def forced_backend(name: str | None) -> Iterator[None]:
+    previous = os.environ.get("SOPFAST_BACKEND")
+    if name is None:
+        os.environ.pop("SOPFAST_BACKEND", None)
+    else:
+        os.environ["SOPFAST_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("SOPFAST_BACKEND", None)
+        else:
+            os.environ["SOPFAST_BACKEND"] = previous
+
+
+def kernel(op: str, backend: str) -> Callable:
+    return _backends.OPS[op].implementation(backend)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    both_nan = a.isnan() & b.isnan()
+    return (
+        float((a.double() - b.double()).abs().masked_fill(both_nan, 0).nan_to_num(nan=math.inf).max())
+        if a.numel()
+        else 0.0
+    )
+
+
+def assert_close(name: str, a: torch.Tensor, b: torch.Tensor, atol: float) -> float:
+    diff = max_diff(a, b)
+    assert diff <= atol, f"{name}: max |diff| {diff:.2e} > {atol:.0e}"
+    return diff
+
+
+# ----------------------------------------------------------------------------- 1. ops vs reference
+
+
+def special_sparsemax_rows(n: int, dtype: torch.dtype, device: torch.device, rows: int) -> torch.Tensor:
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n)) * 3
+    x[0, 0], x[0, -1] = INF, float("nan")  # +inf beside NaN: the mass on the +inf entry
+    x[1] = -INF
+    x[2, n // 2] = float("nan")
+    x[3] = 0.5  # all tied
+    x[4] = x[4] * 1e29  # huge values
+    x[5, : max(1, n // 3)] = INF
+    return x.to(device, dtype)
+
+
+def check_sparsemax(report: Report, n: int, dtype: torch.dtype, rows: int) -> None:
+    x = special_sparsemax_rows(n, dtype, report.device, rows)
+    p_ref = sparsemax_reference(x)
+    g = torch.randn_like(x)
+    for backend in native_backends(report.device):
+
+        def run(backend=backend) -> str:
+            p = kernel("sparsemax_forward", backend)(x)
+            forward = assert_close("forward", p, p_ref, ATOL[dtype])
+            grad = kernel("sparsemax_backward", backend)(p_ref, g)
+            expected = sparsemax_backward_reference(p_ref, g)
+            backward = assert_close(
+                "backward", grad, expected, {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 0.05)
+            )
+            return f"fwd {forward:.1e}, bwd {backward:.1e}"
+
+        report.run("ops", f"sparsemax {backend} {rows}x{n} {str(dtype)[6:]}", run)
+
+
+def negative_nan() -> float:
+    return torch.tensor([0xFFC00000], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+
+
+def subnormal_band() -> list[float]:
+    """Logits in [-104, -87] (subnormal fp32 attention next to a 0 logit), away from rounding boundaries."""
+    values = [-87.5 - 0.5 * i for i in range(30)] + [-102.5 + 0.03 * i for i in range(-30, 30)]
+    return [x for x in values if abs(math.exp(x) / 2.0**-149 % 1 - 0.5) > 0.1]
+
+
+def top_tau_logits(d: int, rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Random rows plus special ones: saturated, uniform, duplicates, NaN (sign bit set), ±inf, subnormal."""
+    gen = torch.Generator().manual_seed(d)
+    x = torch.randn(rows, d, generator=gen)
+    x[0] *= 1e3  # saturated: most attention underflows to 0
+    x[1] = 0.25  # uniform
+    x[2] = torch.randint(-2, 3, (d,), generator=gen).float()  # exact duplicates
+    x[3, d // 2] = negative_nan()
+    x[4, 0], x[4, -1] = INF, -INF
+    x[5, : d // 4] = -INF
+    band = subnormal_band()[: d - 1]
+    x[6] = -INF
+    x[6, 0] = 0.0
+    x[6, 1 : 1 + len(band)] = torch.tensor(band)
+    return x.to(device, dtype)
+
+
+def check_top_tau(
+    report: Report, d: int, grid, dtype: torch.dtype, ties_authors: bool, largest: bool, with_valid: bool, blur: int
+) -> None:
+    rows = 129 if not report.dry_run else 9
+    logits = top_tau_logits(d, rows, dtype, report.device)
+    k = torch.full((rows,), max(1, d // 5), dtype=torch.int64, device=report.device)
+    valid = None
+    if with_valid:
+        valid = torch.rand(rows, d, generator=torch.Generator().manual_seed(1)).to(report.device) > 0.3
+        valid[:, 0] = True
+        k = torch.minimum(k, valid.sum(dim=-1))
+    kernel_1d = (
+        gaussian_kernel1d(blur, 1.0, report.device).to(torch.float64 if dtype == torch.float64 else torch.float32)
+        if blur
+        else None
+    )
+    grid_h, grid_w = grid if (grid and blur) else (0, 0)
+    args = (logits, k, int(k.max()), valid, largest, ties_authors, kernel_1d, grid_h, grid_w)
+    with torch.no_grad():
+        expected = top_tau_reference(*args[:5], *args[6:], ties_authors=ties_authors)
+    grad_lam, grad_attention = torch.randn_like(expected.lam), torch.randn_like(expected.attention)
+    backward_args = (
+        expected.attention,
+        expected.mask,
+        expected.lam,
+        grad_lam,
+        grad_attention,
+        kernel_1d,
+        grid_h,
+        grid_w,
+    )
+    grad_expected = top_tau_backward_reference(*backward_args)
+    rule, end = "authors" if ties_authors else "logits", "largest" if largest else "smallest"
+    blur_name = f" blur{blur}-{'2d' if grid_h else '1d'}" if blur else ""
+    name = f"top_tau d={d} {str(dtype)[6:]} {rule} {end}{' valid' if with_valid else ''}{blur_name}"
+    for backend in native_backends(report.device):
+        if backend == "cuda" and d > 16384:
+            continue
+
+        def run(backend=backend) -> str:
+            indices, mask, lam, attention = kernel("top_tau_forward", backend)(*args)
+            bad_rows = int(((mask != expected.mask).any(dim=-1) | (indices != expected.indices).any(dim=-1)).sum())
+            assert bad_rows == 0, f"{bad_rows} of {rows} rows select other features than the reference"
+            att = assert_close("attention", attention, expected.attention, 2e-6 if dtype != torch.float64 else 1e-12)
+            assert_close("lam", lam, expected.lam, 1e-5)
+            grad = kernel("top_tau_backward", backend)(*backward_args)
+            bwd = assert_close("backward", grad, grad_expected, 1e-5)
+            return f"masks equal; attention {att:.1e}, bwd {bwd:.1e}"
+
+        report.run("ops", f"{name} {backend}", run)
+
+
+def check_gather(report: Report, b: int, t: int, e: int, m: int, k: int, prefix: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(e)
+    x = torch.randn(b, t, e, generator=gen).to(report.device, dtype)
+    indices = torch.randint(-1, t, (b, m, k), generator=gen).to(report.device)
+    grad = torch.randn(b * m, prefix + k, e, generator=gen).to(report.device, dtype)
+    expected = gather_tokens_reference(x, indices, prefix)
+    expected_grad = gather_tokens_backward_reference(grad, indices, prefix, t)
+    for backend in native_backends(report.device):
+
+        def run(backend=backend) -> str:
+            out = kernel("gather_tokens_forward", backend)(x, indices, prefix)
+            assert torch.equal(out, expected), "forward differs from the reference (a copy: must be exact)"
+            grad_x = kernel("gather_tokens_backward", backend)(grad, indices, prefix, t)
+            tolerance = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 0.1)
+            bwd = assert_close("backward", grad_x, expected_grad, tolerance)
+            return f"forward exact, bwd {bwd:.1e}"
+
+        report.run("ops", f"gather_tokens {backend} B{b} T{t} E{e} m{m} k{k}+{prefix} {str(dtype)[6:]}", run)
+
+
+def check_huge_gather(report: Report, b: int, t: int, e: int, m: int, k: int, prefix: int, backward: bool) -> None:
+    """Outputs past 2³¹ elements or rows, checked on sampled group rows (and the last one); the
+    backward against the reference per batch element."""
+    rows, elements = b * m * (prefix + k), b * m * (prefix + k) * e
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(b, t, e, generator=gen).to(report.device, torch.bfloat16)
+    indices = torch.randint(-1, t, (b, m, k), generator=gen).to(report.device)
+    samples = torch.cat([torch.randint(0, b * m, (64,), generator=gen), torch.tensor([b * m - 1])]).to(report.device)
+    for backend in native_backends(report.device):
+
+        def run(backend=backend) -> str:
+            out = kernel("gather_tokens_forward", backend)(x, indices, prefix)
+            picked = out[samples]
+            del out
+            # the sampled rows, built directly: the prefix tokens, then the indexed ones (-1: zero)
+            body = indices.reshape(b * m, k)[samples]
+            tokens = torch.cat([torch.arange(prefix, device=x.device).expand(len(samples), prefix), body], dim=1)
+            expected = x[(samples // m).view(-1, 1), tokens.clamp_min(0)].masked_fill((tokens < 0).unsqueeze(-1), 0)
+            assert torch.equal(picked, expected), "sampled rows differ from the reference"
+            detail = f"{rows:,} rows, {elements:,} elements: sampled rows exact"
+            if backward:
+                grad = torch.ones(b * m, prefix + k, e, dtype=torch.bfloat16, device=x.device)
+                grad_x = kernel("gather_tokens_backward", backend)(grad, indices, prefix, t)
+                for bb in range(b):
+                    chunk = gather_tokens_backward_reference(
+                        grad[bb * m : (bb + 1) * m], indices[bb : bb + 1], prefix, t
+                    )
+                    assert_close("backward", grad_x[bb : bb + 1].float(), chunk.float(), 0.5)
+                detail += ", backward equal"
+            return detail
+
+        report.run("ops", f"gather_tokens {backend} past 2^31: {rows:,} rows x E{e}", run)
+
+
+def ops_section(report: Report) -> None:
+    dry = report.dry_run
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+    for n in [3, 20, 70] if dry else [3, 20, 33, 1000, 5000, 20000]:
+        for dtype in dtypes if n == 20 else [torch.float32, torch.bfloat16]:
+            check_sparsemax(report, n, dtype, 9 if dry else 257)
+    shapes = (
+        [(12, None), (49, (7, 7))]
+        if dry
+        else [
+            (12, None),
+            (49, (7, 7)),
+            (196, (14, 14)),
+            (512, None),
+            (1024, (32, 32)),
+            (3000, None),
+            (10000, (100, 100)),
+        ]
+    )
+    for d, grid in shapes:
+        blur = 3 if d >= 12 else 0
+        check_top_tau(report, d, grid, torch.float32, True, True, False, blur)
+        check_top_tau(report, d, grid, torch.bfloat16, False, False, True, 0)
+        check_top_tau(report, d, grid, torch.float32, True, False, True, blur)
+        check_top_tau(report, d, grid, torch.float32, False, True, False, blur)
+    d, grid = shapes[-1] if dry else (196, (14, 14))
+    for dtype in (torch.float16, torch.float64):
+        check_top_tau(report, d, grid, dtype, True, True, True, 3)
+    for dtype in dtypes:
+        check_gather(report, 2, 9, 12, 3, 5, 1, dtype) if dry else check_gather(report, 8, 197, 768, 20, 39, 1, dtype)
+    if dry:
+        check_huge_gather(report, 2, 9, 4, 3, 5, 1, backward=True)
+        check_huge_gather(report, 1, 40, 1, 64, 1, 33, backward=False)
+    else:
+        check_huge_gather(report, 16, 3000, 1024, 64, 2560, 1, backward=True)  # > 2^31 elements
+        check_huge_gather(report, 1, 4097, 1, 2**19, 1, 4096, backward=False)  # > 2^31 rows
+
+
+# ----------------------------------------------------------------------------- 2. kernel timings
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds per call: CUDA events on a GPU, perf_counter on the CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_gbps(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_GBPS_BY_NAME.items() if key in name), None)
+
+
+def nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+TimingCase = tuple[str, int, dict[str, Callable[[], object]]]  # (name, ideal bytes moved, {impl: call})
+
+
+def sparsemax_timing_cases(rows: int, n: int, device: torch.device) -> list[TimingCase]:
+    x = torch.randn(rows, n, device=device) * 2
+    g = torch.randn_like(x)
+    p = sparsemax_reference(x)
+    forward = {b: (lambda b=b: kernel("sparsemax_forward", b)(x)) for b in native_backends(device)}
+    backward = {b: (lambda b=b: kernel("sparsemax_backward", b)(p, g)) for b in native_backends(device)}
+    return [
+        (f"sparsemax fwd {rows}x{n} fp32", nbytes(x, x), {**forward, "torch": lambda: sparsemax_reference(x)}),
+        (
+            f"sparsemax bwd {rows}x{n} fp32",
+            nbytes(p, g, g),
+            {**backward, "torch": lambda: sparsemax_backward_reference(p, g)},
+        ),
+    ]
+
+
+def top_tau_timing_case(
+    rows: int, d: int, grid, blur: int, dtype: torch.dtype, ties_authors: bool, device
+) -> TimingCase:
+    logits = torch.randn(rows, d, device=device, dtype=dtype)
+    k_max = d // 5
+    k = torch.full((rows,), k_max, device=device)
+    blur_kernel = gaussian_kernel1d(blur, 1.0, device) if blur else None
+    args = (logits, k, k_max, None, True, ties_authors, blur_kernel, *(grid if blur else (0, 0)))
+    moved = nbytes(logits, k) + rows * d * (4 + 1) + rows * (8 * k_max + 4)
+    impls = {b: (lambda b=b: kernel("top_tau_forward", b)(*args)) for b in native_backends(device)}
+
+    def reference():
+        with torch.no_grad():
+            return top_tau_reference(*args[:5], *args[6:], ties_authors=ties_authors)
+
+    rule = "authors" if ties_authors else "logits"
+    return (
+        f"top_tau fwd {rows}x{d} {str(dtype)[6:]} {'blur3 ' if blur else ''}{rule}",
+        moved,
+        {**impls, "torch": reference},
+    )
+
+
+def top_tau_backward_timing_case(rows: int, device: torch.device) -> TimingCase:
+    a = torch.softmax(torch.randn(rows, 196, device=device), -1)
+    mask = torch.rand(rows, 196, device=device) > 0.8
+    lam, grad_lam, grad_a = torch.randn(rows, device=device), torch.randn(rows, device=device), torch.randn_like(a)
+    args = (a, mask, lam, grad_lam, grad_a, gaussian_kernel1d(3, 1.0, device), 14, 14)
+    impls = {b: (lambda b=b: kernel("top_tau_backward", b)(*args)) for b in native_backends(device)}
+    moved = nbytes(a, mask, lam, grad_lam, grad_a, a)
+    return f"top_tau bwd {rows}x196 blur3", moved, {**impls, "torch": lambda: top_tau_backward_reference(*args)}
+
+
+def gather_timing_cases(b: int, t: int, e: int, m: int, k: int, device: torch.device) -> list[TimingCase]:
+    x = torch.randn(b, t, e, device=device, dtype=torch.bfloat16)
+    indices = torch.rand(b, m, t - 1, device=device).topk(k, dim=-1).indices.sort(dim=-1).values + 1
+    grad = torch.randn(b * m, 1 + k, e, device=device, dtype=torch.bfloat16)
+    forward = {bk: (lambda bk=bk: kernel("gather_tokens_forward", bk)(x, indices, 1)) for bk in native_backends(device)}
+    backward = {
+        bk: (lambda bk=bk: kernel("gather_tokens_backward", bk)(grad, indices, 1, t)) for bk in native_backends(device)
+    }
+    name = f"B{b} T{t} E{e} m{m} k{k}+1 bf16"
+    return [
+        (
+            f"gather_tokens fwd {name}",
+            nbytes(indices, grad, grad),
+            {**forward, "torch": lambda: gather_tokens_reference(x, indices, 1)},
+        ),
+        (
+            f"gather_tokens bwd {name}",
+            nbytes(grad, indices, x),
+            {**backward, "torch": lambda: gather_tokens_backward_reference(grad, indices, 1, t)},
+        ),
+    ]
+
+
+def timing_cases(device: torch.device, dry: bool) -> list[TimingCase]:
+    """Each op at SOP's shapes (ViT-B/16: d = 196 on a 14 × 14 grid, BERT: 512), every backend and the reference."""
+    rows = 8 if dry else 4096
+    if dry:  # a few rows: the Triton interpreter is slow
+        cases = sparsemax_timing_cases(16, 20, device) + sparsemax_timing_cases(8, 70, device)
+    else:
+        cases = sparsemax_timing_cases(65536, 20, device) + sparsemax_timing_cases(8192, 1000, device)
+    for d, grid, blur, dtype in [
+        (196, (14, 14), 3, torch.bfloat16),
+        (196, (14, 14), 0, torch.float32),
+        (512, None, 0, torch.bfloat16),
+    ]:
+        for ties_authors in (True, False):
+            cases.append(top_tau_timing_case(rows, d, grid, blur, dtype, ties_authors, device))
+    cases.append(top_tau_backward_timing_case(rows, device))
+    return cases + gather_timing_cases(*((1, 17, 8, 2, 3) if dry else (64, 197, 768, 20, 39)), device)
+
+
+def timings_section(report: Report) -> None:
+    device, dry = report.device, report.dry_run
+    peak = peak_gbps(device)
+    repeats = 1 if dry else 50
+    report.row("timings", ["op", "impl", "ms", "GB/s", "% peak", "× torch"])
+    report.row("timings", ["---", "---", "---:", "---:", "---:", "---:"])
+
+    def run_cases() -> str:
+        for name, moved, impls in timing_cases(device, dry):
+            measured = {}
+            for impl, fn in impls.items():
+                try:
+                    measured[impl] = time_ms(fn, device, repeats, warmup=0 if dry else 5)
+                except Exception as error:  # keep the other implementations of this case
+                    report.row("timings", [name, impl, f"error: {type(error).__name__}", "", "", ""])
+            for impl, ms in measured.items():
+                gbps = moved / ms / 1e6
+                percent = f"{100 * gbps / peak:.1f}" if peak else "n/a"
+                speedup = f"{measured['torch'] / ms:.2f}" if "torch" in measured else ""
+                report.row("timings", [name, impl, f"{ms:.4f}", f"{gbps:.0f}", percent, speedup])
+        return f"peak {peak or 'n/a'} GB/s"
+
+    report.run("timings", "ops at SOP shapes", run_cases)
+    if dry or "triton" not in native_backends(device):
+        return
+    import sop_kernels.sparsemax as triton_sparsemax
+    import sop_kernels.top_tau as triton_top_tau
+
+    def sweep() -> str:
+        """Triton launch shapes: elements per program (rows per program = that // BLOCK)."""
+        best = {}
+        logits = torch.randn(4096, 196, device=device)
+        k = torch.full((4096,), 39, device=device)
+        x = torch.randn(65536, 20, device=device)
+        for elements in (256, 1024, 2048, 4096, 8192):
+            for warp_elements in (256, 512, 1024):
+                triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP = elements, warp_elements
+                ms = time_ms(
+                    lambda: kernel("top_tau_forward", "triton")(logits, k, 39, None, True, True, None, 0, 0), device, 30
+                )
+                report.row(
+                    "triton launch shapes",
+                    [f"top_tau 4096x196 authors: {elements} per program, {warp_elements} per warp", f"{ms:.4f}"],
+                )
+                best["top_tau"] = min(best.get("top_tau", (math.inf, None)), (ms, (elements, warp_elements)))
+            triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM = elements
+            ms = time_ms(lambda: kernel("sparsemax_forward", "triton")(x), device, 30)
+            report.row("triton launch shapes", [f"sparsemax 65536x20: {elements} per program", f"{ms:.4f}"])
+            best["sparsemax"] = min(best.get("sparsemax", (math.inf, None)), (ms, elements))
+        return "best: " + ", ".join(f"{op} {cfg} ({ms:.4f} ms)" for op, (ms, cfg) in best.items())
+
+    report.tables.setdefault("triton launch shapes", ["| launch shape | ms |", "| --- | ---: |"])
+    saved = (
+        triton_top_tau.ELEMENTS_PER_PROGRAM,
+        triton_top_tau.ELEMENTS_PER_WARP,
+        triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM,
+    )
+    report.run("timings", "triton launch shapes", sweep)
+    (
+        triton_top_tau.ELEMENTS_PER_PROGRAM,
+        triton_top_tau.ELEMENTS_PER_WARP,
+        triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM,
+    ) = saved
+
+
+# ----------------------------------------------------------------------------- 3. end to end
+
+
+def vit_backbone(dry: bool):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if dry:
+        cfg = ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=32,
+            patch_size=8,
+            num_labels=10,
+        )
+    else:  # ViT-B/16 at 224 (the config's defaults), 1000 classes
+        cfg = ViTConfig(num_labels=1000)
+    return ViTForImageClassification(cfg).eval()
+
+
+def bert_backbone(dry: bool):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    if dry:
+        cfg = BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            num_labels=2,
+        )
+    else:  # BERT-base
+        cfg = BertConfig(num_labels=2)
+    return BertForSequenceClassification(cfg).eval()
+
+
+def model_inputs(kind: str, batch: int, dry: bool, device: torch.device) -> tuple:
+    gen = torch.Generator().manual_seed(0)
+    if kind == "vit":
+        size = 32 if dry else 224
+        return (torch.randn(batch, 3, size, size, generator=gen).to(device),)
+    length = 48 if dry else 512
+    ids = torch.randint(5, 100 if dry else 20000, (batch, length), generator=gen)
+    return ids.to(device), torch.ones_like(ids).to(device), torch.zeros_like(ids).to(device)
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def end_to_end_section(report: Report) -> None:
+    device, dry = report.device, report.dry_run
+    report.row("end to end", ["model", "step", "variant", "backend", "ms", "samples/s", "× reference"])
+    report.row("end to end", ["---", "---", "---", "---", "---:", "---:", "---:"])
+    for kind, batch in [("vit", 2 if dry else 16), ("bert", 1 if dry else 8)]:
+        for train in (False, True):
+
+            def run(kind=kind, batch=batch, train=train) -> str:
+                torch.manual_seed(0)
+                backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
+                model = sopfast.SOP(backbone, num_groups=20, tau=0.2).to(device)
+                model.train(train)
+                args = model_inputs(kind, batch, dry, device)
+                labels = torch.zeros(batch, dtype=torch.long, device=device)
+                fns = step_functions(model, args, labels, train)
+                measured = {}
+                default = _backends.backends()[device.type]
+                others = [b for b in native_backends(device) if b != default]  # drop on the other native backends
+                for name, backend in [(name, default) for name in fns] + [("drop", b) for b in others]:
+                    with forced_backend(backend), autocast(device):
+                        ms = time_ms(fns[name], device, 1 if dry else 3, warmup=1)
+                    measured[(name, backend)] = ms
+                reference_ms = measured[("reference", default)]
+                for (name, backend), ms in measured.items():
+                    report.row(
+                        "end to end",
+                        [
+                            f"tiny {kind}" if dry else ("ViT-B/16 224" if kind == "vit" else "BERT-base 512"),
+                            "train step" if train else "forward",
+                            name,
+                            backend,
+                            f"{ms:.1f}",
+                            f"{batch / ms * 1e3:.1f}",
+                            f"{reference_ms / ms:.2f}",
+                        ],
+                    )
+                return ", ".join(f"{n}/{b} {ms:.1f} ms" for (n, b), ms in measured.items())
+
+            report.run("end to end", f"{kind} {'train step' if train else 'forward'} batch {batch}", run)
+
+
+# ----------------------------------------------------------------------------- 4. CPU = CUDA
+
+
+def agreement_section(report: Report) -> None:
+    """The same SOP weights on the CPU (C++ kernels) and on the device (each native backend), fp32."""
+    device, dry = report.device, report.dry_run
+    for kind in ("vit", "bert"):
+
+        def run(kind=kind) -> str:
+            torch.manual_seed(0)
+            backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
+            cpu_model = sopfast.SOP(backbone, num_groups=20, tau=0.2).eval()
+            args = model_inputs(kind, 2, dry, torch.device("cpu"))
+            details = []
+            with torch.no_grad(), forced_backend("cpp" if _backends.has_cpp() else "torch"):
+                expected = {mode: cpu_model(*args, mode=mode) for mode in cpu_model.adapter.supported_modes}
+            model = copy.deepcopy(cpu_model).to(device)
+            for backend in native_backends(device):
+                for mode, out_cpu in expected.items():
+                    with torch.no_grad(), forced_backend(backend):
+                        out = model(*(a.to(device) for a in args), mode=mode)
+                    assert torch.equal(out.group_masks.cpu(), out_cpu.group_masks), f"{backend} {mode}: groups differ"
+                    diff = max_diff(out.logits.float().cpu(), out_cpu.logits.float())
+                    assert diff <= 1e-3, f"{backend} {mode}: logits differ by {diff:.1e}"
+                    details.append(f"{backend}/{mode} {diff:.1e}")
+            return "groups identical; logits " + ", ".join(details)
+
+        report.run("cpu = device", f"{kind} same weights, fp32", run)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def write_markdown(report: Report, path: Path, started: float) -> None:
+    device = report.device
+    card = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or 'x86-64'}, dry run)"
+    )
+    lines = [
+        f"# sopfast GPU report — {card}",
+        "",
+        f"Generated by `bench/gpu_report.py{' --dry-run' if report.dry_run else ''}` "
+        f"in {time.monotonic() - started:.0f} s: torch {torch.__version__}, triton {_triton_version()}, "
+        f"backends {_backends.backends()['available']}.",
+        f"Peak memory bandwidth used for %: {peak_gbps(device) or 'n/a'} GB/s.",
+        "",
+        "## Checks",
+        "",
+        "| section | check | status | detail | s |",
+        "| --- | --- | --- | --- | ---: |",
+    ]
+    lines += [f"| {c.section} | {c.name} | {c.status} | {c.detail} | {c.seconds:.1f} |" for c in report.checks]
+    counts = {s: sum(c.status == s for c in report.checks) for s in ("ok", "FAIL", "error", "skipped")}
+    lines += ["", "Summary: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
+    for title, rows in report.tables.items():
+        lines += [f"## {title}", "", *rows, ""]
+    path.write_text("\n".join(lines))
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU through the same code paths")
+    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("RESULTS_gpu.md"))
+    parser.add_argument("--sections", default="ops,timings,e2e,agreement", help="comma-separated subset")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_report: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    started = time.monotonic()
+    report = Report(device, args.dry_run, started + TIME_BUDGET_S)
+    sections = {
+        "ops": ops_section,
+        "timings": timings_section,
+        "e2e": end_to_end_section,
+        "agreement": agreement_section,
+    }
+    for name in args.sections.split(","):
+        sections[name.strip()](report)
+        write_markdown(report, args.output, started)  # after each section: a cut-off run keeps what it has
+    print(f"gpu_report: wrote {args.output}")
+    return 0 if all(c.status in ("ok", "skipped") for c in report.checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""bench/gpu_report.py --dry-run: the GPU report's checks, timings, end-to-end runs and CPU/device
+agreement on tiny shapes on the CPU, through the same code paths as on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPORT = Path(__file__).resolve().parents[1] / "bench" / "gpu_report.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_report():
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("gpu_report", REPORT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_writes_a_clean_report(gpu_report, tmp_path):
+    output = tmp_path / "RESULTS_gpu.md"
+    assert gpu_report.main(["--dry-run", "--output", str(output)]) == 0
+    text = output.read_text()
+    assert text.startswith("# sopfast GPU report — CPU")
+    for section in ("## Checks", "## timings", "## end to end"):
+        assert section in text
+    assert ", 0 FAIL, 0 error," in text
+    for check in ("sparsemax cpp", "top_tau d=49", "gather_tokens cpp past 2^31", "vit same weights"):
+        assert check in text
+    for variant in ("| reference |", "| exact |", "| drop |"):
+        assert variant in text
+
+
+def test_one_failing_check_does_not_stop_the_others(gpu_report, tmp_path):
+    import torch
+
+    report = gpu_report.Report(torch.device("cpu"), True, float("inf"))
+
+    def broken() -> str:
+        raise RuntimeError("boom")
+
+    def wrong() -> str:
+        raise AssertionError("differs")
+
+    report.run("ops", "broken", broken)
+    report.run("ops", "wrong", wrong)
+    report.run("ops", "fine", lambda: "all equal")
+    assert [c.status for c in report.checks] == ["error", "FAIL", "ok"]
+    report.deadline = 0.0
+    report.run("ops", "late", lambda: "never runs")
+    assert report.checks[-1].status == "skipped"
+    gpu_report.write_markdown(report, tmp_path / "r.md", 0.0)
+    assert "1 ok, 1 FAIL, 1 error, 1 skipped" in (tmp_path / "r.md").read_text()
