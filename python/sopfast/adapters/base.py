@@ -71,7 +71,8 @@ class BackboneAdapter(ABC):
     checkpoint_layers: bool = False
 
     def __init__(self, backbone: nn.Module):
-        self.backbone = backbone
+        # A third-party model whose submodules and config the adapter reads by name: typed ``Any``.
+        self.backbone: Any = backbone
 
     # -- inputs ---------------------------------------------------------------------------
     @abstractmethod
@@ -101,7 +102,7 @@ class BackboneAdapter(ABC):
         return trainable_copy(self.backbone)
 
     @abstractmethod
-    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         """Feature embeddings ``[B, d, E]`` from ``projection`` on the unmasked input (with grad)."""
 
     def run_layer(self, layer: nn.Module, *args: Any) -> Any:
@@ -144,7 +145,7 @@ class BackboneAdapter(ABC):
             return valid
         return torch.ones(inputs.batch_size, self.num_features(inputs), dtype=torch.bool, device=inputs.device)
 
-    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def reference_embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         """:meth:`embed` computed as the authors do (a plain full forward); the oracle's embedding."""
         return self.embed(projection, inputs)
 

@@ -10,6 +10,8 @@ only ``exact`` runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -114,7 +116,7 @@ class CNNAdapter(BackboneAdapter):
             freeze_(dict(projection.named_modules())[self.classifier_name])
         return projection
 
-    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         return self._feature_map(projection, inputs.pixels).flatten(2).transpose(1, 2)
 
     def classifier_weight(self) -> torch.Tensor:

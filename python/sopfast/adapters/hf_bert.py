@@ -12,6 +12,8 @@ and token-type ids — exact, since masked keys receive zero attention.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -107,7 +109,7 @@ class HFBertAdapter(BackboneAdapter):
         freeze_(projection.encoder.layer[-1], getattr(projection, "pooler", None))
         return projection
 
-    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
         mask = _layer_attention_mask(projection, h, inputs.attention_mask)
         for layer in projection.encoder.layer[:-1]:
@@ -167,7 +169,7 @@ class HFBertAdapter(BackboneAdapter):
         )
         return out.logits, out.hidden_states[-1][:, 0]
 
-    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def reference_embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         out = projection(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -47,7 +49,7 @@ class HFViTAdapter(PatchGridAdapter):
         freeze_(vit_layers(projection)[-1], projection.layernorm, getattr(projection, "pooler", None))
         return projection
 
-    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         h = projection.embeddings(inputs.pixels.to(projection.embeddings.cls_token.dtype))
         for layer in vit_layers(projection)[:-1]:
             h = _layer_out(self.run_layer(layer, h, None))
@@ -90,7 +92,7 @@ class HFViTAdapter(PatchGridAdapter):
         out = self.backbone(pixel_values=inputs.pixels, output_hidden_states=True)
         return out.logits, out.hidden_states[-1][:, 0]
 
-    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def reference_embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         return projection(pixel_values=inputs.pixels, output_hidden_states=True).hidden_states[-2][:, 1:]
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:

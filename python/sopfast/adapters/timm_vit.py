@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -46,7 +48,7 @@ class TimmViTAdapter(PatchGridAdapter):
         x = model._pos_embed(model.patch_embed(pixels))
         return model.norm_pre(model.patch_drop(x))
 
-    def embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         x = self._tokens(projection, inputs.pixels)
         for block in projection.blocks[:-1]:
             x = self.run_layer(block, x)
@@ -81,7 +83,7 @@ class TimmViTAdapter(PatchGridAdapter):
         x = model.blocks(self._tokens(model, inputs.pixels))
         return model.forward_head(model.norm(x)), self._key(x)
 
-    def reference_embed(self, projection: nn.Module, inputs: FeatureInputs) -> torch.Tensor:
+    def reference_embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
         hidden_states = [self._tokens(projection, inputs.pixels)]
         for block in projection.blocks:
             hidden_states.append(block(hidden_states[-1]))
