@@ -138,8 +138,10 @@ def test_leakage_probe_finds_a_planted_label_and_not_noise():
         (lambda: M.cosmogrid_purity(*_cosmo_case(), tau_v=1.5), "tau_v"),
         (lambda: M.cosmogrid_alignment(_cosmo_case()[0], torch.zeros(1, 9)), "agree on N and P"),
         (lambda: M.leakage_probe(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)), "at least 2 examples"),
-        (lambda: M.leakage_probe(torch.zeros(4, 4), torch.zeros(4, dtype=torch.long), train_fraction=1.0),
-         "train_fraction"),
+        (
+            lambda: M.leakage_probe(torch.zeros(4, 4), torch.zeros(4, dtype=torch.long), train_fraction=1.0),
+            "train_fraction",
+        ),
         (lambda: M.sparsity_curve(torch.zeros(2, 3, 2), torch.zeros(2, dtype=torch.long), [0.5]), "taus has 1"),
     ],
 )

@@ -60,8 +60,9 @@ def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, 
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(dataset.classes)).to(device)
     n = 1500 if quick else 48000
-    train_masked_backbone(model, dataset.x[:n].to(device), dataset.y[:n].to(device), grid,
-                          epochs=1 if quick else 4, seed=seed)
+    train_masked_backbone(
+        model, dataset.x[:n].to(device), dataset.y[:n].to(device), grid, epochs=1 if quick else 4, seed=seed
+    )
     return model, grid, accuracy
 
 
@@ -88,14 +89,16 @@ def _sop_accuracy(model: SOP, batches, mode: str) -> tuple[float, float]:
 
 
 def _image_batches(x: torch.Tensor, y: torch.Tensor, batch: int = 64):
-    return [((x[s:s + batch],), y[s:s + batch]) for s in range(0, len(x), batch)]
+    return [((x[s : s + batch],), y[s : s + batch]) for s in range(0, len(x), batch)]
 
 
 def _text_batches(dataset: TextDataset, device: torch.device, batch: int = 64):
     enc = dataset.encoded
     return [
-        (tuple(enc[k][s:s + batch].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")),
-         dataset.labels[s:s + batch].to(device))
+        (
+            tuple(enc[k][s : s + batch].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")),
+            dataset.labels[s : s + batch].to(device),
+        )
         for s in range(0, len(dataset), batch)
     ]
 
@@ -105,8 +108,9 @@ def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: 
     cfg = model.backbone.config
     d = model.adapter.num_features(model.prepare(x))
     kept = max(1, int(model.tau * d)) + 1
-    ideal = ideal_drop_ratio(d + 1, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers,
-                             cfg.intermediate_size, train=True)
+    ideal = ideal_drop_ratio(
+        d + 1, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train=True
+    )
     model.train()
     return {r.name: r.seconds * steps_per_epoch for r in results}, format_table(results, ideal)
 
@@ -121,29 +125,49 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     backbone, grid, backbone_accuracy = _image_backbone(train_data, quick, device, seed)
     x_test, y_test = test_data.x.to(device), test_data.y.to(device)
     n_eval = 256 if quick else 1000
-    results: dict = {"dataset": train_data.name, "backbone_accuracy": backbone_accuracy(backbone, x_test[:n_eval],
-                                                                                         y_test[:n_eval])}
+    results: dict = {
+        "dataset": train_data.name,
+        "backbone_accuracy": backbone_accuracy(backbone, x_test[:n_eval], y_test[:n_eval]),
+    }
     torch.manual_seed(seed)
-    model = SOP(backbone, num_groups=20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1], tau=0.2,
-                mode="drop").to(device)
+    model = SOP(backbone, num_groups=20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1], tau=0.2, mode="drop").to(
+        device
+    )
     n_sop = 512 if quick else 12000
     sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
     start = time.perf_counter()
-    train(model, sop_train, None, epochs=1 if quick else 3, lr=1e-3, batch_size=32, warmup_ratio=0.05,
-          output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
+    train(
+        model,
+        sop_train,
+        None,
+        epochs=1 if quick else 3,
+        lr=1e-3,
+        batch_size=32,
+        warmup_ratio=0.05,
+        output_dir=os.path.join(out_dir, "sop-run"),
+        resume=False,
+        device=device,
+        seed=seed,
+    )
     results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _image_batches(x_test[:n_eval], y_test[:n_eval]))
     n_faith = 64 if quick else 200
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_test[:n_faith], y_test[:n_faith]),
-                                         batch_size=32)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x_test[:n_faith], y_test[:n_faith]), batch_size=32
+    )
     results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion"])["SOP"]
     steps = (n_sop + 31) // 32
     results["epoch_seconds"], results["timing_table"] = _epoch_times(model, x_test[:32], y_test[:32], steps)
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
     save_pretrained(model, os.path.join(out_dir, "sop"))
-    results["pictures"] = write_explanations(model, torch.utils.data.TensorDataset(x_test[:6], y_test[:6]),
-                                             os.path.join(out_dir, "explanations"), 6, device,
-                                             class_names=train_data.classes)
+    results["pictures"] = write_explanations(
+        model,
+        torch.utils.data.TensorDataset(x_test[:6], y_test[:6]),
+        os.path.join(out_dir, "explanations"),
+        6,
+        device,
+        class_names=train_data.classes,
+    )
     return results
 
 
@@ -162,8 +186,9 @@ def _record_accuracy(results: dict, model: SOP, batches) -> None:
     results["exact_drop_group_agreement"] = float(torch.stack(group).mean())
 
 
-def write_explanations(model: SOP, dataset, out_dir: str, count: int, device: torch.device,
-                       class_names=None) -> list[str]:
+def write_explanations(
+    model: SOP, dataset, out_dir: str, count: int, device: torch.device, class_names=None
+) -> list[str]:
     """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text)."""
     model.eval().to(device)
     paths = []
@@ -201,10 +226,12 @@ def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: 
         p.requires_grad_(True)
     with torch.no_grad():
         enc = texts.encoded
-        hidden = torch.cat([
-            model.bert(**{k: v[s:s + 256].to(device) for k, v in enc.items()}).last_hidden_state
-            for s in range(0, len(texts), 256)
-        ])
+        hidden = torch.cat(
+            [
+                model.bert(**{k: v[s : s + 256].to(device) for k, v in enc.items()}).last_hidden_state
+                for s in range(0, len(texts), 256)
+            ]
+        )
     opt = torch.optim.AdamW(head, lr=3e-3)
     labels = texts.labels.to(device)
     for _ in range(60 if quick else 200):
@@ -222,8 +249,8 @@ def _backbone_text_accuracy(model, dataset: TextDataset, device) -> float:
     correct = 0
     with torch.no_grad():
         for s in range(0, len(dataset), 64):
-            logits = model(**{k: v[s:s + 64].to(device) for k, v in dataset.encoded.items()}).logits
-            correct += int((logits.argmax(-1).cpu() == dataset.labels[s:s + 64]).sum())
+            logits = model(**{k: v[s : s + 64].to(device) for k, v in dataset.encoded.items()}).logits
+            correct += int((logits.argmax(-1).cpu() == dataset.labels[s : s + 64]).sum())
     return correct / max(1, len(dataset))
 
 
@@ -244,11 +271,22 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
     n_sop = 400 if quick else 3000
     start = time.perf_counter()
-    train(model, subset(idx[:n_sop]), None, epochs=1, lr=5e-4, batch_size=16, warmup_ratio=0.05,
-          output_dir=os.path.join(out_dir, "sop-run"), resume=False, device=device, seed=seed)
+    train(
+        model,
+        subset(idx[:n_sop]),
+        None,
+        epochs=1,
+        lr=5e-4,
+        batch_size=16,
+        warmup_ratio=0.05,
+        output_dir=os.path.join(out_dir, "sop-run"),
+        resume=False,
+        device=device,
+        seed=seed,
+    )
     results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _text_batches(test_set, device))
-    loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 128):]), batch_size=32)
+    loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 128) :]), batch_size=32)
     results["metrics"] = evaluate(model, loader, metrics=["fidelity", "insertion", "deletion"])["SOP"]
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
     full.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
@@ -283,8 +321,13 @@ def format_results(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run_demo(task: str = "image", out_dir: str = "sopfast-demo", quick: bool = False,
-             device: torch.device | None = None, seed: int = 0) -> dict:
+def run_demo(
+    task: str = "image",
+    out_dir: str = "sopfast-demo",
+    quick: bool = False,
+    device: torch.device | None = None,
+    seed: int = 0,
+) -> dict:
     """Run the demo, print its table and write ``<out_dir>/results.json``."""
     device = device or torch.device("cpu")
     os.makedirs(out_dir, exist_ok=True)
@@ -328,8 +371,9 @@ def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple:
     return ids, torch.ones_like(ids), types
 
 
-def run_bench(name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device,
-              warmup: int = 1) -> str:
+def run_bench(
+    name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device, warmup: int = 1
+) -> str:
     """Reference vs exact vs drop on one randomly initialised backbone; a markdown table."""
     torch.manual_seed(0)
     backbone, kind = _bench_backbone(name)
@@ -346,7 +390,8 @@ def run_bench(name: str, batch: int, groups: int, train: bool, repeats: int, dev
         d = model.adapter.num_features(inputs) if valid is None else int(valid[0].sum())
         tokens = model.adapter.num_features(inputs) + (kind == "image")
         kept = int(0.2 * d) + 1 + (tokens - d - (kind == "image"))
-        ideal = ideal_drop_ratio(tokens, kept, groups, cfg.hidden_size, cfg.num_hidden_layers,
-                                 cfg.intermediate_size, train)
+        ideal = ideal_drop_ratio(
+            tokens, kept, groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
+        )
     header = f"{name}, batch {batch}, m={groups}, {'training step' if train else 'forward'}, device {device}"
     return f"{header}\n{format_table(results, ideal)}"

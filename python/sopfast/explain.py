@@ -64,7 +64,8 @@ def explain_image(
     n_used = len(used_groups(out, example, pred))
     fig.suptitle(
         f"SOP: logit {float(out.logits[example, pred]):.3f} = sum of c·λ·y over the {n_used} used groups "
-        f"(top {len(groups)} shown)", fontsize=9,
+        f"(top {len(groups)} shown)",
+        fontsize=9,
     )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -116,7 +117,7 @@ def explain_text(
                 words.append(f'<span class="sop-group" data-group="{g}" style="background:{colour}">{text}</span>')
             else:
                 words.append(f'<span class="sop-off">{text}</span>')
-        rows.append(f'<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {" ".join(words)}</p>')
+        rows.append(f"<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {' '.join(words)}</p>")
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
         "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}</style>"

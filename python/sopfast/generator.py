@@ -80,7 +80,7 @@ class GroupGenerator(nn.Module):
         out = None
         for h in range(self.num_heads) if head is None else (head,):
             w = self.weight[h].float()
-            s_h = (q_emb @ w[2 * e:].t()) @ (emb @ w[e:2 * e].t()).transpose(1, 2)
+            s_h = (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
             out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
         return self.scale * out
 
