@@ -104,6 +104,19 @@ def test_iou_coverage_object_ratio_use_the_groups_of_the_predicted_class(vit_mod
     assert res["object_ratio"] == M.object_ratio_by_correctness(ratios, pred == LABELS)
 
 
+def test_diversity_describes_the_models_groups(vit_model, images):
+    res = evaluate(vit_model, _loader(images), metrics=["diversity"], baselines=["gxi-f"], progress=False)
+    with torch.no_grad():
+        out = vit_model(images[0])
+    used = out.group_scores[torch.arange(6), out.logits.argmax(-1)] > 0
+    expected = {k: float(v.nanmean()) for k, v in M.group_diversity(out.group_masks, used=used).items()}
+    assert {k: res["SOP"][k] for k in M.DIVERSITY} == pytest.approx(expected, abs=1e-6)
+    one_group = res["GxI-F"]
+    assert one_group["distinct_groups"] == 1.0 and one_group["groups_used"] == 1.0
+    assert one_group["union_coverage"] == pytest.approx(0.25)
+    assert "pairwise_iou" in format_table(res)
+
+
 def test_num_groups_ablation_reruns_with_fewer_groups(vit_model, images):
     res = evaluate(vit_model, _loader(images), metrics=["accuracy", "num_groups"], group_counts=[1, 4], progress=False)[
         "SOP"

@@ -59,6 +59,7 @@ METRICS = (
     "purity",
     "leakage",
     "num_groups",
+    "diversity",
 )
 NEEDS_GROUND_TRUTH = frozenset({"iou", "coverage", "object_ratio"})
 NEEDS_LABELS = frozenset({"accuracy", "error", "mse", "sparsity", "num_groups", "leakage", "object_ratio"})
@@ -364,6 +365,9 @@ def _run_method(
     for name, fn in (("iou", M.group_iou), ("coverage", M.group_coverage), ("object_ratio", M.object_ratio)):
         if name in wanted:
             acc.add(name, fn(base.group_masks, gt, used, reduction="none"))
+    if "diversity" in wanted:
+        for name, values in M.group_diversity(base.group_masks, candidate_mask(model, inputs), used).items():
+            acc.add(name, values)
     if "purity" in wanted:
         maps = inputs.pixels.float().mean(dim=1).flatten(1)
         pixel_masks = _pixel_groups(model, inputs, base.group_masks)
@@ -396,6 +400,9 @@ def _finalize(acc: _Accumulator, plan: _Plan, task: str, num_classes: int) -> di
                 out[name] = value
     for name in ("fidelity", "iou", "coverage", "purity"):
         if name in wanted:
+            out[name] = float(acc.cat(name).nanmean())
+    if "diversity" in wanted:
+        for name in M.DIVERSITY:
             out[name] = float(acc.cat(name).nanmean())
     for name, taus in (("insertion", plan.steps), ("deletion", plan.steps)):
         if name in wanted:
@@ -454,7 +461,10 @@ def evaluate(
     regression) with ``*_auc`` and ``*_curve`` ``{τ: mean score}``; ``sparsity`` ``{τ: score}``;
     ``num_groups`` ``{m: score}``; ``iou``, ``coverage``, ``purity`` (means over examples with a
     defined value); ``object_ratio`` ``{correct, incorrect, num_correct, num_incorrect}``;
-    ``leakage`` ``{accuracy, chance, num_train, num_test}``.
+    ``leakage`` ``{accuracy, chance, num_train, num_test}``; ``diversity`` adds
+    ``distinct_groups``, ``pairwise_iou``, ``union_coverage`` (over all ``m`` groups),
+    ``groups_used`` and ``distinct_used_groups`` (groups the prediction uses), means over
+    examples (:func:`sopfast.metrics.group_diversity`).
     """
     metrics = check_metrics(metrics, model.task, ground_truth_key is not None)
     if "purity" in metrics and model.adapter.modality != "image":
@@ -515,6 +525,7 @@ SCALARS = (
     "iou",
     "coverage",
     "purity",
+    *M.DIVERSITY,
 )
 
 
