@@ -101,10 +101,19 @@ class SOP(nn.Module):
         self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
         self.epoch = 0
         self.config = {
-            "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
-            "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
-            "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
-            "group_batch_size": group_batch_size, "task": task, **adapter_kwargs,
+            "num_groups": num_groups,
+            "tau": tau,
+            "mode": mode,
+            "num_heads": num_heads,
+            "ties": ties,
+            "group_gen_scale": group_gen_scale,
+            "group_sel_scale": group_sel_scale,
+            "blur_kernel_size": blur_kernel_size,
+            "blur_sigma": blur_sigma,
+            "deletion": deletion,
+            "group_batch_size": group_batch_size,
+            "task": task,
+            **adapter_kwargs,
         }
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
