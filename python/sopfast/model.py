@@ -43,6 +43,13 @@ class SOP(nn.Module):
             the lower index: the paper's math at infinite precision).
         group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
         blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
+        center_embeddings, queries: opt-in generator changes beyond the authors' algorithm
+            (default off: ``False``, ``"fixed"``): subtract each example's mean feature embedding
+            before the attention; pick the query rows by farthest-point sampling (``"diverse"``)
+            instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.generator.GroupGenerator`
+            and ``docs/quality.md``.
+        freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
+            option ``freeze_projection``); only the generator weight and the selector train.
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -65,6 +72,9 @@ class SOP(nn.Module):
         group_sel_scale: float = 1.0,
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
+        center_embeddings: bool = False,
+        queries: str = "fixed",
+        freeze_projection: bool = False,
         deletion: bool = False,
         group_batch_size: int | None = None,
         task: str = "classification",
@@ -90,6 +100,8 @@ class SOP(nn.Module):
         self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
         self.mode = mode
         self.projection = self.adapter.make_projection()
+        if freeze_projection:
+            self.projection.requires_grad_(False)
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=_check_positive_int("num_heads", num_heads),
@@ -97,6 +109,8 @@ class SOP(nn.Module):
             blur_kernel_size=blur_kernel_size,
             blur_sigma=blur_sigma,
             ties=ties,
+            center=center_embeddings,
+            queries=queries,
         )
         self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
         self.epoch = 0
@@ -111,6 +125,9 @@ class SOP(nn.Module):
             "blur_kernel_size": blur_kernel_size,
             "blur_sigma": blur_sigma,
             "deletion": deletion,
+            "center_embeddings": center_embeddings,
+            "queries": queries,
+            "freeze_projection": freeze_projection,
             "group_batch_size": group_batch_size,
             "task": task,
             **adapter_kwargs,

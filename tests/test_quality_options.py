@@ -1,0 +1,98 @@
+"""The opt-in generator changes of docs/quality.md: off by default, exact semantics when on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sopfast
+from backbones import make_bert, make_hf_vit, text_batch
+from sopfast.checkpoint import load_pretrained, save_pretrained
+from sopfast.generator import GroupGenerator, diverse_positions
+
+
+def test_defaults_keep_the_authors_algorithm():
+    model = sopfast.SOP(make_hf_vit())
+    assert (model.generator.center, model.generator.queries) == (False, "fixed")
+    assert all(p.requires_grad for p in model.projection.layers[0].parameters())
+
+
+def test_diverse_positions_is_farthest_point_sampling():
+    points = torch.tensor([[0.0], [0.1], [1.0], [5.0], [4.9], [0.2]]).unsqueeze(0)
+    valid = torch.ones(1, 6, dtype=torch.bool)
+    # mean 1.87: 5.0 is farthest from it, then 0.0 (farthest from 5.0), then 1.0 (1.0 from the taken), then 0.2.
+    assert diverse_positions(points, valid, 4).tolist() == [[3, 0, 2, 5]]
+    valid[0, 3] = False
+    assert diverse_positions(points, valid, 2).tolist() == [[4, 0]]
+    assert diverse_positions(points[:, :2], valid[:, :2], 3).tolist() == [[0, 1, 0]]
+
+
+def test_centring_ignores_a_direction_shared_by_every_feature():
+    torch.manual_seed(0)
+    emb = torch.randn(2, 9, 8)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    shift = 50 * torch.randn(1, 1, 8)
+    centred = GroupGenerator(8, center=True)
+    torch.testing.assert_close(centred.logits(emb + shift, valid, 4, None), centred.logits(emb, valid, 4, None))
+    plain = GroupGenerator(8)
+    plain.weight.data.copy_(centred.weight.data)
+    assert not torch.allclose(plain.logits(emb + shift, valid, 4, None), plain.logits(emb, valid, 4, None))
+
+
+def test_centring_uses_only_candidate_tokens():
+    torch.manual_seed(0)
+    gen = GroupGenerator(8, center=True, queries="diverse")
+    emb = torch.randn(1, 7, 8)
+    valid = torch.tensor([[True, True, True, True, True, False, False]])
+    noisy = emb.clone()
+    noisy[0, 5:] = 1e3
+    torch.testing.assert_close(gen.logits(noisy, valid, 3, None)[..., :5], gen.logits(emb, valid, 3, None)[..., :5])
+
+
+def test_diverse_queries_give_distinct_groups_on_repeated_features():
+    """Half the features identical (a plain background): the fixed rows repeat groups, diverse rows do not."""
+    torch.manual_seed(0)
+    emb = torch.randn(1, 20, 16)
+    emb[0, :10] = emb[0, :1]
+    valid = torch.ones(1, 20, dtype=torch.bool)
+    fixed = GroupGenerator(16, scale=0.1)
+    diverse = GroupGenerator(16, scale=0.1, queries="diverse")
+    diverse.weight.data.copy_(fixed.weight.data)
+    count = lambda g: len({tuple(r.tolist()) for r in g(emb, valid, 6, 0.2).mask[0]})
+    assert count(fixed) < 6 and count(diverse) == 6
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_diverse_queries_with_heads_split_rows_between_heads(heads):
+    torch.manual_seed(0)
+    gen = GroupGenerator(8, num_heads=heads, queries="diverse")
+    emb = torch.randn(2, 10, 8)
+    valid = torch.ones(2, 10, dtype=torch.bool)
+    s = gen.logits(emb, valid, 4, None)
+    pos = diverse_positions(emb, valid, 4)
+    for j in range(4):
+        w = gen.weight[j * heads // 4]
+        q = emb[torch.arange(2), pos[:, j]] @ w[16:].t()
+        torch.testing.assert_close(s[:, j], (q.unsqueeze(1) @ (emb @ w[8:16].t()).transpose(1, 2)).squeeze(1))
+
+
+def test_text_model_with_options_trains_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = sopfast.SOP(
+        make_bert(), num_groups=3, tau=0.3, center_embeddings=True, queries="diverse", freeze_projection=True
+    )
+    assert not any(p.requires_grad for p in model.projection.parameters())
+    ids, mask, types = text_batch()
+    out = model(ids, mask, types)
+    out.loss(torch.tensor([0, 1, 1])).backward()
+    assert model.generator.weight.grad is not None and model.generator.weight.grad.abs().sum() > 0
+    save_pretrained(model, tmp_path)
+    loaded = load_pretrained(tmp_path, model.backbone).eval()
+    assert (loaded.generator.center, loaded.generator.queries) == (True, "diverse")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask, types).logits, model.eval()(ids, mask, types).logits)
+
+
+def test_bad_queries_option_names_what_is_allowed():
+    with pytest.raises(ValueError, match=r"queries must be one of \('fixed', 'diverse'\), got 'random'"):
+        sopfast.SOP(make_hf_vit(), queries="random")
