@@ -96,3 +96,18 @@ def test_text_model_with_options_trains_and_round_trips(tmp_path):
 def test_bad_queries_option_names_what_is_allowed():
     with pytest.raises(ValueError, match=r"queries must be one of \('fixed', 'diverse'\), got 'random'"):
         sopfast.SOP(make_hf_vit(), queries="random")
+
+
+def test_text_pages_leave_out_padding(tmp_path):
+    from sopfast.explain import explain_text
+
+    model = sopfast.SOP(make_bert(), num_groups=3, tau=0.3).eval()
+    ids, mask, types = text_batch(pairs=False)
+    with torch.no_grad():
+        out = model(ids[2:], mask[2:], types[2:])
+    tokens = [f"tok{i}" if m else "[PAD]" for i, m in enumerate(mask[2].tolist())]
+    explain_text(tokens, out, 0, str(tmp_path / "t.html"), shown=mask[2])
+    page = (tmp_path / "t.html").read_text()
+    assert "[PAD]" not in page and "tok7" in page
+    with pytest.raises(ValueError, match="shown must have one entry per token"):
+        explain_text(tokens, out, 0, str(tmp_path / "u.html"), shown=mask[2, :5])

@@ -201,7 +201,7 @@ def write_explanations(
                 tokenizer = getattr(dataset, "tokenizer", None)
                 tokens = tokenizer.convert_ids_to_tokens(ids[0]) if tokenizer else [str(t) for t in ids[0].tolist()]
                 path = os.path.join(out_dir, f"text_{i}.html")
-                explain_text(tokens, out, 0, path, class_names or ("negative", "positive"))
+                explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), item["attention_mask"])
             else:
                 x, y = item
                 out = model(x[None].to(device))
