@@ -111,3 +111,30 @@ def test_text_pages_leave_out_padding(tmp_path):
     assert "[PAD]" not in page and "tok7" in page
     with pytest.raises(ValueError, match="shown must have one entry per token"):
         explain_text(tokens, out, 0, str(tmp_path / "u.html"), shown=mask[2, :5])
+
+
+def test_attention_overlap_by_hand():
+    from sopfast.losses import attention_overlap
+
+    a = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]]])
+    # pairs (0,1) 0, (0,2) 0.6, (1,2) 0.8, each counted twice over 3·2 ordered pairs
+    assert float(attention_overlap(a)) == pytest.approx((0.6 + 0.8) * 2 / 6)
+    assert float(attention_overlap(a, valid=torch.tensor([[True, False, True]]))) == pytest.approx(2 / 6)
+    assert float(attention_overlap(a[:, :1])) == 0.0
+
+
+def test_diversity_weight_adds_the_overlap_to_the_training_loss():
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, diversity_weight=0.5)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    out = model(x)
+    plain = sopfast.output.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty"})
+    from sopfast.losses import attention_overlap
+
+    overlap = attention_overlap(out.attention)
+    torch.testing.assert_close(out.loss(y), plain.loss(y) + 0.5 * overlap)
+    out.loss(y).backward()
+    assert model.generator.weight.grad.abs().sum() > 0
+    assert type(model.eval()(x)) is sopfast.output.SOPOutput
+    with pytest.raises(ValueError, match="diversity_weight must be a number ≥ 0, got -1"):
+        sopfast.SOP(make_hf_vit(), diversity_weight=-1)

@@ -27,3 +27,25 @@ def scaled_mse_loss(
     residual = group_logits.float() - targets.unsqueeze(1)
     weighted = group_scores.float().transpose(1, 2) * residual * (-lam.float()).unsqueeze(-1)
     return weighted.sum(dim=1).pow(2).mean()
+
+
+def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cosine similarity between an input's attention rows, over inputs and pairs ``i ≠ j``.
+
+    ``attention [B, m, d]`` (the generator's softmax rows, non-negative), ``valid [B, d]`` the
+    candidate features (default all).  0 when the rows attend to disjoint features, 1 when they
+    are equal.  An opt-in diversity term for the generator (``SOP(diversity_weight=...)``), not
+    part of the paper.
+    """
+    if attention.dim() != 3:
+        raise ValueError(f"attention must have shape [B, m, d], got {tuple(attention.shape)}")
+    b, m, _ = attention.shape
+    if m < 2:
+        return attention.new_zeros(())
+    a = attention.float()
+    if valid is not None:
+        a = a * valid.unsqueeze(1).to(a.dtype)
+    a = F.normalize(a, dim=-1)
+    gram = a @ a.transpose(1, 2)
+    off_diagonal = ~torch.eye(m, dtype=torch.bool, device=a.device)
+    return (gram * off_diagonal).sum() / (b * m * (m - 1))

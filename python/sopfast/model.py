@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
 from .generator import GroupGenerator
+from .losses import attention_overlap
 from .ops import aggregate
 from .ops._validate import check_tau
 from .output import SOPOutput
@@ -22,6 +25,16 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
     return value
+
+
+@dataclass
+class RegularisedOutput(SOPOutput):
+    """An :class:`SOPOutput` whose :meth:`loss` adds a training ``penalty`` (``SOP(diversity_weight=...)``)."""
+
+    penalty: torch.Tensor | None = None
+
+    def loss(self, labels: torch.Tensor) -> torch.Tensor:
+        return super().loss(labels) + self.penalty
 
 
 class SOP(nn.Module):
@@ -50,6 +63,8 @@ class SOP(nn.Module):
             and ``docs/quality.md``.
         freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
             option ``freeze_projection``); only the generator weight and the selector train.
+        diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.losses.attention_overlap`
+            of the generator's attention rows to ``out.loss`` (default 0: the paper's loss).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -75,6 +90,7 @@ class SOP(nn.Module):
         center_embeddings: bool = False,
         queries: str = "fixed",
         freeze_projection: bool = False,
+        diversity_weight: float = 0.0,
         deletion: bool = False,
         group_batch_size: int | None = None,
         task: str = "classification",
@@ -94,6 +110,9 @@ class SOP(nn.Module):
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         self.task = task
         self.deletion = bool(deletion)
+        if isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float)) or diversity_weight < 0:
+            raise ValueError(f"diversity_weight must be a number ≥ 0, got {diversity_weight!r}")
+        self.diversity_weight = float(diversity_weight)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -128,6 +147,7 @@ class SOP(nn.Module):
             "center_embeddings": center_embeddings,
             "queries": queries,
             "freeze_projection": freeze_projection,
+            "diversity_weight": diversity_weight,
             "group_batch_size": group_batch_size,
             "task": task,
             **adapter_kwargs,
@@ -207,7 +227,11 @@ class SOP(nn.Module):
         """One SOP prediction: images ``[B, C, H, W]`` or ``input_ids [B, T]`` with ``attention_mask``."""
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         groups = self.make_groups(inputs, tau)
-        return self.predict_groups(inputs, groups, mode)
+        out = self.predict_groups(inputs, groups, mode)
+        if self.training and self.diversity_weight > 0:
+            overlap = attention_overlap(groups.attention, self.adapter.candidates(inputs))
+            out = RegularisedOutput(**vars(out), penalty=self.diversity_weight * overlap)
+        return out
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector."""
