@@ -138,3 +138,17 @@ def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     assert type(model.eval()(x)) is sopfast.output.SOPOutput
     with pytest.raises(ValueError, match="diversity_weight must be a number ≥ 0, got -1"):
         sopfast.SOP(make_hf_vit(), diversity_weight=-1)
+
+
+def test_normalized_logits_fix_the_sharpness_to_gamma():
+    torch.manual_seed(0)
+    gen = GroupGenerator(8, scale=2.0, normalize_logits=True)
+    emb = torch.randn(2, 9, 8)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    s = gen.logits(emb, valid, 3, None)
+    row = s[1, :, :6]
+    torch.testing.assert_close(row.mean(-1), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(row.var(-1, unbiased=False), torch.full((3,), 4.0), atol=1e-3, rtol=0)
+    gen.weight.data *= 10
+    torch.testing.assert_close(gen.logits(emb, valid, 3, None)[1, :, :6], row, atol=1e-4, rtol=0)

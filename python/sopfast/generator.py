@@ -65,6 +65,15 @@ def diverse_positions(emb: torch.Tensor, valid: torch.Tensor, num_groups: int) -
         return torch.stack(taken, dim=1)
 
 
+def standardize_rows(s: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``s [B, m, d]`` with each row shifted and scaled to mean 0, variance 1 over ``valid [B, d]``."""
+    w = valid.unsqueeze(1).to(s.dtype)
+    count = w.sum(dim=-1, keepdim=True).clamp_min(1)
+    mean = (s * w).sum(dim=-1, keepdim=True) / count
+    var = ((s - mean).pow(2) * w).sum(dim=-1, keepdim=True) / count
+    return (s - mean) / (var + eps).sqrt()
+
+
 class GroupGenerator(nn.Module):
     """Attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
 
@@ -82,7 +91,11 @@ class GroupGenerator(nn.Module):
     * ``queries="diverse"`` takes the query rows by farthest-point sampling over the (centred)
       embeddings — the feature farthest from the mean first, then each time the one farthest
       from those already taken — instead of the fixed rows ``floor(j·d/m)``, which on images
-      with plain background often land on near-identical patches.
+      with plain background often land on near-identical patches;
+    * ``normalize_logits=True`` standardises each logit row over its candidate features (zero
+      mean, unit variance) before the scale ``γ``, so ``γ`` alone sets how sharp the attention
+      is: training cannot raise λ by inflating the logits (which saturates the softmax and stops
+      the generator learning), only by choosing which features a group keeps.
     """
 
     def __init__(
@@ -95,6 +108,7 @@ class GroupGenerator(nn.Module):
         ties: str = "authors",
         center: bool = False,
         queries: str = "fixed",
+        normalize_logits: bool = False,
     ):
         super().__init__()
         if ties not in TIES:
@@ -109,6 +123,7 @@ class GroupGenerator(nn.Module):
         self.ties = ties
         self.center = bool(center)
         self.queries = queries
+        self.normalize_logits = bool(normalize_logits)
         self.weight = nn.Parameter(torch.empty(num_heads, 3 * embed_dim, embed_dim))
         for h in range(num_heads):
             nn.init.xavier_uniform_(self.weight.data[h])
@@ -135,6 +150,8 @@ class GroupGenerator(nn.Module):
             w = self.weight[h].float()
             s_h = (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
             out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
+        if self.normalize_logits:
+            out = standardize_rows(out, valid)
         return self.scale * out
 
     def binarise(

@@ -61,6 +61,8 @@ class SOP(nn.Module):
             before the attention; pick the query rows by farthest-point sampling (``"diverse"``)
             instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.generator.GroupGenerator`
             and ``docs/quality.md``.
+        normalize_logits: standardise each generator logit row before ``γ`` (opt-in, beyond the
+            paper): ``γ`` then fixes the attention's sharpness (see ``docs/quality.md``).
         freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
             option ``freeze_projection``); only the generator weight and the selector train.
         diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.losses.attention_overlap`
@@ -89,6 +91,7 @@ class SOP(nn.Module):
         blur_sigma: float = 1.0,
         center_embeddings: bool = False,
         queries: str = "fixed",
+        normalize_logits: bool = False,
         freeze_projection: bool = False,
         diversity_weight: float = 0.0,
         deletion: bool = False,
@@ -130,6 +133,7 @@ class SOP(nn.Module):
             ties=ties,
             center=center_embeddings,
             queries=queries,
+            normalize_logits=normalize_logits,
         )
         self.selector = GroupSelector(self._class_weight(class_weights), group_sel_scale)
         self.epoch = 0
@@ -146,6 +150,7 @@ class SOP(nn.Module):
             "deletion": deletion,
             "center_embeddings": center_embeddings,
             "queries": queries,
+            "normalize_logits": normalize_logits,
             "freeze_projection": freeze_projection,
             "diversity_weight": diversity_weight,
             "group_batch_size": group_batch_size,
