@@ -152,3 +152,45 @@ def test_normalized_logits_fix_the_sharpness_to_gamma():
     torch.testing.assert_close(row.var(-1, unbiased=False), torch.full((3,), 4.0), atol=1e-3, rtol=0)
     gen.weight.data *= 10
     torch.testing.assert_close(gen.logits(emb, valid, 3, None)[1, :, :6], row, atol=1e-4, rtol=0)
+
+
+def test_saliency_alignment_by_hand():
+    from sopfast.losses import saliency_alignment
+
+    a = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]]])
+    s = torch.tensor([[3.0, 0.0, -3.0]])
+    z = 3 / 6**0.5
+    assert float(saliency_alignment(a, s)) == pytest.approx(-(z + 0.5 * -z) / 2)
+    masked = saliency_alignment(a, s, valid=torch.tensor([[True, False, True]]))
+    assert float(masked) == pytest.approx(-(1.0 + 0.5 * -1.0) / 2)
+    with pytest.raises(ValueError, match="saliency"):
+        saliency_alignment(a, s[:, :2])
+
+
+def test_feature_saliency_is_the_presence_gradient_of_the_predicted_class():
+    from sopfast.baselines import soft_forward
+    from sopfast.losses import feature_saliency
+
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25)
+    x = torch.randn(2, 3, 32, 32)
+    sal = feature_saliency(model, model.prepare(x), 0.25)
+    target = model.backbone(pixel_values=x).logits.argmax(-1)
+    z = torch.full((2, 16), 0.25, requires_grad=True)
+    picked = soft_forward(model, model.prepare(x), z).gather(1, target.view(-1, 1)).sum()
+    torch.testing.assert_close(sal, torch.autograd.grad(picked, z)[0])
+    assert not sal.requires_grad
+
+
+def test_saliency_weight_adds_its_term_and_trains_the_generator():
+    from sopfast.losses import feature_saliency, saliency_alignment
+
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, saliency_weight=2.0)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    out = model(x)
+    expected = saliency_alignment(out.attention, feature_saliency(model, model.prepare(x), 0.25))
+    torch.testing.assert_close(out.penalty, 2.0 * expected)
+    out.loss(y).backward()
+    assert model.generator.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.backbone.parameters())

@@ -21,9 +21,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CACHE, image_backbone, image_data
+from common import CACHE, image_backbone, image_data, text_backbone, text_data
 
 from sopfast import metrics as M
+from sopfast.baselines import candidate_mask
 from sopfast.evaluate import evaluate
 from sopfast.model import SOP
 from sopfast.ops import aggregate
@@ -39,6 +40,10 @@ SHORT = {**DEMO_TRAIN, "epochs": 1, "n_train": 6000}
 PAPER = {"group_gen_scale": 0.06, "group_sel_scale": 0.01, "blur_kernel_size": 3, "num_heads": 2}
 PAPER_TRAIN = {**SHORT, "heads": "authors"}
 FIX = {"center_embeddings": True, "queries": "diverse"}
+NORM = {"normalize_logits": True, "group_gen_scale": 2.0}
+
+# The 0.1 text demo: 3,000 tweets, one epoch, batch 16, lr 5e-4 (188 steps).
+TEXT_DEMO_TRAIN = {"lr": 5e-4, "epochs": 1, "n_train": 3000, "batch_size": 16, "warmup_ratio": 0.05}
 
 # name: (what it tests, SOP options, training options)
 ROWS: dict[str, tuple[str, dict, dict]] = {
@@ -70,6 +75,82 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "div-0.5": ("+ diversity_weight 0.5", {"diversity_weight": 0.5}, SHORT),
     "div-2": ("+ diversity_weight 2", {"diversity_weight": 2.0}, SHORT),
     "center-diverse-div-1": ("+ center + diverse + diversity_weight 1", {**FIX, "diversity_weight": 1.0}, SHORT),
+    "norm-g1": ("normalize_logits, γ = 1", {"normalize_logits": True, "group_gen_scale": 1.0}, SHORT),
+    "norm-g2": ("normalize_logits, γ = 2", {"normalize_logits": True, "group_gen_scale": 2.0}, SHORT),
+    "norm-g2-cd": (
+        "normalize_logits γ 2 + center + diverse",
+        {**FIX, "normalize_logits": True, "group_gen_scale": 2.0},
+        SHORT,
+    ),
+    "norm-g2-cd-div1": (
+        "normalize_logits γ 2 + center + diverse + diversity_weight 1",
+        {**FIX, "normalize_logits": True, "group_gen_scale": 2.0, "diversity_weight": 1.0},
+        SHORT,
+    ),
+    "text-demo-0.1": ("0.1 text demo: γ=1, β=1, 1 head, lr 5e-4, 188 steps of 16 tweets, drop", {}, {}),
+    "text-cd": ("text + center + diverse", FIX, {}),
+    "text-norm-cd": ("text + normalize_logits γ 2 + center + diverse", {**FIX, **NORM}, {}),
+    "text-norm-cd-div1": (
+        "text + normalize γ 2 + center + diverse + diversity 1",
+        {**FIX, **NORM, "diversity_weight": 1.0},
+        {},
+    ),
+    "text-freeze": ("text, frozen projection", {"freeze_projection": True}, {}),
+    "norm-g2-div1": (
+        "normalize γ 2 + diversity 1 (fixed queries, no centring)",
+        {**NORM, "diversity_weight": 1.0},
+        SHORT,
+    ),
+    "norm-g2-d-div1": (
+        "normalize γ 2 + diverse + diversity 1 (no centring)",
+        {**NORM, "queries": "diverse", "diversity_weight": 1.0},
+        SHORT,
+    ),
+    "norm-g3-cd-div1": (
+        "normalize γ 3 + center + diverse + diversity 1",
+        {**FIX, **NORM, "group_gen_scale": 3.0, "diversity_weight": 1.0},
+        SHORT,
+    ),
+    "norm-g2-cd-div1-b0.3": (
+        "normalize γ 2 + center + diverse + diversity 1, β 0.3",
+        {**FIX, **NORM, "diversity_weight": 1.0, "group_sel_scale": 0.3},
+        SHORT,
+    ),
+    "norm-g2-cd-div1-long": (
+        "normalize γ 2 + center + diverse + diversity 1, 1,125 steps",
+        {**FIX, **NORM, "diversity_weight": 1.0},
+        DEMO_TRAIN,
+    ),
+    "long-div0.5": (
+        "normalize γ 2 + center + diverse + diversity 0.5, 1,125 steps",
+        {**FIX, **NORM, "diversity_weight": 0.5},
+        DEMO_TRAIN,
+    ),
+    "long-b2": (
+        "normalize γ 2 + center + diverse + diversity 1, β 2, 1,125 steps",
+        {**FIX, **NORM, "diversity_weight": 1.0, "group_sel_scale": 2.0},
+        DEMO_TRAIN,
+    ),
+    "long-g3": (
+        "normalize γ 3 + center + diverse + diversity 1, 1,125 steps",
+        {**FIX, **NORM, "group_gen_scale": 3.0, "diversity_weight": 1.0},
+        DEMO_TRAIN,
+    ),
+    "long-cd-div1": (
+        "center + diverse + diversity 1 (no normalisation, γ 1), 1,125 steps",
+        {**FIX, "diversity_weight": 1.0},
+        DEMO_TRAIN,
+    ),
+    "sal1": (
+        "normalize γ 2 + center + diverse + diversity 1 + saliency 1",
+        {**FIX, **NORM, "diversity_weight": 1.0, "saliency_weight": 1.0},
+        SHORT,
+    ),
+    "long-sal1": (
+        "normalize γ 2 + center + diverse + diversity 1 + saliency 1, 1,125 steps",
+        {**FIX, **NORM, "diversity_weight": 1.0, "saliency_weight": 1.0},
+        DEMO_TRAIN,
+    ),
     "gamma-16": ("γ = 16 (saturated attention: λ ≈ 1, groups barely train)", {"group_gen_scale": 16.0}, SHORT),
 }
 
@@ -85,8 +166,23 @@ def authors_heads(model: SOP, total_steps: int):
     return callback
 
 
-def tracker(model: SOP, probe: torch.Tensor, trace: list[dict], every: int):
-    """A training callback: every ``every`` steps, the diversity of the groups of the ``probe`` images."""
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def model_args(task: str, data, sel: slice) -> tuple[torch.Tensor, ...]:
+    """The model's positional inputs for ``data[sel]`` (images ``x`` or the three token tensors)."""
+    if task == "image":
+        return (data.x[sel],)
+    return tuple(data.encoded[k][sel] for k in TEXT_KEYS)
+
+
+def labels_of(task: str, data) -> torch.Tensor:
+    return data.y if task == "image" else data.labels
+
+
+def tracker(model: SOP, probe: tuple[torch.Tensor, ...], trace: list[dict], every: int):
+    """A training callback: every ``every`` steps, SOP's accuracy and the diversity of its groups on
+    ``probe`` (the model's inputs, then the labels)."""
 
     def callback(trainer, event: str, record: dict) -> None:
         if event != "step" or record["step"] % every:
@@ -94,10 +190,12 @@ def tracker(model: SOP, probe: torch.Tensor, trace: list[dict], every: int):
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            masks = model.make_groups(model.prepare(probe)).mask
+            out = model(*probe[:-1])
+            inputs = model.prepare(*probe[:-1])
         model.train(was_training)
-        div = M.group_diversity(masks)
-        trace.append({"step": record["step"], **{k: round(float(div[k].nanmean()), 3) for k in TRACED}})
+        div = M.group_diversity(out.group_masks, candidate_mask(model, inputs))
+        acc = float(M.accuracy(out.logits, probe[-1]))
+        trace.append({"step": record["step"], "acc": acc, **{k: round(float(div[k].nanmean()), 3) for k in TRACED}})
         print(json.dumps(trace[-1]), flush=True)
 
     return callback
@@ -107,25 +205,28 @@ TRACED = ("distinct_groups", "pairwise_iou", "union_coverage")
 
 
 @torch.no_grad()
-def group_stats(model: SOP, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """What the groups are worth (drop mode): each group's own accuracy, λ of the used groups, and
-    the accuracy with every λ set to 1 (the selector's weights alone)."""
+def group_stats(model: SOP, task: str, data, n: int) -> dict[str, float]:
+    """What the groups are worth (drop mode) on ``data[:n]``: each group's own accuracy, λ of the
+    used groups, and the accuracy with every λ set to 1 (the selector's weights alone)."""
     model.eval()
     rows = []
-    for s in range(0, len(x), 100):
-        out = model(x[s : s + 100], mode="drop")
-        labels = y[s : s + 100]
+    y = labels_of(task, data)
+    for s in range(0, n, 100):
+        sel = slice(s, min(n, s + 100))
+        out = model(*model_args(task, data, sel), mode="drop")
+        labels = y[sel]
         pred = out.logits.argmax(-1)
         used = out.group_scores[torch.arange(len(pred)), pred] > 0
         group_correct = (out.group_logits.argmax(-1) == labels[:, None]).float()
         unit = aggregate(out.group_scores, torch.ones_like(out.lam), out.group_logits)
+        count = used.sum(-1).clamp_min(1)
         rows.append(
             torch.stack(
                 [
                     group_correct.mean(-1),
-                    (group_correct * used).sum(-1) / used.sum(-1).clamp_min(1),
-                    (out.lam * used).sum(-1) / used.sum(-1).clamp_min(1),
-                    ((out.lam < 0) & used).sum(-1) / used.sum(-1).clamp_min(1),
+                    (group_correct * used).sum(-1) / count,
+                    (out.lam * used).sum(-1) / count,
+                    ((out.lam < 0) & used).sum(-1) / count,
                     out.lam.mean(-1),
                     (unit.argmax(-1) == labels).float(),
                 ],
@@ -137,38 +238,48 @@ def group_stats(model: SOP, x: torch.Tensor, y: torch.Tensor) -> dict[str, float
     return dict(zip(keys, means))
 
 
-def run_row(name: str, sop_options: dict, train_options: dict, n_test: int, seed: int = 0) -> dict:
+def run_row(name: str, sop_options: dict, train_options: dict, n_test: int, task: str = "image", seed: int = 0) -> dict:
     """Train one SOP recipe on the cached backbone and score it (see the module docstring)."""
-    backbone = image_backbone()
-    train_set, test = image_data()
-    options = {"num_groups": 20, "tau": 0.2, "mode": "drop", **sop_options}
+    if task == "image":
+        backbone, (train_set, test), m, defaults = image_backbone(), image_data(), 20, DEMO_TRAIN
+    else:
+        backbone, (train_set, test), m, defaults = text_backbone(), text_data(), 8, TEXT_DEMO_TRAIN
+    n_test = min(n_test, len(labels_of(task, test)))
+    options = {"num_groups": m, "tau": 0.2, "mode": "drop", **sop_options}
     torch.manual_seed(seed)
     model = SOP(backbone, **options)
-    cfg = {**DEMO_TRAIN, **train_options}
+    cfg = {**defaults, **train_options}
     n, epochs = cfg.pop("n_train"), cfg.pop("epochs")
     trace: list[dict] = []
-    probe = test.x[:200]
     start = time.perf_counter()
     if epochs > 0:
-        data = torch.utils.data.TensorDataset(train_set.x[-n:], train_set.y[-n:])
+        if task == "image":
+            data = torch.utils.data.TensorDataset(train_set.x[-n:], train_set.y[-n:])
+        else:
+            data = torch.utils.data.Subset(train_set, range(n))
+        probe = (*model_args(task, test, slice(0, 200)), labels_of(task, test)[:200])
         callbacks = [tracker(model, probe, trace, every=cfg.pop("track_every", 50))]
         if cfg.pop("heads", None) == "authors":
             callbacks.append(authors_heads(model, epochs * -(-n // cfg["batch_size"])))
         train(model, data, None, epochs=epochs, resume=False, progress=False, seed=seed, callbacks=callbacks, **cfg)
     seconds = time.perf_counter() - start
     model.save_pretrained(os.path.join(CACHE, "sweep", name))
-    test_set = torch.utils.data.TensorDataset(test.x[:n_test], test.y[:n_test])
+    if task == "image":
+        test_set = torch.utils.data.TensorDataset(test.x[:n_test], test.y[:n_test])
+    else:
+        test_set = torch.utils.data.Subset(test, range(n_test))
     loader = torch.utils.data.DataLoader(test_set, batch_size=100)
     res = evaluate(model, loader, metrics=["accuracy", "diversity"], mode="drop", baselines=["random"], progress=False)
     exact = evaluate(model, loader, metrics=["accuracy"], mode="exact", progress=False)["SOP"]["accuracy"]
     sop = res["SOP"]
     row = {
         "row": name,
+        "task": task,
         "sop_drop": sop["accuracy"],
         "sop_exact": exact,
         "random_drop": res["Random"]["accuracy"],
         **{k: sop[k] for k in ("distinct_groups", "pairwise_iou", "union_coverage", "groups_used")},
-        **group_stats(model, test.x[:n_test], test.y[:n_test]),
+        **group_stats(model, task, test, n_test),
         "train_seconds": round(seconds, 1),
         "n_test": n_test,
         "options": {k: v for k, v in options.items() if k not in ("num_groups", "tau")},
@@ -194,8 +305,9 @@ COLUMNS = (
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table of sweep results (one line per row, the last run of each name)."""
+    """Markdown table of sweep results (one line per row, the last run of each name, images then text)."""
     latest = {r["row"]: r for r in rows}
+    latest = dict(sorted(latest.items(), key=lambda kv: kv[1].get("task", "image") == "text"))
     lines = ["| " + " | ".join(c[1] for c in COLUMNS) + " | what |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, r in latest.items():
         what = ROWS[name][0] if name in ROWS else ""
@@ -213,7 +325,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for name in args.rows:
         _, sop_options, train_options = ROWS[name]
-        print(json.dumps(run_row(name, sop_options, train_options, args.test)), flush=True)
+        task = "text" if name.startswith("text-") else "image"
+        print(json.dumps(run_row(name, sop_options, train_options, args.test, task)), flush=True)
     if args.table and os.path.exists(RESULTS):
         with open(RESULTS, encoding="utf-8") as f:
             print(table([json.loads(line) for line in f]))

@@ -10,7 +10,7 @@ from torch import nn
 from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
 from .generator import GroupGenerator
-from .losses import attention_overlap
+from .losses import attention_overlap, feature_saliency, saliency_alignment
 from .ops import aggregate
 from .ops._validate import check_tau
 from .output import SOPOutput
@@ -67,6 +67,9 @@ class SOP(nn.Module):
             option ``freeze_projection``); only the generator weight and the selector train.
         diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.losses.attention_overlap`
             of the generator's attention rows to ``out.loss`` (default 0: the paper's loss).
+        saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.losses.saliency_alignment`
+            with the backbone's :func:`sopfast.losses.feature_saliency` at ``z = τ``: a teacher
+            signal towards features that move the backbone (default 0: the paper's loss).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -94,6 +97,7 @@ class SOP(nn.Module):
         normalize_logits: bool = False,
         freeze_projection: bool = False,
         diversity_weight: float = 0.0,
+        saliency_weight: float = 0.0,
         deletion: bool = False,
         group_batch_size: int | None = None,
         task: str = "classification",
@@ -113,9 +117,11 @@ class SOP(nn.Module):
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         self.task = task
         self.deletion = bool(deletion)
-        if isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float)) or diversity_weight < 0:
-            raise ValueError(f"diversity_weight must be a number ≥ 0, got {diversity_weight!r}")
+        for name, weight in (("diversity_weight", diversity_weight), ("saliency_weight", saliency_weight)):
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+                raise ValueError(f"{name} must be a number ≥ 0, got {weight!r}")
         self.diversity_weight = float(diversity_weight)
+        self.saliency_weight = float(saliency_weight)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -153,6 +159,7 @@ class SOP(nn.Module):
             "normalize_logits": normalize_logits,
             "freeze_projection": freeze_projection,
             "diversity_weight": diversity_weight,
+            "saliency_weight": saliency_weight,
             "group_batch_size": group_batch_size,
             "task": task,
             **adapter_kwargs,
@@ -233,10 +240,21 @@ class SOP(nn.Module):
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         groups = self.make_groups(inputs, tau)
         out = self.predict_groups(inputs, groups, mode)
-        if self.training and self.diversity_weight > 0:
-            overlap = attention_overlap(groups.attention, self.adapter.candidates(inputs))
-            out = RegularisedOutput(**vars(out), penalty=self.diversity_weight * overlap)
+        if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
+            out = RegularisedOutput(**vars(out), penalty=self.training_penalty(inputs, groups, tau))
         return out
+
+    def training_penalty(self, inputs: FeatureInputs, groups: Groups, tau: float | None = None) -> torch.Tensor:
+        """The opt-in generator terms added to the loss: ``diversity_weight ·`` attention overlap
+        ``+ saliency_weight ·`` saliency alignment (both 0 by default)."""
+        valid = self.adapter.candidates(inputs)
+        penalty = groups.lam.new_zeros(())
+        if self.diversity_weight > 0:
+            penalty = penalty + self.diversity_weight * attention_overlap(groups.attention, valid)
+        if self.saliency_weight > 0:
+            saliency = feature_saliency(self, inputs, self.tau if tau is None else tau)
+            penalty = penalty + self.saliency_weight * saliency_alignment(groups.attention, saliency, valid)
+        return penalty
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector."""
