@@ -41,12 +41,30 @@ def test_image_demo_quick(image_demo):
 
 def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
     tmp_path = image_demo[0]
-    data = "fashion-mnist" if json.loads((tmp_path / "results.json").read_text())["dataset"] == "fashion-mnist" \
+    data = (
+        "fashion-mnist"
+        if json.loads((tmp_path / "results.json").read_text())["dataset"] == "fashion-mnist"
         else "digits"
+    )
     common = ["--backbone", str(tmp_path / "backbone"), "--checkpoint", str(tmp_path / "sop"), "--data", data]
     out_json = tmp_path / "eval.json"
-    assert main(["evaluate", *common, "--limit", "32", "--metrics", "accuracy", "fidelity",
-                 "--no-progress", "--output", str(out_json)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                *common,
+                "--limit",
+                "32",
+                "--metrics",
+                "accuracy",
+                "fidelity",
+                "--no-progress",
+                "--output",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     assert abs(json.loads(out_json.read_text())["SOP"]["fidelity"]) < 1e-4
     assert main(["explain", *common, "--count", "2", "--out", str(tmp_path / "pics")]) == 0
     assert all(_is_png(str(p)) for p in (tmp_path / "pics").glob("*.png"))

@@ -37,7 +37,7 @@ def images():
 
 def _loader(images, with_gt: bool = True):
     x, gt = images
-    return [(x[i:i + 3], LABELS[i:i + 3], *( [gt[i:i + 3]] if with_gt else [])) for i in (0, 3)]
+    return [(x[i : i + 3], LABELS[i : i + 3], *([gt[i : i + 3]] if with_gt else [])) for i in (0, 3)]
 
 
 @pytest.mark.parametrize("mode", ["exact", "drop"])
@@ -69,7 +69,7 @@ def _loop_curves(model, x, deletion: bool) -> torch.Tensor:
     try:
         with torch.no_grad():
             for i in range(x.shape[0]):
-                rows.append(torch.stack([model(x[i:i + 1], tau=t).logits[0] for t in [s / 10 for s in range(1, 11)]]))
+                rows.append(torch.stack([model(x[i : i + 1], tau=t).logits[0] for t in [s / 10 for s in range(1, 11)]]))
     finally:
         model.deletion = False
     return torch.stack(rows)
@@ -104,9 +104,23 @@ def test_iou_coverage_object_ratio_use_the_groups_of_the_predicted_class(vit_mod
     assert res["object_ratio"] == M.object_ratio_by_correctness(ratios, pred == LABELS)
 
 
+def test_diversity_describes_the_models_groups(vit_model, images):
+    res = evaluate(vit_model, _loader(images), metrics=["diversity"], baselines=["gxi-f"], progress=False)
+    with torch.no_grad():
+        out = vit_model(images[0])
+    used = out.group_scores[torch.arange(6), out.logits.argmax(-1)] > 0
+    expected = {k: float(v.nanmean()) for k, v in M.group_diversity(out.group_masks, used=used).items()}
+    assert {k: res["SOP"][k] for k in M.DIVERSITY} == pytest.approx(expected, abs=1e-6)
+    one_group = res["GxI-F"]
+    assert one_group["distinct_groups"] == 1.0 and one_group["groups_used"] == 1.0
+    assert one_group["union_coverage"] == pytest.approx(0.25)
+    assert "pairwise_iou" in format_table(res)
+
+
 def test_num_groups_ablation_reruns_with_fewer_groups(vit_model, images):
-    res = evaluate(vit_model, _loader(images), metrics=["accuracy", "num_groups"], group_counts=[1, 4],
-                   progress=False)["SOP"]
+    res = evaluate(vit_model, _loader(images), metrics=["accuracy", "num_groups"], group_counts=[1, 4], progress=False)[
+        "SOP"
+    ]
     inputs = vit_model.prepare(images[0])
     with torch.no_grad():
         one = vit_model.predict_groups(inputs, vit_model.make_groups(inputs, num_groups=1)).logits
@@ -127,8 +141,13 @@ def test_text_dict_batches_with_evidence_masks():
     evidence = torch.zeros_like(mask, dtype=torch.bool)
     evidence[:, 1:5] = True
     labels = torch.tensor([0, 1, 1])
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels,
-             "evidence_mask": evidence}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types,
+        "labels": labels,
+        "evidence_mask": evidence,
+    }
     res = evaluate(model, [batch], metrics=["accuracy", "fidelity", "iou"], mode="drop", progress=False)["SOP"]
     with torch.no_grad():
         out = model(ids, mask, types, mode="drop")
@@ -140,8 +159,9 @@ def test_text_dict_batches_with_evidence_masks():
 
 def test_regression_cnn_purity_and_mse():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_cnn(num_classes=2), num_groups=4, tau=0.25, task="regression",
-                        feature_layer="features").eval()
+    model = sopfast.SOP(
+        make_cnn(num_classes=2), num_groups=4, tau=0.25, task="regression", feature_layer="features"
+    ).eval()
     x, y = torch.randn(4, 3, 16, 16), torch.randn(4, 2)
     res = evaluate(model, [(x, y)], metrics=["mse", "purity", "insertion"], progress=False)["SOP"]
     with torch.no_grad():
@@ -165,8 +185,14 @@ def test_pixel_ground_truth_is_pooled_to_patches(vit_model):
 
 
 def test_baselines_get_the_same_metrics_and_the_table_lists_them(vit_model, images):
-    res = evaluate(vit_model, _loader(images), metrics=["accuracy", "fidelity", "sparsity"],
-                   baselines=["gxi-f", "patches"], taus=[0.5, 1.0], progress=False)
+    res = evaluate(
+        vit_model,
+        _loader(images),
+        metrics=["accuracy", "fidelity", "sparsity"],
+        baselines=["gxi-f", "patches"],
+        taus=[0.5, 1.0],
+        progress=False,
+    )
     assert list(res) == ["SOP", "GxI-F", "PatchGrid"]
     assert all(r["fidelity"] < 1e-6 for r in res.values())
     table = format_table(res)
@@ -219,8 +245,12 @@ def test_bad_arguments_raise_clear_errors(vit_model, images, kwargs, loader, mat
         "dict_no_input": [{"pixels": x}],
     }
     with pytest.raises(ValueError, match=match):
-        evaluate(vit_model, loaders[loader] if loader is None or isinstance(loader, str) else loader,
-                 progress=False, **kwargs)
+        evaluate(
+            vit_model,
+            loaders[loader] if loader is None or isinstance(loader, str) else loader,
+            progress=False,
+            **kwargs,
+        )
 
 
 def test_unsupported_batch_type_raises_type_error(vit_model):

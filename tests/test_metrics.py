@@ -89,6 +89,51 @@ def test_object_ratio_by_correctness():
     assert out == {"correct": 0.75, "incorrect": 0.25, "num_correct": 2, "num_incorrect": 2}
 
 
+GROUPS = torch.tensor([[[1, 1, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0]]], dtype=torch.bool)
+
+
+def test_distinct_groups_counts_unique_masks():
+    _assert_close(M.distinct_groups(GROUPS), 2)
+    _assert_close(M.distinct_groups(GROUPS, used=torch.tensor([[True, True, False]])), 1)
+    _assert_close(M.distinct_groups(GROUPS, used=torch.tensor([[False, True, True]])), 2)
+    _assert_close(M.distinct_groups(GROUPS, used=torch.zeros(1, 3, dtype=torch.bool)), 0)
+    padded = torch.tensor([[[1, 0, 1, 0], [1, 0, 0, 0]]], dtype=torch.bool)
+    _assert_close(M.distinct_groups(padded), 2)
+    _assert_close(M.distinct_groups(padded, valid=torch.tensor([[True, True, False, False]])), 1)
+
+
+def test_pairwise_iou_averages_the_pairs():
+    _assert_close(M.pairwise_iou(GROUPS), (1 + 1 / 3 + 1 / 3) / 3)
+    _assert_close(M.pairwise_iou(GROUPS, used=torch.tensor([[True, False, True]])), 1 / 3)
+    assert math.isnan(float(M.pairwise_iou(GROUPS, used=torch.tensor([[True, False, False]]))))
+    disjoint = torch.eye(4, dtype=torch.bool).unsqueeze(0)
+    _assert_close(M.pairwise_iou(disjoint), 0.0)
+
+
+def test_union_coverage_and_groups_used():
+    _assert_close(M.union_coverage(GROUPS), 3 / 4)
+    _assert_close(M.union_coverage(GROUPS, valid=torch.tensor([[True, True, True, False]])), 1.0)
+    _assert_close(M.union_coverage(GROUPS, used=torch.tensor([[True, False, False]])), 2 / 4)
+    used = torch.tensor([[True, False, True], [False, False, False]])
+    assert M.groups_used(used, reduction="none").tolist() == [2.0, 0.0]
+    _assert_close(M.groups_used(used), 1.0)
+
+
+def test_group_diversity_collects_every_measure():
+    out = M.group_diversity(GROUPS, used=torch.tensor([[True, True, False]]))
+    assert set(out) == set(M.DIVERSITY)
+    values = {k: float(v[0]) for k, v in out.items()}
+    assert values == pytest.approx(
+        {
+            "distinct_groups": 2.0,
+            "pairwise_iou": 5 / 9,
+            "union_coverage": 0.75,
+            "groups_used": 2.0,
+            "distinct_used_groups": 1.0,
+        }
+    )
+
+
 def _cosmo_case() -> tuple[torch.Tensor, torch.Tensor]:
     """A 10-pixel map: σ ≈ 3.30, so only the 10 is above 3σ; four groups with known verdicts."""
     x = torch.tensor([[-1.0, -1, -1, -1, 0.5, 0.5, 0.5, 0.5, 0.5, 10.0]])
@@ -138,8 +183,13 @@ def test_leakage_probe_finds_a_planted_label_and_not_noise():
         (lambda: M.cosmogrid_purity(*_cosmo_case(), tau_v=1.5), "tau_v"),
         (lambda: M.cosmogrid_alignment(_cosmo_case()[0], torch.zeros(1, 9)), "agree on N and P"),
         (lambda: M.leakage_probe(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)), "at least 2 examples"),
-        (lambda: M.leakage_probe(torch.zeros(4, 4), torch.zeros(4, dtype=torch.long), train_fraction=1.0),
-         "train_fraction"),
+        (
+            lambda: M.leakage_probe(torch.zeros(4, 4), torch.zeros(4, dtype=torch.long), train_fraction=1.0),
+            "train_fraction",
+        ),
+        (lambda: M.distinct_groups(GROUPS, valid=torch.ones(1, 5, dtype=torch.bool)), "valid must have shape"),
+        (lambda: M.pairwise_iou(GROUPS, used=torch.ones(1, 2, dtype=torch.bool)), "used must have shape"),
+        (lambda: M.union_coverage(GROUPS[0]), "masks must have shape"),
         (lambda: M.sparsity_curve(torch.zeros(2, 3, 2), torch.zeros(2, dtype=torch.long), [0.5]), "taus has 1"),
     ],
 )

@@ -15,15 +15,23 @@ from torch import nn
 from .adapters.images import pixel_grid_mask
 
 
-def small_vit(image_size: int, patch_size: int, channels: int, num_labels: int, hidden: int = 64,
-              layers: int = 4, heads: int = 4) -> nn.Module:
+def small_vit(
+    image_size: int, patch_size: int, channels: int, num_labels: int, hidden: int = 64, layers: int = 4, heads: int = 4
+) -> nn.Module:
     """A randomly initialised HF ``ViTForImageClassification`` of a few layers."""
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(
-        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=2 * hidden,
-        image_size=image_size, patch_size=patch_size, num_channels=channels, num_labels=num_labels,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=channels,
+        num_labels=num_labels,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     return ViTForImageClassification(cfg)
 
@@ -53,8 +61,8 @@ def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], 
     masked = x[:third] * pixel_grid_mask(masks, grid, tuple(x.shape[-2:]))
     k = int(torch.randint(max(1, d // 10), d + 1, (1,), generator=gen))
     keep = torch.rand(third, d, generator=gen).argsort(dim=1)[:, :k].sort(dim=1).values
-    dropped = forward_kept_tokens(model, x[third:2 * third], keep)
-    rest = model(pixel_values=torch.cat([masked, x[2 * third:]])).logits
+    dropped = forward_kept_tokens(model, x[third : 2 * third], keep)
+    rest = model(pixel_values=torch.cat([masked, x[2 * third :]])).logits
     return torch.cat([rest[:third], dropped, rest[third:]])
 
 
@@ -81,7 +89,7 @@ def train_masked_backbone(
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             loss = F.cross_entropy(_augmented_logits(model, x[idx], grid, gen), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -99,6 +107,6 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     model.eval()
     correct = 0
     for start in range(0, len(x), batch_size):
-        logits = model(pixel_values=x[start:start + batch_size]).logits
-        correct += int((logits.argmax(-1) == y[start:start + batch_size]).sum())
+        logits = model(pixel_values=x[start : start + batch_size]).logits
+        correct += int((logits.argmax(-1) == y[start : start + batch_size]).sum())
     return correct / max(1, len(x))

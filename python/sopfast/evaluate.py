@@ -46,8 +46,20 @@ if TYPE_CHECKING:
 TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GROUP_COUNTS = (1, 2, 5, 10, 20)
 METRICS = (
-    "accuracy", "error", "mse", "fidelity", "insertion", "deletion", "sparsity", "iou", "coverage",
-    "object_ratio", "purity", "leakage", "num_groups",
+    "accuracy",
+    "error",
+    "mse",
+    "fidelity",
+    "insertion",
+    "deletion",
+    "sparsity",
+    "iou",
+    "coverage",
+    "object_ratio",
+    "purity",
+    "leakage",
+    "num_groups",
+    "diversity",
 )
 NEEDS_GROUND_TRUTH = frozenset({"iou", "coverage", "object_ratio"})
 NEEDS_LABELS = frozenset({"accuracy", "error", "mse", "sparsity", "num_groups", "leakage", "object_ratio"})
@@ -353,6 +365,9 @@ def _run_method(
     for name, fn in (("iou", M.group_iou), ("coverage", M.group_coverage), ("object_ratio", M.object_ratio)):
         if name in wanted:
             acc.add(name, fn(base.group_masks, gt, used, reduction="none"))
+    if "diversity" in wanted:
+        for name, values in M.group_diversity(base.group_masks, candidate_mask(model, inputs), used).items():
+            acc.add(name, values)
     if "purity" in wanted:
         maps = inputs.pixels.float().mean(dim=1).flatten(1)
         pixel_masks = _pixel_groups(model, inputs, base.group_masks)
@@ -385,6 +400,9 @@ def _finalize(acc: _Accumulator, plan: _Plan, task: str, num_classes: int) -> di
                 out[name] = value
     for name in ("fidelity", "iou", "coverage", "purity"):
         if name in wanted:
+            out[name] = float(acc.cat(name).nanmean())
+    if "diversity" in wanted:
+        for name in M.DIVERSITY:
             out[name] = float(acc.cat(name).nanmean())
     for name, taus in (("insertion", plan.steps), ("deletion", plan.steps)):
         if name in wanted:
@@ -443,14 +461,22 @@ def evaluate(
     regression) with ``*_auc`` and ``*_curve`` ``{τ: mean score}``; ``sparsity`` ``{τ: score}``;
     ``num_groups`` ``{m: score}``; ``iou``, ``coverage``, ``purity`` (means over examples with a
     defined value); ``object_ratio`` ``{correct, incorrect, num_correct, num_incorrect}``;
-    ``leakage`` ``{accuracy, chance, num_train, num_test}``.
+    ``leakage`` ``{accuracy, chance, num_train, num_test}``; ``diversity`` adds
+    ``distinct_groups``, ``pairwise_iou``, ``union_coverage`` (over all ``m`` groups),
+    ``groups_used`` and ``distinct_used_groups`` (groups the prediction uses), means over
+    examples (:func:`sopfast.metrics.group_diversity`).
     """
     metrics = check_metrics(metrics, model.task, ground_truth_key is not None)
     if "purity" in metrics and model.adapter.modality != "image":
         raise ValueError("metric 'purity' (CosmoGrid void/cluster purity) needs an image model")
     plan = _Plan(
-        metrics, check_mode(model.adapter, model.mode if mode is None else mode), check_taus(taus),
-        step_taus(step), check_group_counts(group_counts), tau_v, tau_c,
+        metrics,
+        check_mode(model.adapter, model.mode if mode is None else mode),
+        check_taus(taus),
+        step_taus(step),
+        check_group_counts(group_counts),
+        tau_v,
+        tau_c,
     )
     if ground_truth_key is not None and not isinstance(ground_truth_key, (str, int)):
         raise ValueError(
@@ -490,7 +516,16 @@ def _run(model, loader, methods, accs, plan: _Plan, ground_truth_key, device, pr
 
 # -- presentation ---------------------------------------------------------------------------
 SCALARS = (
-    "accuracy", "error", "mse", "fidelity", "insertion", "deletion", "iou", "coverage", "purity",
+    "accuracy",
+    "error",
+    "mse",
+    "fidelity",
+    "insertion",
+    "deletion",
+    "iou",
+    "coverage",
+    "purity",
+    *M.DIVERSITY,
 )
 
 
@@ -512,13 +547,21 @@ def format_table(results: Results) -> str:
     methods = list(results)
     sections = []
     cols = [c for c in SCALARS if any(c in results[m] for m in methods)]
-    extra = [("leakage", "accuracy", "leak acc"), ("leakage", "chance", "leak chance"),
-             ("object_ratio", "correct", "obj correct"), ("object_ratio", "incorrect", "obj incorrect")]
+    extra = [
+        ("leakage", "accuracy", "leak acc"),
+        ("leakage", "chance", "leak chance"),
+        ("object_ratio", "correct", "obj correct"),
+        ("object_ratio", "incorrect", "obj incorrect"),
+    ]
     extra = [e for e in extra if any(e[0] in results[m] for m in methods)]
     headers = ["method", "examples", *cols, *(e[2] for e in extra)]
     rows = [
-        [m, str(results[m]["examples"]), *(_fmt(results[m].get(c, "-")) for c in cols),
-         *(_fmt(results[m][e[0]][e[1]]) if e[0] in results[m] else "-" for e in extra)]
+        [
+            m,
+            str(results[m]["examples"]),
+            *(_fmt(results[m].get(c, "-")) for c in cols),
+            *(_fmt(results[m][e[0]][e[1]]) if e[0] in results[m] else "-" for e in extra),
+        ]
         for m in methods
     ]
     sections.append(_render("metrics", headers, rows))
@@ -534,19 +577,38 @@ def format_table(results: Results) -> str:
 # -- command line ---------------------------------------------------------------------------
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sopfast evaluate`` options to ``parser`` (the model / data options are the CLI's)."""
-    parser.add_argument("--metrics", nargs="+", choices=METRICS, default=None,
-                        help="metrics to compute (default: accuracy or mse, fidelity, insertion, deletion, sparsity)")
-    parser.add_argument("--mode", choices=("exact", "drop"), default=None,
-                        help="group execution (default: the model's)")
-    parser.add_argument("--baselines", nargs="+", default=None, metavar="NAME",
-                        help="baselines to compare with: 'all' or names from sopfast.baselines.BASELINES")
-    parser.add_argument("--ground-truth-key", default=None,
-                        help="dict key (or tuple position) of the ground-truth masks for iou / coverage / object_ratio")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=METRICS,
+        default=None,
+        help="metrics to compute (default: accuracy or mse, fidelity, insertion, deletion, sparsity)",
+    )
+    parser.add_argument(
+        "--mode", choices=("exact", "drop"), default=None, help="group execution (default: the model's)"
+    )
+    parser.add_argument(
+        "--baselines",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="baselines to compare with: 'all' or names from sopfast.baselines.BASELINES",
+    )
+    parser.add_argument(
+        "--ground-truth-key",
+        default=None,
+        help="dict key (or tuple position) of the ground-truth masks for iou / coverage / object_ratio",
+    )
     parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: the model's)")
     parser.add_argument("--taus", nargs="+", type=float, default=list(TAUS), help="sparsities of the sparsity curve")
     parser.add_argument("--step", type=float, default=0.1, help="insertion/deletion step as a fraction of features")
-    parser.add_argument("--group-counts", nargs="+", type=int, default=list(GROUP_COUNTS),
-                        help="group counts of the num_groups ablation")
+    parser.add_argument(
+        "--group-counts",
+        nargs="+",
+        type=int,
+        default=list(GROUP_COUNTS),
+        help="group counts of the num_groups ablation",
+    )
     parser.add_argument("--tau-v", type=float, default=0.6, help="CosmoGrid void threshold")
     parser.add_argument("--tau-c", type=float, default=0.015, help="CosmoGrid cluster threshold")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -559,9 +621,19 @@ def run_cli(args: argparse.Namespace, model: SOP, loader: Iterable) -> Results:
     if isinstance(key, str) and key.isdigit():
         key = int(key)
     results = evaluate(
-        model, loader, metrics=args.metrics, mode=args.mode, ground_truth_key=key, baselines=args.baselines,
-        device=args.device, progress=not args.no_progress, taus=args.taus, step=args.step,
-        group_counts=args.group_counts, tau_v=args.tau_v, tau_c=args.tau_c,
+        model,
+        loader,
+        metrics=args.metrics,
+        mode=args.mode,
+        ground_truth_key=key,
+        baselines=args.baselines,
+        device=args.device,
+        progress=not args.no_progress,
+        taus=args.taus,
+        step=args.step,
+        group_counts=args.group_counts,
+        tau_v=args.tau_v,
+        tau_c=args.tau_c,
     )
     print(format_table(results))
     if args.output:

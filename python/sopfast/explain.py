@@ -221,10 +221,15 @@ def explain_text(
     example: int,
     path: str,
     class_names: Sequence[str] | None = None,
+    shown: Sequence[bool] | torch.Tensor | None = None,
 ) -> int:
     """Write a self-contained HTML page: one line per used group, its tokens highlighted with
-    its weight ``c·λ·y``.  ``tokens`` are the example's ``T`` token strings; returns the number
-    of highlighted spans."""
+    its weight ``c·λ·y``.  ``tokens`` are the example's ``T`` token strings; ``shown [T]`` (e.g.
+    the attention mask) leaves out the tokens it marks false, such as padding; returns the
+    number of highlighted spans."""
+    keep = [True] * len(tokens) if shown is None else [bool(v) for v in shown]
+    if len(keep) != len(tokens):
+        raise ValueError(f"shown must have one entry per token ({len(tokens)}), got {len(keep)}")
     pred = int(out.logits[example].argmax())
     label = class_names[pred] if class_names else str(pred)
     rows, spans = [], 0
@@ -233,6 +238,8 @@ def explain_text(
         colour = "rgba(46,160,67,0.45)" if w >= 0 else "rgba(215,58,73,0.45)"
         words = []
         for t, tok in enumerate(tokens):
+            if not keep[t]:
+                continue
             text = html.escape(tok)
             if bool(mask[t]):
                 spans += 1

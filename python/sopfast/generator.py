@@ -35,6 +35,45 @@ def query_rows(
     return rows // d, rows % d
 
 
+QUERIES = ("fixed", "diverse")
+
+
+def masked_mean(emb: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, E]``: the mean of ``emb [B, d, E]`` over each row's ``valid [B, d]`` features."""
+    w = valid.unsqueeze(-1).to(emb.dtype)
+    return (emb * w).sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp_min(1)
+
+
+def diverse_positions(emb: torch.Tensor, valid: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``[B, m]`` query positions by farthest-point sampling over ``emb [B, d, E]``.
+
+    The first is the valid feature farthest from the mean embedding; each next one the valid
+    feature farthest (L2) from all taken so far (ties to the lower index).  Once every valid
+    feature is taken, taken ones repeat (distance 0).
+    """
+    with torch.no_grad():
+        x = emb.detach().float()
+        outside = torch.full_like(x[..., 0], -1.0)
+        far = torch.where(valid, (x - masked_mean(x, valid)).norm(dim=-1), outside)
+        rows = torch.arange(x.shape[0], device=x.device)
+        taken = []
+        for i in range(num_groups):
+            pos = far.argmax(dim=1)
+            taken.append(pos)
+            dist = (x - x[rows, pos].unsqueeze(1)).norm(dim=-1)
+            far = torch.where(valid, dist if i == 0 else torch.minimum(far, dist), outside)
+        return torch.stack(taken, dim=1)
+
+
+def standardize_rows(s: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``s [B, m, d]`` with each row shifted and scaled to mean 0, variance 1 over ``valid [B, d]``."""
+    w = valid.unsqueeze(1).to(s.dtype)
+    count = w.sum(dim=-1, keepdim=True).clamp_min(1)
+    mean = (s * w).sum(dim=-1, keepdim=True) / count
+    var = ((s - mean).pow(2) * w).sum(dim=-1, keepdim=True) / count
+    return (s - mean) / (var + eps).sqrt()
+
+
 class GroupGenerator(nn.Module):
     """Attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
 
@@ -43,6 +82,20 @@ class GroupGenerator(nn.Module):
     train gets no gradient, each without bias and Xavier-uniform over its whole matrix; keys
     use rows ``E:2E``, queries rows ``2E:3E``; logits ``s = scale · Q_h K_hᵀ`` (no 1/√E).
     ``ties`` is the top-τ tie rule (:func:`sopfast.ops.top_tau`).
+
+    Three opt-in changes beyond the authors' algorithm (all off by default; ``docs/quality.md``):
+
+    * ``center=True`` subtracts each example's mean candidate embedding before the projections,
+      so a direction shared by every feature (``μ``) cannot rank the keys alike for every query
+      (the term ``μ W_Qᵀ W_K e_j`` is the same in each row);
+    * ``queries="diverse"`` takes the query rows by farthest-point sampling over the (centred)
+      embeddings — the feature farthest from the mean first, then each time the one farthest
+      from those already taken — instead of the fixed rows ``floor(j·d/m)``, which on images
+      with plain background often land on near-identical patches;
+    * ``normalize_logits=True`` standardises each logit row over its candidate features (zero
+      mean, unit variance) before the scale ``γ``, so ``γ`` alone sets how sharp the attention
+      is: training cannot raise λ by inflating the logits (which saturates the softmax and stops
+      the generator learning), only by choosing which features a group keeps.
     """
 
     def __init__(
@@ -53,16 +106,24 @@ class GroupGenerator(nn.Module):
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
         ties: str = "authors",
+        center: bool = False,
+        queries: str = "fixed",
+        normalize_logits: bool = False,
     ):
         super().__init__()
         if ties not in TIES:
             raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+        if queries not in QUERIES:
+            raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.scale = scale
         self.blur_kernel_size = blur_kernel_size
         self.blur_sigma = blur_sigma
         self.ties = ties
+        self.center = bool(center)
+        self.queries = queries
+        self.normalize_logits = bool(normalize_logits)
         self.heads = nn.ParameterList(
             nn.Parameter(nn.init.xavier_uniform_(torch.empty(3 * embed_dim, embed_dim))) for _ in range(num_heads)
         )
@@ -74,14 +135,23 @@ class GroupGenerator(nn.Module):
         """
         b, _, e = emb.shape
         emb = emb.float()
+        if self.center:
+            emb = emb - masked_mean(emb, valid)
         head_idx, cand = query_rows(valid.sum(dim=1), num_groups, self.num_heads, head)
-        qpos = candidate_positions(valid).gather(1, cand)
+        if self.queries == "diverse":
+            qpos = diverse_positions(emb, valid, num_groups)
+            if head is None:
+                head_idx = (torch.arange(num_groups, device=emb.device) * self.num_heads // num_groups).expand_as(qpos)
+        else:
+            qpos = candidate_positions(valid).gather(1, cand)
         q_emb = emb.gather(1, qpos.unsqueeze(-1).expand(b, num_groups, e))
         out = None
         for h in range(self.num_heads) if head is None else (head,):
             w = self.heads[h].float()
             s_h = (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
             out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
+        if self.normalize_logits:
+            out = standardize_rows(out, valid)
         return self.scale * out
 
     def binarise(

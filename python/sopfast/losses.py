@@ -36,3 +36,65 @@ def scaled_mse_loss(
     residual = group_logits.float() - targets.unsqueeze(1)
     weighted = group_scores.float().transpose(1, 2) * residual * (-lam.float()).unsqueeze(-1)
     return weighted.sum(dim=1).pow(2).mean()
+
+
+def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cosine similarity between an input's attention rows, over inputs and pairs ``i ≠ j``.
+
+    ``attention [B, m, d]`` (the generator's softmax rows, non-negative), ``valid [B, d]`` the
+    candidate features (default all).  0 when the rows attend to disjoint features, 1 when they
+    are equal.  An opt-in diversity term for the generator (``SOP(diversity_weight=...)``), not
+    part of the paper.
+    """
+    if attention.dim() != 3:
+        raise ValueError(f"attention must have shape [B, m, d], got {tuple(attention.shape)}")
+    b, m, _ = attention.shape
+    if m < 2:
+        return attention.new_zeros(())
+    a = attention.float()
+    if valid is not None:
+        a = a * valid.unsqueeze(1).to(a.dtype)
+    a = F.normalize(a, dim=-1)
+    gram = a @ a.transpose(1, 2)
+    off_diagonal = ~torch.eye(m, dtype=torch.bool, device=a.device)
+    return (gram * off_diagonal).sum() / (b * m * (m - 1))
+
+
+def feature_saliency(model, inputs, level: float) -> torch.Tensor:
+    """``[B, d]``: how much each feature raises the frozen backbone's logit for its own full-input
+    prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (:func:`sopfast.baselines.soft_forward`:
+    pixels scaled by ``z``, or token embeddings blended with [PAD]).  One forward and one backward
+    of the backbone; no gradient flows back.  With ``level = τ`` it ranks features about as well as
+    Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost of gradient × input.
+    """
+    from .baselines import backbone_logits, soft_forward
+
+    target = backbone_logits(model, inputs).argmax(dim=-1)
+    d = model.adapter.num_features(inputs)
+    z = torch.full((inputs.batch_size, d), float(level), device=inputs.device, requires_grad=True)
+    with torch.enable_grad():
+        logits = soft_forward(model, inputs, z).float()
+        (grad,) = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), z)
+    return grad.detach()
+
+
+def saliency_alignment(
+    attention: torch.Tensor, saliency: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``−mean_{b,i} Σ_j a_bij · ŝ_bj``: minus the saliency an attention row holds on average.
+
+    ``attention [B, m, d]`` (softmax rows), ``saliency [B, d]`` standardised over each input's
+    ``valid [B, d]`` features into ``ŝ`` (mean 0, variance 1).  An opt-in training signal for the
+    generator (``SOP(saliency_weight=...)``), not part of the paper.
+    """
+    if attention.dim() != 3 or saliency.shape != (attention.shape[0], attention.shape[2]):
+        raise ValueError(
+            f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
+            f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
+        )
+    w = torch.ones_like(saliency) if valid is None else valid.to(saliency.dtype)
+    count = w.sum(dim=-1, keepdim=True).clamp_min(1)
+    mean = (saliency * w).sum(dim=-1, keepdim=True) / count
+    std = (((saliency - mean) * w).pow(2).sum(dim=-1, keepdim=True) / count).sqrt().clamp_min(1e-12)
+    score = ((saliency - mean) / std * w).float()
+    return -(attention.float() * score.unsqueeze(1)).sum(dim=-1).mean()

@@ -314,6 +314,116 @@ def cosmogrid_purity(
     return _reduce(per_example, reduction)
 
 
+# -- group diversity ------------------------------------------------------------------------
+def _check_group_masks(
+    masks: torch.Tensor, valid: torch.Tensor | None, used: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(masks [N, m, d] bool, valid [N, d] bool, used [N, m] bool)`` with defaults filled in."""
+    _check_rank("masks", masks, 3, "[N, m, d]")
+    n, m, d = masks.shape
+    if valid is None:
+        valid = torch.ones(n, d, dtype=torch.bool, device=masks.device)
+    elif tuple(valid.shape) != (n, d):
+        raise ValueError(f"valid must have shape [N, d] = {(n, d)} to match masks, got {tuple(valid.shape)}")
+    if used is None:
+        used = torch.ones(n, m, dtype=torch.bool, device=masks.device)
+    elif tuple(used.shape) != (n, m):
+        raise ValueError(f"used must have shape [N, m] = {(n, m)}, got {tuple(used.shape)}")
+    return masks.bool() & valid.bool().unsqueeze(1).to(masks.device), valid.bool(), used.bool().to(masks.device)
+
+
+def distinct_groups(
+    masks: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    used: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """How many different groups an input has: distinct rows of ``masks [N, m, d]`` per example.
+
+    ``valid [N, d]`` marks the candidate features (padding outside it is ignored); ``used
+    [N, m]`` restricts the count to those groups (default all).  An example with no used group
+    counts 0.
+    """
+    g, _, used = _check_group_masks(masks, valid, used)
+    same = (g.unsqueeze(2) == g.unsqueeze(1)).all(dim=-1)
+    m = g.shape[1]
+    earlier = torch.ones(m, m, dtype=torch.bool, device=g.device).tril(-1)
+    repeated = (same & earlier & used.unsqueeze(1)).any(dim=-1)
+    return _reduce((used & ~repeated).sum(dim=-1).float(), reduction)
+
+
+def pairwise_iou(
+    masks: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    used: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Mean ``|g_i ∩ g_j| / |g_i ∪ g_j|`` over the pairs ``i < j`` of an example's groups.
+
+    ``masks [N, m, d]``; 1 when all groups are the same, 0 when they are disjoint.  Only
+    ``used [N, m]`` groups are paired (default all); NaN with fewer than two.  Two empty groups
+    have IoU 1.
+    """
+    g, _, used = _check_group_masks(masks, valid, used)
+    f = g.float()
+    inter = f @ f.transpose(1, 2)
+    size = f.sum(dim=-1)
+    union = size.unsqueeze(2) + size.unsqueeze(1) - inter
+    iou = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(inter))
+    m = g.shape[1]
+    upper = torch.ones(m, m, dtype=torch.bool, device=g.device).triu(1)
+    pairs = upper & used.unsqueeze(2) & used.unsqueeze(1)
+    count = pairs.sum(dim=(1, 2))
+    mean = (iou * pairs).sum(dim=(1, 2)) / count.clamp_min(1)
+    return _reduce(torch.where(count > 0, mean, torch.full_like(mean, float("nan"))), reduction)
+
+
+def union_coverage(
+    masks: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    used: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Fraction of an example's candidate features (``valid [N, d]``, default all) that lie in at
+    least one of its (``used``) groups ``masks [N, m, d]``; NaN without candidates."""
+    g, valid, used = _check_group_masks(masks, valid, used)
+    covered = (g & used.unsqueeze(-1)).any(dim=1).sum(dim=-1).float()
+    total = valid.sum(dim=-1).float().to(covered.device)
+    return _reduce(
+        torch.where(total > 0, covered / total.clamp_min(1), torch.full_like(covered, float("nan"))), reduction
+    )
+
+
+def groups_used(used: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """How many groups the selector gives a non-zero weight: ``used [N, m]`` bool summed per example."""
+    _check_rank("used", used, 2, "[N, m]")
+    return _reduce(used.bool().sum(dim=-1).float(), reduction)
+
+
+DIVERSITY = ("distinct_groups", "pairwise_iou", "union_coverage", "groups_used", "distinct_used_groups")
+
+
+def group_diversity(
+    masks: torch.Tensor, valid: torch.Tensor | None = None, used: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Per-example diversity of the groups ``masks [N, m, d]`` (each value ``[N]``).
+
+    ``distinct_groups``, ``pairwise_iou`` and ``union_coverage`` over all ``m`` groups;
+    ``groups_used`` (the selector's non-zero weights ``used [N, m]``, default all) and
+    ``distinct_used_groups`` (distinct groups among those).
+    """
+    _check_rank("masks", masks, 3, "[N, m, d]")
+    if used is None:
+        used = torch.ones(masks.shape[:2], dtype=torch.bool, device=masks.device)
+    return {
+        "distinct_groups": distinct_groups(masks, valid, reduction="none"),
+        "pairwise_iou": pairwise_iou(masks, valid, reduction="none"),
+        "union_coverage": union_coverage(masks, valid, reduction="none"),
+        "groups_used": groups_used(used, reduction="none"),
+        "distinct_used_groups": distinct_groups(masks, valid, used, reduction="none"),
+    }
+
+
 # -- leakage --------------------------------------------------------------------------------
 def leakage_probe(
     masks: torch.Tensor,
@@ -376,23 +486,29 @@ def _fit_linear_probe(
 
 
 __all__ = [
+    "DIVERSITY",
     "accuracy",
     "cosmogrid_alignment",
     "cosmogrid_purity",
     "curve_auc",
     "deletion",
+    "distinct_groups",
     "error",
     "fidelity",
     "group_coverage",
+    "group_diversity",
     "group_iou",
+    "groups_used",
     "insertion",
     "leakage_probe",
     "mse",
     "mse_curve",
     "object_ratio",
     "object_ratio_by_correctness",
+    "pairwise_iou",
     "probability_curve",
     "relative_auc",
     "sparsity_curve",
     "task_score",
+    "union_coverage",
 ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,6 +13,7 @@ from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
 from .checks import check_choice, check_int, check_number, check_tau
 from .generator import GroupGenerator
+from .losses import attention_overlap, feature_saliency, saliency_alignment
 from .ops import aggregate, num_kept
 from .output import SOPOutput
 from .selector import GroupSelector
@@ -25,6 +29,17 @@ TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
 class SOPConfig(dict):
     """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
     ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
+
+
+@dataclass
+class RegularisedOutput(SOPOutput):
+    """An :class:`SOPOutput` whose :meth:`loss` adds a training ``penalty`` (``SOP(diversity_weight=...)``)."""
+
+    penalty: torch.Tensor | None = None
+
+    def compute_loss(self, labels: torch.Tensor) -> torch.Tensor:
+        loss = super().compute_loss(labels)
+        return loss if self.penalty is None else loss + self.penalty
 
 
 class SOP(nn.Module):
@@ -46,6 +61,20 @@ class SOP(nn.Module):
             the lower index: the paper's math at infinite precision).
         group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
         blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
+        center_embeddings, queries: opt-in generator changes beyond the authors' algorithm
+            (default off: ``False``, ``"fixed"``): subtract each example's mean feature embedding
+            before the attention; pick the query rows by farthest-point sampling (``"diverse"``)
+            instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.generator.GroupGenerator`
+            and ``docs/quality.md``.
+        normalize_logits: standardise each generator logit row before ``γ`` (opt-in, beyond the
+            paper): ``γ`` then fixes the attention's sharpness (see ``docs/quality.md``).
+        freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
+            option ``freeze_projection``); only the generator weight and the selector train.
+        diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.losses.attention_overlap`
+            of the generator's attention rows to ``out.loss`` (default 0: the paper's loss).
+        saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.losses.saliency_alignment`
+            with the backbone's :func:`sopfast.losses.feature_saliency` at ``z = τ``: a teacher
+            signal towards features that move the backbone (default 0: the paper's loss).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -71,6 +100,12 @@ class SOP(nn.Module):
         group_sel_scale: float = 1.0,
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
+        center_embeddings: bool = False,
+        queries: str = "fixed",
+        normalize_logits: bool = False,
+        freeze_projection: bool = False,
+        diversity_weight: float = 0.0,
+        saliency_weight: float = 0.0,
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
@@ -84,11 +119,11 @@ class SOP(nn.Module):
             raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
         self.num_groups = check_int("num_groups", num_groups, 1)
         self.tau = tau
-        self.group_batch_size = (
-            None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
-        )
+        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
         self.task = check_choice("task", task, TASKS)
         self.deletion = bool(deletion)
+        self.diversity_weight = check_number("diversity_weight", diversity_weight, 0.0)
+        self.saliency_weight = check_number("saliency_weight", saliency_weight, 0.0)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -96,6 +131,8 @@ class SOP(nn.Module):
         self.mode = mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
+        if freeze_projection:
+            self.projection.requires_grad_(False)
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
@@ -103,17 +140,37 @@ class SOP(nn.Module):
             blur_kernel_size=check_int("blur_kernel_size", blur_kernel_size),
             blur_sigma=check_number("blur_sigma", blur_sigma, 0.0, above=True),
             ties=ties,
+            center=center_embeddings,
+            queries=queries,
+            normalize_logits=normalize_logits,
         )
         selector_scale = check_number("group_sel_scale", group_sel_scale)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
         self.epoch = 0
-        self.config = SOPConfig({
-            "num_groups": num_groups, "tau": tau, "mode": mode, "num_heads": num_heads,
-            "ties": ties, "group_gen_scale": group_gen_scale, "group_sel_scale": group_sel_scale,
-            "blur_kernel_size": blur_kernel_size, "blur_sigma": blur_sigma, "deletion": deletion,
-            "group_batch_size": group_batch_size, "checkpoint_projection": checkpoint_projection, "task": task,
-            **adapter_kwargs,
-        })
+        self.config = SOPConfig(
+            {
+                "num_groups": num_groups,
+                "tau": tau,
+                "mode": mode,
+                "num_heads": num_heads,
+                "ties": ties,
+                "group_gen_scale": group_gen_scale,
+                "group_sel_scale": group_sel_scale,
+                "blur_kernel_size": blur_kernel_size,
+                "blur_sigma": blur_sigma,
+                "deletion": deletion,
+                "center_embeddings": center_embeddings,
+                "queries": queries,
+                "normalize_logits": normalize_logits,
+                "freeze_projection": freeze_projection,
+                "diversity_weight": diversity_weight,
+                "saliency_weight": saliency_weight,
+                "group_batch_size": group_batch_size,
+                "checkpoint_projection": checkpoint_projection,
+                "task": task,
+                **adapter_kwargs,
+            }
+        )
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
@@ -219,7 +276,11 @@ class SOP(nn.Module):
         """
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         if torch.is_grad_enabled() or inputs.batch_size <= (size := self.example_chunk_size(inputs)):
-            out = self.predict_groups(inputs, self.make_groups(inputs, tau), mode)
+            groups = self.make_groups(inputs, tau)
+            out = self.predict_groups(inputs, groups, mode)
+            if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
+                fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+                out = RegularisedOutput(**fields, penalty=self.training_penalty(inputs, groups, tau))
         else:
             parts = []
             for start in range(0, inputs.batch_size, size):
@@ -243,6 +304,18 @@ class SOP(nn.Module):
             lam=torch.zeros(0, m, device=device),
             attention=torch.zeros(0, m, d, device=device),
         )
+
+    def training_penalty(self, inputs: FeatureInputs, groups: Groups, tau: float | None = None) -> torch.Tensor:
+        """The opt-in generator terms added to the loss: ``diversity_weight ·`` attention overlap
+        ``+ saliency_weight ·`` saliency alignment (both 0 by default)."""
+        valid = self.adapter.candidates(inputs)
+        penalty = groups.lam.new_zeros(())
+        if self.diversity_weight > 0:
+            penalty = penalty + self.diversity_weight * attention_overlap(groups.attention, valid)
+        if self.saliency_weight > 0:
+            saliency = feature_saliency(self, inputs, self.tau if tau is None else tau)
+            penalty = penalty + self.saliency_weight * saliency_alignment(groups.attention, saliency, valid)
+        return penalty
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector.

@@ -1,0 +1,83 @@
+"""Shared pieces of the quality sweep: the cached demo backbones, data, and one SOP run scored.
+
+The backbone is trained once exactly as ``sopfast demo`` trains it and cached under
+``.cache/`` (git-ignored); every sweep row reuses it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from sopfast import data
+from sopfast.model import SOP
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CACHE = os.path.join(ROOT, ".cache")
+
+
+def image_data() -> tuple[data.ImageData, data.ImageData]:
+    """Fashion-MNIST train (60k) and the first 1,000 test images (as the demo)."""
+    return data.load_fashion_mnist("train", 60000), data.load_fashion_mnist("test", 1000)
+
+
+def image_backbone(seed: int = 0):
+    """The demo's small ViT on Fashion-MNIST, trained once and cached in ``.cache/fmnist-vit``."""
+    from transformers import ViTForImageClassification
+
+    from sopfast.demo import _image_backbone
+
+    path = os.path.join(CACHE, "fmnist-vit")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        train, _ = image_data()
+        start = time.perf_counter()
+        model, _, _ = _image_backbone(train, False, torch.device("cpu"), seed)
+        model.save_pretrained(path)
+        print(f"backbone trained in {time.perf_counter() - start:.0f} s -> {path}")
+    return ViTForImageClassification.from_pretrained(path).eval()
+
+
+@torch.no_grad()
+def sop_outputs(model: SOP, x: torch.Tensor, mode: str, batch: int = 100):
+    """Concatenated logits, group masks and predicted-class ``used`` flags over ``x``."""
+    model.eval()
+    logits, masks, used = [], [], []
+    for s in range(0, len(x), batch):
+        out = model(x[s : s + batch], mode=mode)
+        pred = out.logits.argmax(-1)
+        logits.append(out.logits)
+        masks.append(out.group_masks)
+        used.append(out.group_scores[torch.arange(len(pred)), pred] > 0)
+    return torch.cat(logits), torch.cat(masks), torch.cat(used)
+
+
+def text_data(seed: int = 0):
+    """The text demo's tweets (12,000 drawn, ≥ 12 tokens kept): ``(train, test)`` TextDatasets, the
+    last 1,000 for testing, as ``run_text_demo`` splits them."""
+    from sopfast.demo import TextDataset, tokenize_tweets
+
+    texts, labels = data.load_tweets(limit=12000, seed=seed)
+    full = tokenize_tweets(texts, labels)
+    n_test = min(1000, len(full) // 4)
+    idx = torch.arange(len(full))
+
+    def subset(sel: torch.Tensor) -> TextDataset:
+        return TextDataset({k: v[sel] for k, v in full.encoded.items()}, full.labels[sel], full.tokenizer)
+
+    return subset(idx[:-n_test]), subset(idx[-n_test:])
+
+
+def text_backbone(seed: int = 0):
+    """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm``."""
+    from transformers import BertForSequenceClassification
+
+    from sopfast.demo import _text_backbone
+
+    path = os.path.join(CACHE, "tweets-minilm")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        train, _ = text_data(seed)
+        model = _text_backbone(train, torch.device("cpu"), False, seed)
+        model.save_pretrained(path)
+    return BertForSequenceClassification.from_pretrained(path).eval()
