@@ -173,7 +173,7 @@ class ScoreBaseline(Method):
 
 
 class AttributionBaseline(ScoreBaseline):
-    """"-F": the top-τ features of ``attribute(model, inputs, target) → [B, d]`` form one group.
+    """ "-F": the top-τ features of ``attribute(model, inputs, target) → [B, d]`` form one group.
 
     The target is the backbone's full-input prediction (classification) or, for regression,
     each output in turn (one group per output, ``combine="per_output"``).
@@ -189,8 +189,10 @@ class AttributionBaseline(ScoreBaseline):
     def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
         logits = backbone_logits(model, inputs)
         if model.task == "regression":
-            rows = [self.attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long))
-                    for c in range(logits.shape[1])]
+            rows = [
+                self.attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long))
+                for c in range(logits.shape[1])
+            ]
             return torch.stack(rows, dim=1)
         return self.attribute(model, inputs, logits.argmax(dim=-1)).unsqueeze(1)
 
@@ -413,30 +415,55 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
     names, tensors = _fields(inputs)
     ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
     if method == "ig":
+
         def forward(z, *t):
             return soft_forward(model, FeatureInputs(**dict(zip(names, t))), z)
 
         with torch.enable_grad():
-            return ca.IntegratedGradients(forward).attribute(
-                ones, baselines=0.0, target=target, additional_forward_args=tensors, n_steps=budget,
-                internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
-            ).detach().float()
+            return (
+                ca.IntegratedGradients(forward)
+                .attribute(
+                    ones,
+                    baselines=0.0,
+                    target=target,
+                    additional_forward_args=tensors,
+                    n_steps=budget,
+                    internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
+                )
+                .detach()
+                .float()
+            )
     hard = _hard_forward(model, names)
     if method == "occlusion":
-        return ca.Occlusion(hard).attribute(
-            ones, sliding_window_shapes=(window,), strides=window, baselines=0.0, target=target,
-            additional_forward_args=tensors, perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
-        ).float()
+        return (
+            ca.Occlusion(hard)
+            .attribute(
+                ones,
+                sliding_window_shapes=(window,),
+                strides=window,
+                baselines=0.0,
+                target=target,
+                additional_forward_args=tensors,
+                perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
+            )
+            .float()
+        )
     explainer = ca.Lime(hard) if method == "lime" else ca.KernelShap(hard)
     valid = candidate_mask(model, inputs)
     rows = []
     for b in range(inputs.batch_size):
         ids = torch.where(valid[b], valid[b].long().cumsum(0) - 1, valid[b].sum()).unsqueeze(0)
-        rows.append(explainer.attribute(
-            ones[b:b + 1], baselines=0.0, target=target[b:b + 1], feature_mask=ids,
-            additional_forward_args=tuple(t[b:b + 1] for t in tensors), n_samples=budget,
-            perturbations_per_eval=budget,
-        ))
+        rows.append(
+            explainer.attribute(
+                ones[b : b + 1],
+                baselines=0.0,
+                target=target[b : b + 1],
+                feature_mask=ids,
+                additional_forward_args=tuple(t[b : b + 1] for t in tensors),
+                n_samples=budget,
+                perturbations_per_eval=budget,
+            )
+        )
     return torch.cat(rows).float()
 
 

@@ -97,6 +97,7 @@ def measure_interleaved(
     for round_ in range(max(1, repeats)):
         for name, fn in fns.items():
             if round_ == repeats - 1 and memory:
+
                 def run(fn=fn, name=name) -> None:
                     peaks[name] = peak_memory_mib(fn, device)
 
@@ -136,7 +137,12 @@ def _no_grad(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def compare_modes(
-    model: SOP, args: tuple, labels: torch.Tensor, train: bool = False, repeats: int = 3, warmup: int = 1,
+    model: SOP,
+    args: tuple,
+    labels: torch.Tensor,
+    train: bool = False,
+    repeats: int = 3,
+    warmup: int = 1,
     memory: bool = True,
 ) -> list[BenchResult]:
     """Time reference / exact / drop on one batch (``args`` as passed to ``model``), interleaved;
@@ -157,9 +163,7 @@ def transformer_flops(tokens: int, width: int, layers: int, mlp: int) -> float:
     return float(layers * per_layer)
 
 
-def ideal_drop_ratio(
-    tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool
-) -> float:
+def ideal_drop_ratio(tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool) -> float:
     """The FLOP ratio reference / drop for SOP on a Transformer (projection pass included).
 
     Reference: the projection runs all ``layers`` on the full input, then ``groups`` full

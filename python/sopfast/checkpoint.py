@@ -45,9 +45,27 @@ _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
 _NOT_COMPUTATION = frozenset(
-    {"architectures", "id2label", "label2id", "transformers_version", "torch_dtype", "dtype", "problem_type",
-     "finetuning_task", "tokenizer_class", "output_hidden_states", "output_attentions", "return_dict",
-     "use_return_dict", "torchscript", "use_cache", "name_or_path", "fused_attn", "kernel_config", "inplace"}
+    {
+        "architectures",
+        "id2label",
+        "label2id",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "problem_type",
+        "finetuning_task",
+        "tokenizer_class",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "use_return_dict",
+        "torchscript",
+        "use_cache",
+        "name_or_path",
+        "fused_attn",
+        "kernel_config",
+        "inplace",
+    }
 )
 
 
@@ -151,8 +169,11 @@ def architecture_differences(saved: dict[str, dict[str, str]], backbone: nn.Modu
     """``"name: saved → now"`` for every config entry (present in both) and module that differs."""
     now = backbone_architecture(backbone)
     old_cfg, new_cfg = saved.get("config", {}), now["config"]
-    changed = [f"config.{k}: {old_cfg[k]} → {new_cfg[k]}" for k in sorted(set(old_cfg) & set(new_cfg))
-               if old_cfg[k] != new_cfg[k]]
+    changed = [
+        f"config.{k}: {old_cfg[k]} → {new_cfg[k]}"
+        for k in sorted(set(old_cfg) & set(new_cfg))
+        if old_cfg[k] != new_cfg[k]
+    ]
     old_mod, new_mod = saved.get("modules", {}), now["modules"]
     names = sorted(set(old_mod) | set(new_mod))
     return changed + [f"{k}: {old_mod.get(k)} → {new_mod.get(k)}" for k in names if old_mod.get(k) != new_mod.get(k)]

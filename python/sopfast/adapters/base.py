@@ -182,8 +182,7 @@ def check_mode(adapter: BackboneAdapter, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode not in adapter.supported_modes:
         raise ValueError(
-            f"mode={mode!r} is not supported by {type(adapter).__name__}; "
-            f"supported: {adapter.supported_modes}"
+            f"mode={mode!r} is not supported by {type(adapter).__name__}; supported: {adapter.supported_modes}"
         )
     return mode
 
@@ -226,4 +225,3 @@ def group_batch_index(groups: Groups) -> torch.Tensor:
     """``[B·m]`` example index of each flattened group."""
     b, m = groups.mask.shape[:2]
     return torch.arange(b, device=groups.mask.device).repeat_interleave(m)
-

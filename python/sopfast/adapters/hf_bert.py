@@ -130,9 +130,7 @@ class HFBertAdapter(BackboneAdapter):
         b, m, t = groups.mask.shape
         keep = (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
         batch = self._exact_batch if mode == "exact" else self._drop_batch
-        return run_chunked(
-            groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows]))
-        )
+        return run_chunked(groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows])))
 
     def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
         ids = inputs.input_ids[example]

@@ -19,9 +19,7 @@ class TimmViTAdapter(PatchGridAdapter):
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
         if backbone.global_pool not in ("token", "avg"):
-            raise ValueError(
-                f"timm ViT global_pool={backbone.global_pool!r} is not supported; use 'token' or 'avg'"
-            )
+            raise ValueError(f"timm ViT global_pool={backbone.global_pool!r} is not supported; use 'token' or 'avg'")
         if getattr(backbone, "dynamic_img_size", False):
             raise ValueError("timm ViT with dynamic_img_size=True is not supported; build it with a fixed img_size")
         pe = backbone.patch_embed
@@ -38,7 +36,10 @@ class TimmViTAdapter(PatchGridAdapter):
     def make_projection(self) -> nn.Module:
         projection = super().make_projection()
         freeze_(
-            projection.blocks[-1], projection.norm, projection.fc_norm, projection.head,
+            projection.blocks[-1],
+            projection.norm,
+            projection.fc_norm,
+            projection.head,
             getattr(projection, "attn_pool", None),
         )
         return projection
@@ -52,7 +53,7 @@ class TimmViTAdapter(PatchGridAdapter):
         x = self._tokens(projection, inputs.pixels)
         for block in projection.blocks[:-1]:
             x = self.run_layer(block, x)
-        return x[:, self.prefix:]
+        return x[:, self.prefix :]
 
     def classifier_weight(self) -> torch.Tensor:
         return self.backbone.head.weight
@@ -60,7 +61,7 @@ class TimmViTAdapter(PatchGridAdapter):
     def _key(self, x: torch.Tensor) -> torch.Tensor:
         if self.backbone.global_pool == "token":
             return x[:, 0]
-        return x[:, self.prefix:].mean(dim=1)
+        return x[:, self.prefix :].mean(dim=1)
 
     def _encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.backbone
