@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -174,6 +174,8 @@ def make_eval_loader(data: Dataset | DataLoader, batch_size: int | None, info: D
     else:
         options, dataset = {"batch_size": batch_size}, data
     if info.enabled:
+        if not isinstance(dataset, Sized):
+            raise TypeError(f"evaluation data must be a dataset with a length, got {type(dataset).__name__}")
         dataset = Subset(dataset, range(info.rank, len(dataset), info.world_size))
     options["drop_last"] = False
     return DataLoader(dataset, shuffle=False, **options)
