@@ -69,8 +69,9 @@ _NOT_COMPUTATION = frozenset(
 )
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced."""
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
+    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced
+    (what ``write`` returns, e.g. ``f.write``'s byte count, is ignored)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -112,7 +113,7 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
     """Delete the temp files :func:`atomic_write` left in ``directory`` (and its subfolders) when its
     process was killed; files of a process that is still running stay.  Returns what was removed."""
     directory = Path(directory)
-    removed = []
+    removed: list[Path] = []
     if not directory.is_dir():
         return removed
     for path in directory.rglob(".*.tmp"):
