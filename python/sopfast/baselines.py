@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import torch
 from torch import nn
@@ -47,6 +47,8 @@ AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor], torch.Tensor]
 COMBINES = ("mean", "selector", "per_output")
 FORWARD_BUDGET = 20
 INPUT_FIELDS = ("pixels", "input_ids", "attention_mask", "token_type_ids")
+#: What a :class:`Method`'s :meth:`~Method.prepare` hands to its :meth:`~Method.predict`.
+StateT = TypeVar("StateT")
 
 
 @dataclass
@@ -60,18 +62,24 @@ class Prediction:
     used: torch.Tensor
 
 
-class Method(ABC):
-    """Something :func:`sopfast.evaluate` can score: it makes groups and predicts from them."""
+class Method(ABC, Generic[StateT]):
+    """Something :func:`sopfast.evaluate` can score: it makes groups and predicts from them.
+
+    ``StateT`` is the type of the per-batch state :meth:`prepare` returns and :meth:`predict` takes.
+    """
 
     name: str = "method"
 
-    def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> object:
-        """Per-batch work independent of the sparsity (attributions, attention); passed to :meth:`predict`."""
-        return None
+    def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> StateT:
+        """Per-batch work independent of the sparsity (attributions, attention); passed to :meth:`predict`.
+
+        The default does no work and returns ``None`` (a subclass keeping it is a ``Method[None]``)."""
+        # The type system cannot tie "StateT is None" to "prepare is not overridden".
+        return cast(StateT, None)
 
     @abstractmethod
     def predict(
-        self, model: SOP, inputs: FeatureInputs, state: object, tau: float | None, largest: bool | None, mode: str
+        self, model: SOP, inputs: FeatureInputs, state: StateT, tau: float | None, largest: bool | None, mode: str
     ) -> Prediction:
         """Predict with groups of sparsity ``tau`` (``None``: the model's τ) holding the highest-ranked
         features (``largest=False``: the lowest; ``None``: the method's own choice)."""
@@ -149,7 +157,7 @@ def backbone_logits(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
 
 
 # -- score-based baselines ------------------------------------------------------------------
-class ScoreBaseline(Method):
+class ScoreBaseline(Method[torch.Tensor]):
     """Groups are the top-τ features of per-group scores ``[B, m, d]``; the backbone predicts on each."""
 
     combine: str = "mean"
@@ -165,7 +173,7 @@ class ScoreBaseline(Method):
         return self.scores(model, inputs).detach()
 
     def predict(
-        self, model: SOP, inputs: FeatureInputs, state: object, tau: float | None, largest: bool | None, mode: str
+        self, model: SOP, inputs: FeatureInputs, state: torch.Tensor, tau: float | None, largest: bool | None, mode: str
     ) -> Prediction:
         tau = model.tau if tau is None else tau
         masks = top_tau_masks(state, candidate_mask(model, inputs), tau, largest is not False)
@@ -173,7 +181,7 @@ class ScoreBaseline(Method):
 
 
 class AttributionBaseline(ScoreBaseline):
-    """"-F": the top-τ features of ``attribute(model, inputs, target) → [B, d]`` form one group.
+    """ "-F": the top-τ features of ``attribute(model, inputs, target) → [B, d]`` form one group.
 
     The target is the backbone's full-input prediction (classification) or, for regression,
     each output in turn (one group per output, ``combine="per_output"``).
@@ -189,8 +197,10 @@ class AttributionBaseline(ScoreBaseline):
     def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
         logits = backbone_logits(model, inputs)
         if model.task == "regression":
-            rows = [self.attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long))
-                    for c in range(logits.shape[1])]
+            rows = [
+                self.attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long))
+                for c in range(logits.shape[1])
+            ]
             return torch.stack(rows, dim=1)
         return self.attribute(model, inputs, logits.argmax(dim=-1)).unsqueeze(1)
 
@@ -242,7 +252,7 @@ class RandomGroups(ScoreBaseline):
 
 
 # -- fixed groups ---------------------------------------------------------------------------
-class PatchGrid(Method):
+class PatchGrid(Method[tuple[torch.Tensor, torch.Tensor]]):
     """BagNet-like fixed groups: square ``patch_size × patch_size`` blocks of the feature grid
     (default: the smallest size giving at most ``max_groups`` patches), or ``max_groups``
     contiguous spans of the candidate tokens for text.  Logits are the mean of the patch
@@ -264,7 +274,13 @@ class PatchGrid(Method):
         return masks, run_masks(model, inputs, masks, mode).logits.float()
 
     def predict(
-        self, model: SOP, inputs: FeatureInputs, state: object, tau: float | None, largest: bool | None, mode: str
+        self,
+        model: SOP,
+        inputs: FeatureInputs,
+        state: tuple[torch.Tensor, torch.Tensor],
+        tau: float | None,
+        largest: bool | None,
+        mode: str,
     ) -> Prediction:
         masks, y = state
         m = y.shape[1]
@@ -413,30 +429,55 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
     names, tensors = _fields(inputs)
     ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
     if method == "ig":
+
         def forward(z, *t):
             return soft_forward(model, FeatureInputs(**dict(zip(names, t))), z)
 
         with torch.enable_grad():
-            return ca.IntegratedGradients(forward).attribute(
-                ones, baselines=0.0, target=target, additional_forward_args=tensors, n_steps=budget,
-                internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
-            ).detach().float()
+            return (
+                ca.IntegratedGradients(forward)
+                .attribute(
+                    ones,
+                    baselines=0.0,
+                    target=target,
+                    additional_forward_args=tensors,
+                    n_steps=budget,
+                    internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
+                )
+                .detach()
+                .float()
+            )
     hard = _hard_forward(model, names)
     if method == "occlusion":
-        return ca.Occlusion(hard).attribute(
-            ones, sliding_window_shapes=(window,), strides=window, baselines=0.0, target=target,
-            additional_forward_args=tensors, perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
-        ).float()
+        return (
+            ca.Occlusion(hard)
+            .attribute(
+                ones,
+                sliding_window_shapes=(window,),
+                strides=window,
+                baselines=0.0,
+                target=target,
+                additional_forward_args=tensors,
+                perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
+            )
+            .float()
+        )
     explainer = ca.Lime(hard) if method == "lime" else ca.KernelShap(hard)
     valid = candidate_mask(model, inputs)
     rows = []
     for b in range(inputs.batch_size):
         ids = torch.where(valid[b], valid[b].long().cumsum(0) - 1, valid[b].sum()).unsqueeze(0)
-        rows.append(explainer.attribute(
-            ones[b:b + 1], baselines=0.0, target=target[b:b + 1], feature_mask=ids,
-            additional_forward_args=tuple(t[b:b + 1] for t in tensors), n_samples=budget,
-            perturbations_per_eval=budget,
-        ))
+        rows.append(
+            explainer.attribute(
+                ones[b : b + 1],
+                baselines=0.0,
+                target=target[b : b + 1],
+                feature_mask=ids,
+                additional_forward_args=tuple(t[b : b + 1] for t in tensors),
+                n_samples=budget,
+                perturbations_per_eval=budget,
+            )
+        )
     return torch.cat(rows).float()
 
 

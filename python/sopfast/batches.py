@@ -52,7 +52,10 @@ class Batch:
         return self.input_ids is not None
 
     def __len__(self) -> int:
-        return int((self.input_ids if self.is_text else self.x).shape[0])
+        ref = self.input_ids if self.input_ids is not None else self.x
+        if ref is None:
+            raise TypeError("the batch has neither x nor input_ids")
+        return int(ref.shape[0])
 
     def model_inputs(self) -> dict[str, torch.Tensor | None]:
         """Keyword arguments for ``SOP.forward`` / ``SOP.prepare`` (``x=`` or ``input_ids=`` + masks)."""

@@ -14,10 +14,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from .model import SOP
+from .output import SOPOutput
 from .reference import reference_forward
 
 
@@ -67,10 +69,10 @@ def peak_memory_mib(fn: Callable[[], object], device: torch.device) -> float | N
             f.write("5")
     except OSError:
         return None
-    before = _rss_kib("VmRSS")
+    rss_before = _rss_kib("VmRSS")
     fn()
     peak = _rss_kib("VmHWM")
-    return None if before is None or peak is None else max(0, peak - before) / 1024
+    return None if rss_before is None or peak is None else max(0, peak - rss_before) / 1024
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
@@ -97,6 +99,7 @@ def measure_interleaved(
     for round_ in range(max(1, repeats)):
         for name, fn in fns.items():
             if round_ == repeats - 1 and memory:
+
                 def run(fn=fn, name=name) -> None:
                     peaks[name] = peak_memory_mib(fn, device)
 
@@ -108,18 +111,19 @@ def measure_interleaved(
 
 def step_functions(model: SOP, args: tuple, labels: torch.Tensor, train: bool) -> dict[str, Callable[[], object]]:
     """One inference forward (``train=False``) or one training step per variant."""
-    variants: dict[str, Callable[[], object]] = {"reference": lambda: reference_forward(model, *args)}
+    variants: dict[str, Callable[[], SOPOutput]] = {"reference": lambda: reference_forward(model, *args)}
     for mode in ("exact", "drop"):
         if mode in model.adapter.supported_modes:
-            variants[mode] = lambda mode=mode: model(*args, mode=mode)
+            variants[mode] = partial(model, *args, mode=mode)
     if not train:
         return {name: _no_grad(fn) for name, fn in variants.items()}
     optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=1e-6)
 
-    def training_step(forward: Callable[[], object]) -> Callable[[], None]:
+    def training_step(forward: Callable[[], SOPOutput]) -> Callable[[], None]:
         def run() -> None:
             optimizer.zero_grad(set_to_none=True)
-            forward().loss(labels).backward()
+            # The forwards get no labels, so ``out.loss`` is ``out.compute_loss``; called directly for its type.
+            forward().compute_loss(labels).backward()
             optimizer.step()
 
         return run
@@ -136,7 +140,12 @@ def _no_grad(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def compare_modes(
-    model: SOP, args: tuple, labels: torch.Tensor, train: bool = False, repeats: int = 3, warmup: int = 1,
+    model: SOP,
+    args: tuple,
+    labels: torch.Tensor,
+    train: bool = False,
+    repeats: int = 3,
+    warmup: int = 1,
     memory: bool = True,
 ) -> list[BenchResult]:
     """Time reference / exact / drop on one batch (``args`` as passed to ``model``), interleaved;
@@ -157,9 +166,7 @@ def transformer_flops(tokens: int, width: int, layers: int, mlp: int) -> float:
     return float(layers * per_layer)
 
 
-def ideal_drop_ratio(
-    tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool
-) -> float:
+def ideal_drop_ratio(tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool) -> float:
     """The FLOP ratio reference / drop for SOP on a Transformer (projection pass included).
 
     Reference: the projection runs all ``layers`` on the full input, then ``groups`` full

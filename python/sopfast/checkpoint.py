@@ -45,14 +45,33 @@ _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
 _NOT_COMPUTATION = frozenset(
-    {"architectures", "id2label", "label2id", "transformers_version", "torch_dtype", "dtype", "problem_type",
-     "finetuning_task", "tokenizer_class", "output_hidden_states", "output_attentions", "return_dict",
-     "use_return_dict", "torchscript", "use_cache", "name_or_path", "fused_attn", "kernel_config", "inplace"}
+    {
+        "architectures",
+        "id2label",
+        "label2id",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "problem_type",
+        "finetuning_task",
+        "tokenizer_class",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "use_return_dict",
+        "torchscript",
+        "use_cache",
+        "name_or_path",
+        "fused_attn",
+        "kernel_config",
+        "inplace",
+    }
 )
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced."""
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
+    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced
+    (what ``write`` returns, e.g. ``f.write``'s byte count, is ignored)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -94,7 +113,7 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
     """Delete the temp files :func:`atomic_write` left in ``directory`` (and its subfolders) when its
     process was killed; files of a process that is still running stay.  Returns what was removed."""
     directory = Path(directory)
-    removed = []
+    removed: list[Path] = []
     if not directory.is_dir():
         return removed
     for path in directory.rglob(".*.tmp"):
@@ -151,8 +170,11 @@ def architecture_differences(saved: dict[str, dict[str, str]], backbone: nn.Modu
     """``"name: saved → now"`` for every config entry (present in both) and module that differs."""
     now = backbone_architecture(backbone)
     old_cfg, new_cfg = saved.get("config", {}), now["config"]
-    changed = [f"config.{k}: {old_cfg[k]} → {new_cfg[k]}" for k in sorted(set(old_cfg) & set(new_cfg))
-               if old_cfg[k] != new_cfg[k]]
+    changed = [
+        f"config.{k}: {old_cfg[k]} → {new_cfg[k]}"
+        for k in sorted(set(old_cfg) & set(new_cfg))
+        if old_cfg[k] != new_cfg[k]
+    ]
     old_mod, new_mod = saved.get("modules", {}), now["modules"]
     names = sorted(set(old_mod) | set(new_mod))
     return changed + [f"{k}: {old_mod.get(k)} → {new_mod.get(k)}" for k in names if old_mod.get(k) != new_mod.get(k)]

@@ -255,6 +255,7 @@ def _read_weights(path: str) -> dict[str, torch.Tensor]:
         raise CLIError(f"--backbone-weights file not found: {path}")
     if not path.endswith(WEIGHT_EXTENSIONS):
         raise CLIError(f"--backbone-weights {path}: expected one of {', '.join(WEIGHT_EXTENSIONS)}")
+    state: object  # whatever the file holds, checked below
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
@@ -293,7 +294,7 @@ def _timm_backbone(name: str, weights: str) -> nn.Module:
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         raise CLIError(f"--backbone timm:{name}: no such timm model" + (f"; did you mean {close}?" if close else ""))
     state = _read_weights(weights)
-    probe = timm.create_model(name, pretrained=False)
+    probe: Any = timm.create_model(name, pretrained=False)  # a timm model, read by attribute name
     kwargs: dict[str, Any] = {}
     head = probe.pretrained_cfg.get("classifier", "head")
     head = head[0] if isinstance(head, (tuple, list)) else head
@@ -367,6 +368,7 @@ def _hf_backbone(path: str) -> nn.Module:
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise CLIError(f"--backbone {path}: cannot read its config.json: {_one_line(err)}") from err
+    auto: type[transformers.AutoModelForImageClassification] | type[transformers.AutoModelForSequenceClassification]
     if config.model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
         auto = transformers.AutoModelForImageClassification
     elif config.model_type in modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
@@ -402,7 +404,7 @@ def load_backbone(spec: str, weights: str | None = None, trust_pickle: bool = Fa
     )
 
 
-def _adapter_kwargs(model: nn.Module, feature_layer: str | None) -> dict[str, str]:
+def _adapter_kwargs(model: nn.Module, feature_layer: str | None) -> dict[str, Any]:
     """``feature_layer`` for CNN backbones (required there, refused elsewhere)."""
     from .adapters import CNNAdapter, find_adapter_class
 
@@ -677,7 +679,7 @@ def _add_model_source(p: argparse.ArgumentParser, need_checkpoint: bool) -> None
     d.add_argument("--max-length", type=_int_at_least(2), default=None, help="max tokens per text (default 128)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The ``sopfast`` parser; building it imports no optional package."""
     parser = _Parser(prog="sopfast", description="Fast Sum-of-Parts self-attributing models.", allow_abbrev=False)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -782,11 +784,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = "sopfast"
     try:
         at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
-        command = argv[at] if at is not None else None
-        config = _split_config(argv[at + 1 :]) if command in parser.subcommands else None
-        if config is not None:
-            argv = [*argv[: at + 1], *_config_tokens(parser.subcommands[command], config), *argv[at + 1 :]]
-        if command in parser.subcommands:
+        if at is not None and argv[at] in parser.subcommands:
+            command = argv[at]
+            config = _split_config(argv[at + 1 :])
+            if config is not None:
+                argv = [*argv[: at + 1], *_config_tokens(parser.subcommands[command], config), *argv[at + 1 :]]
             prog = f"sopfast {command}"
         args = parser.parse_args(argv)
         _check_paths(args)

@@ -29,7 +29,7 @@ import csv
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +86,10 @@ class Preprocessing:
         """One PIL image → ``[C, H, W]`` float32."""
         from PIL import Image
 
-        resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[self.resample]
+        # Pillow >= 9.1 names the filters in ``Image.Resampling`` (its type hints omit the module-level
+        # aliases); older Pillow has the module-level constants only.
+        filters: Any = getattr(Image, "Resampling", Image)
+        resample = {"bilinear": filters.BILINEAR, "bicubic": filters.BICUBIC, "nearest": filters.NEAREST}[self.resample]
         image = image.convert("L" if self.channels == 1 else "RGB")
         h, w = self.size if self.size is not None else (image.height, image.width)
         if self.resize_to is not None:
@@ -117,7 +120,8 @@ def _height_width(value: Any) -> tuple[int, int] | None:
     return _pair(value) if isinstance(value, (int, list, tuple)) else None
 
 
-def _stats(name: str, value: Sequence[float], channels: int) -> tuple[float, ...]:
+def _stats(name: str, value: Any, channels: int) -> tuple[float, ...]:
+    """``value``: a number or per-channel numbers, from a flag or a preprocessor config."""
     values = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
     if len(values) == 1:
         values = values * channels
@@ -190,7 +194,7 @@ def preprocessing_for(
     label2id = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
     if list(label2id) == [f"LABEL_{i}" for i in range(len(label2id))]:
         label2id = {}
-    common = {"label2id": label2id, "num_classes": model.num_classes}
+    common: dict[str, Any] = {"label2id": label2id, "num_classes": model.num_classes}
     if adapter.modality == "text":
         return _text_preprocessing(model, directory, max_length, common)
     channels = int(getattr(adapter, "channels", None) or 3)
@@ -243,23 +247,24 @@ class Split:
     label_names: Sequence[str] | None = None
 
     def take(self, index: Sequence[int]) -> Split:
-        pick = lambda seq: None if seq is None else _Indexed(seq, index)
-        return Split(pick(self.inputs), pick(self.labels), pick(self.pairs), self.label_names)
+        pairs = None if self.pairs is None else _Indexed(self.pairs, index)
+        return Split(_Indexed(self.inputs, index), _Indexed(self.labels, index), pairs, self.label_names)
 
 
 class _Indexed(Sequence):
     """``seq[index[i]]``, lazily."""
 
     def __init__(self, seq: Sequence, index: Sequence[int]):
-        self.seq, self.index = seq, list(index)
+        # Not ``self.index``: that would hide ``Sequence.index(value)``.
+        self.seq, self.positions = seq, list(index)
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.positions)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self.seq[j] for j in self.index[i]]
-        return self.seq[self.index[i]]
+            return [self.seq[j] for j in self.positions[i]]
+        return self.seq[self.positions[i]]
 
 
 class _Column(Sequence):
@@ -284,7 +289,7 @@ class Source:
 
     path: str
     kind: str
-    splits: dict[str, Split | _RawSplit]
+    splits: Mapping[str, Split | _RawSplit]
     base_dir: str = ""
     class_names: Sequence[str] | None = None
 
@@ -297,13 +302,13 @@ class Source:
         if name is not None:
             if name not in self.splits:
                 raise DataError(f"{self.path} has no split {name!r}; available: {available}")
-            return name, self.splits[name]
+            return name, self._chosen(name)
         evaluation = [s for s in (*VALIDATION_SPLITS, "test") if s in self.splits]
         if role == "test":
             evaluation = [s for s in ("test", *VALIDATION_SPLITS) if s in self.splits]
         train = "train" if "train" in self.splits else (available[0] if len(available) == 1 else None)
         if role != "train" and evaluation:
-            return evaluation[0], self.splits[evaluation[0]]
+            return evaluation[0], self._chosen(evaluation[0])
         if train is None:
             flag = "--train-split" if role == "train" else ("--val-split" if role == "val" else "--split")
             raise DataError(
@@ -311,8 +316,15 @@ class Source:
                 f"available: {available}; name one with {flag}"
             )
         if role == "train" and evaluation:
-            return train, self.splits[train]
-        return _holdout(train, self.splits[train], role, holdout)
+            return train, self._chosen(train)
+        return _holdout(train, self._chosen(train), role, holdout)
+
+    def _chosen(self, name: str) -> Split:
+        """Split ``name``, whose columns must be chosen (:func:`load_split` does it before resolving)."""
+        split = self.splits[name]
+        if not isinstance(split, Split):
+            raise TypeError(f"split {name!r} of {self.path} is raw: choose its columns before resolving it")
+        return split
 
 
 def _holdout(name: str, split: Split, role: str, fraction: float) -> tuple[str, Split]:
@@ -515,7 +527,7 @@ def _as_int(value: Any) -> int | None:
 
 
 def label_ids(
-    splits: dict[str, Split], prep: Preprocessing, class_names: Sequence[str] | None, where: str
+    splits: Mapping[str, Split], prep: Preprocessing, class_names: Sequence[str] | None, where: str
 ) -> tuple[Callable[[Any], int], list[str]]:
     """The map raw label → class id for all ``splits`` at once (module docstring), and the class names."""
     raw = [v for s in splits.values() for v in s.labels]
@@ -525,13 +537,13 @@ def label_ids(
     id2name = {i: name for name, i in prep.label2id.items()}
     if not id2name:
         id2name = dict(enumerate(next((s.label_names for s in splits.values() if s.label_names), ())))
-    ints = [_as_int(v) for v in raw]
-    if class_names is None and all(i is not None for i in ints):
+    ints = [i for i in (_as_int(v) for v in raw) if i is not None]
+    if class_names is None and len(ints) == len(raw):
         bad = sorted({i for i in ints if n is not None and not 0 <= i < n})
-        if bad:
+        if bad and n is not None:
             raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{n - 1})")
         names = [id2name.get(i, str(i)) for i in range(n or max(ints) + 1)]
-        return (lambda v: int(_as_int(v))), names
+        return _class_id, names
     names = sorted({str(v) for v in raw} | set(class_names or ()))
     if prep.label2id and set(names) <= set(prep.label2id):
         mapping = {name: prep.label2id[name] for name in names}
@@ -543,6 +555,14 @@ def label_ids(
     for name, i in mapping.items():
         classes[i] = name
     return (lambda v: mapping[str(v)]), classes
+
+
+def _class_id(value: Any) -> int:
+    """An integer label (int, integral float or digit string) as its class id."""
+    class_id = _as_int(value)
+    if class_id is None:
+        raise DataError(f"label {value!r} is not an integer class id")
+    return class_id
 
 
 # -- datasets --------------------------------------------------------------------------------------
@@ -628,7 +648,7 @@ def load_split(
     split: str | None = None,
     holdout: float = 0.1,
     limit: int | None = None,
-) -> tuple[torch.utils.data.Dataset, str]:
+) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples.  Returns the
     dataset and a description of the split used."""

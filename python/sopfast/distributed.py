@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -116,7 +116,7 @@ class ResumableSampler(DistributedSampler):
         self.start = 0
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.start:])
+        return iter(list(super().__iter__())[self.start :])
 
     def __len__(self) -> int:
         return self.num_samples - self.start
@@ -152,8 +152,11 @@ def make_train_loader(data: Dataset | DataLoader, batch_size: int | None, info: 
     if isinstance(data, DataLoader):
         if not rebuildable(data):
             if info.enabled and not isinstance(data.sampler, DistributedSampler):
-                warnings.warn("train_data has a custom sampler that does not shard: every rank sees all batches",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    "train_data has a custom sampler that does not shard: every rank sees all batches",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return data
         options, shuffle, dataset = _loader_options(data), isinstance(data.sampler, RandomSampler), data.dataset
     else:
@@ -171,6 +174,8 @@ def make_eval_loader(data: Dataset | DataLoader, batch_size: int | None, info: D
     else:
         options, dataset = {"batch_size": batch_size}, data
     if info.enabled:
+        if not isinstance(dataset, Sized):
+            raise TypeError(f"evaluation data must be a dataset with a length, got {type(dataset).__name__}")
         dataset = Subset(dataset, range(info.rank, len(dataset), info.world_size))
     options["drop_last"] = False
     return DataLoader(dataset, shuffle=False, **options)

@@ -105,13 +105,18 @@ def _masked_inputs(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, grid)
         full = F.interpolate(masks.float().view(b * m, 1, *grid), size=inputs.pixels.shape[-2:], mode="nearest")
         pixels = inputs.pixels.unsqueeze(1) * full.view(b, m, 1, *inputs.pixels.shape[-2:])
         return FeatureInputs(pixels=pixels.flatten(0, 1))
-    keep = masks | (inputs.attention_mask.bool() & (inputs.token_type_ids == 1)).unsqueeze(1)
-    ids = inputs.input_ids.unsqueeze(1).expand(b, m, d)
-    pad = model.adapter.pad_token_id
+    attention_mask = inputs.require_attention_mask()
+    token_type_ids = inputs.require_token_type_ids()
+    keep = masks | (attention_mask.bool() & (token_type_ids == 1)).unsqueeze(1)
+    ids = inputs.require_input_ids().unsqueeze(1).expand(b, m, d)
+    # Text adapters (HFBertAdapter) mask a token with their ``pad_token_id``; the protocol does not declare it.
+    pad = getattr(model.adapter, "pad_token_id", None)
+    if not isinstance(pad, int):
+        raise TypeError(f"{type(model.adapter).__name__} has no int pad_token_id, which the text reference needs")
     return FeatureInputs(
         input_ids=torch.where(keep, ids, torch.full_like(ids, pad)).flatten(0, 1),
-        attention_mask=(inputs.attention_mask.unsqueeze(1) * keep).flatten(0, 1),
-        token_type_ids=inputs.token_type_ids.unsqueeze(1).expand(b, m, d).flatten(0, 1),
+        attention_mask=(attention_mask.unsqueeze(1) * keep).flatten(0, 1),
+        token_type_ids=token_type_ids.unsqueeze(1).expand(b, m, d).flatten(0, 1),
     )
 
 

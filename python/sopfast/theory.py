@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import numpy as np
 
@@ -131,7 +131,8 @@ def binomial_insertion_targets(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     n1, n2, _ = blocks
     M = subset_matrix(sum(blocks))
     c = M[:, : n1 + n2].all(axis=1).astype(np.float64) + M[:, n1:].all(axis=1)
-    return M, c
+    # numpy's stubs type a row-wise ``all(axis=1)`` as possibly a scalar; ``M`` is 2-D, so ``c`` is an array.
+    return M, cast(np.ndarray, c)
 
 
 def _binomial_class_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

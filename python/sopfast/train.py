@@ -150,9 +150,14 @@ class TrainConfig:
         check_choice("amp", self.amp, (None, *AMP_DTYPES))
         check_choice("metric", self.metric, (None, *METRICS))
         if self.output_dir is not None:
-            self.output_dir = Path(self.output_dir)
-        if self.log_file is None and self.output_dir is not None:
-            self.log_file = self.output_dir / "log.jsonl"
+            self.output_dir = output_dir = Path(self.output_dir)
+            if self.log_file is None:
+                self.log_file = output_dir / "log.jsonl"
+
+    @property
+    def _output_path(self) -> Path | None:
+        """``output_dir`` typed as the Path ``__post_init__`` made of it."""
+        return None if self.output_dir is None else Path(self.output_dir)
 
 
 @dataclass
@@ -198,7 +203,10 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng() -> dict[str, Any]:
     """The python/numpy/torch(/CUDA) RNG states, as plain types ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state()
+    if not isinstance(numpy_state, tuple):  # the legacy form: a tuple for the global MT19937 generator
+        raise TypeError(f"numpy's global random state is not MT19937's tuple: {type(numpy_state).__name__}")
+    kind, keys, pos, has_gauss, cached = numpy_state
     return {
         "python": random.getstate(),
         "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
@@ -337,17 +345,20 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression), over all ranks."""
         model, device = self.model, self.device
+        if self.val_loader is None:
+            raise TypeError("evaluate() needs val_data (and runs inside fit())")
+        val_loader = self.val_loader
         was_training = model.training
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=device)
         cuda = [device.index] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda, device_type=device.type):
-            for batch in self.val_loader:
+            for batch in val_loader:
                 with self._autocast():
                     out, labels = forward_batch(model, to_device(batch, device))
                 sums += torch.stack(
                     [
-                        out.loss(labels).double() * labels.shape[0],
+                        out.compute_loss(labels).double() * labels.shape[0],
                         self._score(out, labels),
                         torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
                     ]
@@ -379,8 +390,9 @@ class Trainer:
 
     def save_state(self) -> None:
         """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
-        if self.info.is_main and self.config.output_dir is not None:
-            atomic_save(self.state_dict(), self.config.output_dir / STATE_NAME)
+        output_dir = self.config._output_path
+        if self.info.is_main and output_dir is not None:
+            atomic_save(self.state_dict(), output_dir / STATE_NAME)
 
     @property
     def backbone_sha256(self) -> str:
@@ -443,7 +455,7 @@ class Trainer:
         self.model.eval()
         with self._autocast():
             out, labels = forward_batch(self.model, to_device(next(iter(self.train_loader)), self.device))
-            loss = out.loss(labels)
+            loss = out.compute_loss(labels)
         loss.backward()
         unused = any(p.grad is None for p in self.model.trainable_parameters())
         self.optimizer.zero_grad(set_to_none=True)
@@ -476,7 +488,7 @@ class Trainer:
         } | ({"head_schedule": cfg.head_schedule} if self.model.generator.num_heads > 1 else {})
 
     def _resume_path(self) -> Path | None:
-        resume, output_dir = self.config.resume, self.config.output_dir
+        resume, output_dir = self.config.resume, self.config._output_path
         if resume is False:
             return None
         if resume is True:
@@ -498,7 +510,7 @@ class Trainer:
                 f"cannot resume from {path}: settings differ from the saved run ({changed}, saved → now); "
                 "use the same settings, resume=False or another output_dir"
             )
-        counters = {k: state.get(k) for k in ("step", "epoch", "batches_done")}
+        counters: dict[str, Any] = {k: state.get(k) for k in ("step", "epoch", "batches_done")}  # checked next
         if (
             not all(isinstance(v, int) and v >= 0 for v in counters.values())
             or counters["batches_done"] >= self.batches_per_epoch
@@ -532,6 +544,8 @@ class Trainer:
         sampler = loader.sampler
         if isinstance(sampler, ResumableSampler):
             sampler.set_epoch(self.epoch)
+            if loader.batch_size is None:
+                raise TypeError("a train loader with a ResumableSampler must have a batch_size")
             sampler.start = self.batches_done * loader.batch_size
             loader.generator.manual_seed(self.config.seed + self.epoch)
             return iter(loader)
@@ -553,7 +567,8 @@ class Trainer:
 
     def _autocast(self) -> AbstractContextManager:
         amp = self.config.amp
-        return torch.autocast(self.device.type, dtype=AMP_DTYPES.get(amp), enabled=amp is not None)
+        dtype = None if amp is None else AMP_DTYPES.get(amp)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=amp is not None)
 
     def _micro_step(self, batch: Any) -> None:
         accum, index = self.config.grad_accum, self.batches_done
@@ -564,7 +579,7 @@ class Trainer:
         with no_sync(self.ddp_model, skip=not last):
             with self._autocast():
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
-                loss = out.loss(labels) / group_size
+                loss = out.compute_loss(labels) / group_size
             self.scaler.scale(loss).backward()
         self._loss_sum += loss.detach().float()
         self.batches_done += 1
@@ -588,7 +603,7 @@ class Trainer:
 
     def _after_step(self, epoch_end: bool) -> None:
         cfg = self.config
-        self.pbar.update(1)
+        self._progress.update(1)
         if self.step % cfg.log_every == 0:
             self._log_train()
         if self.val_loader is not None and (
@@ -599,6 +614,13 @@ class Trainer:
             self.save_state()
         if self.callbacks:
             self._emit("step", {"step": self.step, "epoch": self.epoch, "lr": self.scheduler.get_last_lr()[0]})
+
+    @property
+    def _progress(self) -> tqdm:
+        """The progress bar, which :meth:`fit` makes before the first step."""
+        if self.pbar is None:
+            raise RuntimeError("the progress bar exists only while fit() runs")
+        return self.pbar
 
     # -- logging, evaluation, the end ----------------------------------------------------------
     def _emit(self, event: str, record: dict[str, Any]) -> None:
@@ -625,7 +647,7 @@ class Trainer:
         self._loss_sum.zero_()
         self._norm_sum.zero_()
         self._logged_steps = 0
-        self.pbar.set_postfix(loss=f"{loss:.4f}", **self._postfix())
+        self._progress.set_postfix(loss=f"{loss:.4f}", **self._postfix())
         self._emit("log", record)
 
     def _postfix(self) -> dict[str, str]:
@@ -643,24 +665,25 @@ class Trainer:
         value = self.metrics[f"val_{self.metric}"]
         if self._improves(value):
             self.best_metric, self.best_step = value, self.step
-            if self.info.is_main and self.config.output_dir is not None:
-                save_pretrained(self.model, self.config.output_dir / "best", backbone_sha256=self.backbone_sha256)
+            output_dir = self.config._output_path
+            if self.info.is_main and output_dir is not None:
+                save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
-        self.pbar.set_postfix(self._postfix())
+        self._progress.set_postfix(self._postfix())
         self._emit("eval", record)
 
     def _finish(self) -> TrainResult:
-        cfg = self.config
+        output_dir = self.config._output_path
         self._log_train()
         if self.val_loader is not None and self._eval_step != self.step:
             self._evaluate_and_track()
         self.save_state()
-        if self.info.is_main and cfg.output_dir is not None:
-            save_pretrained(self.model, cfg.output_dir / "last", backbone_sha256=self.backbone_sha256)
+        if self.info.is_main and output_dir is not None:
+            save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
         record = self._record("end", best=self.best_metric, best_step=self.best_step)
         self._emit("end", record)
         barrier(self.info)
-        return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, cfg.output_dir)
+        return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, output_dir)
 
     def _score(self, out: SOPOutput, labels: torch.Tensor) -> torch.Tensor:
         """Correct predictions (classification) or summed per-example MSE (regression) of one batch."""

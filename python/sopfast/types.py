@@ -20,19 +20,47 @@ class FeatureInputs:
     attention_mask: torch.Tensor | None = None
     token_type_ids: torch.Tensor | None = None
 
+    # Typed accessors: an adapter knows which fields its batches hold; these return the tensor
+    # (not ``Optional``) or raise a TypeError naming the missing field.
+    def require_pixels(self) -> torch.Tensor:
+        """``pixels``, which image adapters always set."""
+        return _required("pixels", self.pixels)
+
+    def require_input_ids(self) -> torch.Tensor:
+        """``input_ids``, which text adapters always set."""
+        return _required("input_ids", self.input_ids)
+
+    def require_attention_mask(self) -> torch.Tensor:
+        """``attention_mask``, which text adapters always set."""
+        return _required("attention_mask", self.attention_mask)
+
+    def require_token_type_ids(self) -> torch.Tensor:
+        """``token_type_ids``, which text adapters always set."""
+        return _required("token_type_ids", self.token_type_ids)
+
+    def _reference(self) -> torch.Tensor:
+        """The tensor whose leading axis is the batch: ``pixels`` or else ``input_ids``."""
+        if self.pixels is not None:
+            return self.pixels
+        return _required("pixels or input_ids", self.input_ids)
+
     @property
     def batch_size(self) -> int:
-        ref = self.pixels if self.pixels is not None else self.input_ids
-        return int(ref.shape[0])
+        return int(self._reference().shape[0])
 
     @property
     def device(self) -> torch.device:
-        ref = self.pixels if self.pixels is not None else self.input_ids
-        return ref.device
+        return self._reference().device
 
     def rows(self, index: slice | torch.Tensor) -> FeatureInputs:
         """The examples ``index`` of the batch."""
         return FeatureInputs(**{k: None if v is None else v[index] for k, v in vars(self).items()})
+
+
+def _required(name: str, value: torch.Tensor | None) -> torch.Tensor:
+    if value is None:
+        raise TypeError(f"FeatureInputs.{name} is None, but this backbone's batches need it")
+    return value
 
 
 @dataclass

@@ -156,10 +156,11 @@ class BackboneAdapter(ABC):
         (``presence = 0`` is SOP's masking).
         """
         grid = self.feature_grid(inputs)
-        if inputs.pixels is None or grid is None:
+        pixels = inputs.pixels
+        if pixels is None or grid is None:
             raise AdapterHookMissing(self, "soft_forward", "gradient and Integrated-Gradients attributions")
-        mask = upsample_mask(presence.view(-1, *grid), tuple(inputs.pixels.shape[-2:])).unsqueeze(1)
-        return self.full_forward(FeatureInputs(pixels=inputs.pixels * mask.to(inputs.pixels.dtype)))[0]
+        mask = upsample_mask(presence.view(-1, *grid), (pixels.shape[-2], pixels.shape[-1])).unsqueeze(1)
+        return self.full_forward(FeatureInputs(pixels=pixels * mask.to(pixels.dtype)))[0]
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:
         """``(module, read its input?, prefix tokens)``: the activation Grad-CAM weighs — a feature
@@ -182,8 +183,7 @@ def check_mode(adapter: BackboneAdapter, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode not in adapter.supported_modes:
         raise ValueError(
-            f"mode={mode!r} is not supported by {type(adapter).__name__}; "
-            f"supported: {adapter.supported_modes}"
+            f"mode={mode!r} is not supported by {type(adapter).__name__}; supported: {adapter.supported_modes}"
         )
     return mode
 
@@ -226,4 +226,3 @@ def group_batch_index(groups: Groups) -> torch.Tensor:
     """``[B·m]`` example index of each flattened group."""
     b, m = groups.mask.shape[:2]
     return torch.arange(b, device=groups.mask.device).repeat_interleave(m)
-

@@ -99,10 +99,11 @@ class CNNAdapter(BackboneAdapter):
         return fmap
 
     def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
-        size = tuple(inputs.pixels.shape[-2:])
+        pixels = inputs.require_pixels()
+        size = (pixels.shape[-2], pixels.shape[-1])
         if size not in self._grids:
             with torch.no_grad():
-                fmap = self._feature_map(self.backbone, inputs.pixels[:1])
+                fmap = self._feature_map(self.backbone, pixels[:1])
             self._grids[size] = (int(fmap.shape[-2]), int(fmap.shape[-1]))
         return self._grids[size]
 
@@ -117,7 +118,7 @@ class CNNAdapter(BackboneAdapter):
         return projection
 
     def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        return self._feature_map(projection, inputs.pixels).flatten(2).transpose(1, 2)
+        return self._feature_map(projection, inputs.require_pixels()).flatten(2).transpose(1, 2)
 
     def classifier_weight(self) -> torch.Tensor:
         if self.classifier is None:
@@ -147,11 +148,12 @@ class CNNAdapter(BackboneAdapter):
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         b, m, d = groups.mask.shape
         grid = self.feature_grid(inputs)
-        size = tuple(inputs.pixels.shape[-2:])
+        pixels = inputs.require_pixels()
+        size = (pixels.shape[-2], pixels.shape[-1])
         flat_mask = groups.mask.reshape(b * m, d)
 
         def run(rows: slice, example: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            masked = inputs.pixels[example] * pixel_grid_mask(flat_mask[rows], grid, size)
+            masked = pixels[example] * pixel_grid_mask(flat_mask[rows], grid, size)
             return self.full_forward(FeatureInputs(pixels=masked))
 
         return run_chunked(groups, chunk_size, run)

@@ -22,7 +22,7 @@ from .base import BackboneAdapter, freeze_, run_chunked, trainable_copy
 from .hf_common import eager_attention
 
 
-def _layer_attention_mask(model: nn.Module, h: torch.Tensor, attention_mask: torch.Tensor):
+def _layer_attention_mask(model: Any, h: torch.Tensor, attention_mask: torch.Tensor) -> Any:
     """The mask a BERT layer takes: transformers 5.x's ``create_bidirectional_mask``, or the additive
     ``[B, 1, 1, T]`` extended mask of transformers 4.x (which has no ``create_bidirectional_mask``)."""
     try:
@@ -40,8 +40,8 @@ class HFBertAdapter(BackboneAdapter):
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
-        self.encoder_model = backbone.bert
-        pad = backbone.config.pad_token_id
+        self.encoder_model: Any = self.backbone.bert
+        pad = self.backbone.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
@@ -85,14 +85,14 @@ class HFBertAdapter(BackboneAdapter):
             )
 
     def num_features(self, inputs: FeatureInputs) -> int:
-        return int(inputs.input_ids.shape[1])
+        return int(inputs.require_input_ids().shape[1])
 
     def candidates(self, inputs: FeatureInputs) -> torch.Tensor:
-        return inputs.attention_mask.bool() & (inputs.token_type_ids == 0)
+        return inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 0)
 
     def always_kept(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, T]`` bool: the second segment, never masked."""
-        return inputs.attention_mask.bool() & (inputs.token_type_ids == 1)
+        return inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 1)
 
     def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
         if mode == "exact":
@@ -105,13 +105,13 @@ class HFBertAdapter(BackboneAdapter):
         return int(self.backbone.config.hidden_size)
 
     def make_projection(self) -> nn.Module:
-        projection = trainable_copy(self.encoder_model)
+        projection: Any = trainable_copy(self.encoder_model)
         freeze_(projection.encoder.layer[-1], getattr(projection, "pooler", None))
         return projection
 
     def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        h = projection.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
-        mask = _layer_attention_mask(projection, h, inputs.attention_mask)
+        h = projection.embeddings(input_ids=inputs.require_input_ids(), token_type_ids=inputs.require_token_type_ids())
+        mask = _layer_attention_mask(projection, h, inputs.require_attention_mask())
         for layer in projection.encoder.layer[:-1]:
             out = self.run_layer(layer, h, mask)
             h = out[0] if isinstance(out, tuple) else out
@@ -130,16 +130,14 @@ class HFBertAdapter(BackboneAdapter):
         b, m, t = groups.mask.shape
         keep = (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
         batch = self._exact_batch if mode == "exact" else self._drop_batch
-        return run_chunked(
-            groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows]))
-        )
+        return run_chunked(groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows])))
 
     def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
-        ids = inputs.input_ids[example]
+        ids = inputs.require_input_ids()[example]
         return {
             "input_ids": torch.where(keep, ids, torch.full_like(ids, self.pad_token_id)),
-            "attention_mask": inputs.attention_mask[example] * keep,
-            "token_type_ids": inputs.token_type_ids[example],
+            "attention_mask": inputs.require_attention_mask()[example] * keep,
+            "token_type_ids": inputs.require_token_type_ids()[example],
         }
 
     def _drop_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
@@ -151,12 +149,12 @@ class HFBertAdapter(BackboneAdapter):
         order = torch.sort(torch.where(runs, positions, positions + t), dim=1).values[:, :length]
         slot_used = order < t
         pos = torch.where(slot_used, order, torch.zeros_like(order))
-        ids = inputs.input_ids[example].gather(1, pos)
+        ids = inputs.require_input_ids()[example].gather(1, pos)
         kept_here = keep.gather(1, pos) & slot_used
         return {
             "input_ids": torch.where(kept_here, ids, torch.full_like(ids, self.pad_token_id)),
-            "attention_mask": (inputs.attention_mask[example].gather(1, pos).bool() & kept_here).long(),
-            "token_type_ids": inputs.token_type_ids[example].gather(1, pos),
+            "attention_mask": (inputs.require_attention_mask()[example].gather(1, pos).bool() & kept_here).long(),
+            "token_type_ids": inputs.require_token_type_ids()[example].gather(1, pos),
             "position_ids": pos,
         }
 
@@ -182,7 +180,7 @@ class HFBertAdapter(BackboneAdapter):
         """Each candidate token's embedding blended with [PAD]'s, ``z·e(id) + (1 − z)·e(pad)``; the
         attention mask is left as it is (a soft stand-in for SOP's hard masking)."""
         emb = self.backbone.get_input_embeddings()
-        ids = inputs.input_ids
+        ids = inputs.require_input_ids()
         z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
         x = emb(ids) * z + emb(torch.full_like(ids, self.pad_token_id)) * (1 - z)
         out = self.backbone(inputs_embeds=x, attention_mask=inputs.attention_mask, token_type_ids=inputs.token_type_ids)

@@ -17,9 +17,9 @@ def _layer_out(out) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def vit_layers(vit: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of an HF ``ViTModel``: ``vit.layers`` (transformers 5.x) or
-    ``vit.encoder.layer`` (4.x)."""
+def vit_layers(vit: Any) -> nn.ModuleList:
+    """The transformer blocks of an HF ``ViTModel`` (read by attribute name): ``vit.layers``
+    (transformers 5.x) or ``vit.encoder.layer`` (4.x)."""
     layers = getattr(vit, "layers", None)
     return layers if layers is not None else vit.encoder.layer
 
@@ -31,8 +31,8 @@ class HFViTAdapter(PatchGridAdapter):
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
-        self.vit = backbone.vit
-        cfg = backbone.config
+        self.vit: Any = self.backbone.vit
+        cfg = self.backbone.config
         size = cfg.image_size if isinstance(cfg.image_size, (tuple, list)) else (cfg.image_size, cfg.image_size)
         patch = cfg.patch_size if isinstance(cfg.patch_size, (tuple, list)) else (cfg.patch_size, cfg.patch_size)
         self.image_size = (int(size[0]), int(size[1]))
@@ -45,12 +45,12 @@ class HFViTAdapter(PatchGridAdapter):
         return int(self.backbone.config.hidden_size)
 
     def make_projection(self) -> nn.Module:
-        projection = trainable_copy(self.vit)
+        projection: Any = trainable_copy(self.vit)
         freeze_(vit_layers(projection)[-1], projection.layernorm, getattr(projection, "pooler", None))
         return projection
 
     def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        h = projection.embeddings(inputs.pixels.to(projection.embeddings.cls_token.dtype))
+        h = projection.embeddings(inputs.require_pixels().to(projection.embeddings.cls_token.dtype))
         for layer in vit_layers(projection)[:-1]:
             h = _layer_out(self.run_layer(layer, h, None))
         return h[:, 1:]
@@ -67,7 +67,7 @@ class HFViTAdapter(PatchGridAdapter):
 
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         emb = self.vit.embeddings
-        pixels = inputs.pixels.to(emb.cls_token.dtype)
+        pixels = inputs.require_pixels().to(emb.cls_token.dtype)
         patches = emb.patch_embeddings(pixels)
         cls = emb.cls_token + emb.position_embeddings[:, :1]
         positions = emb.position_embeddings[:, 1:]

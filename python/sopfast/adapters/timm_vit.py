@@ -12,6 +12,12 @@ from .base import AdapterHookMissing, freeze_
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
+def _pair(values: Any) -> tuple[int, int]:
+    """timm's 2-tuples (``img_size``, ``grid_size``, ``patch_size``) as a pair of ints."""
+    first, second = values
+    return int(first), int(second)
+
+
 class TimmViTAdapter(PatchGridAdapter):
     """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
     for average-pooled models without a class token)."""
@@ -19,40 +25,41 @@ class TimmViTAdapter(PatchGridAdapter):
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
         if backbone.global_pool not in ("token", "avg"):
-            raise ValueError(
-                f"timm ViT global_pool={backbone.global_pool!r} is not supported; use 'token' or 'avg'"
-            )
+            raise ValueError(f"timm ViT global_pool={backbone.global_pool!r} is not supported; use 'token' or 'avg'")
         if getattr(backbone, "dynamic_img_size", False):
             raise ValueError("timm ViT with dynamic_img_size=True is not supported; build it with a fixed img_size")
-        pe = backbone.patch_embed
-        self.image_size = tuple(int(s) for s in pe.img_size)
-        self.grid = tuple(int(g) for g in pe.grid_size)
-        self.patch_size = tuple(int(p) for p in pe.patch_size)
+        pe = self.backbone.patch_embed
+        self.image_size = _pair(pe.img_size)
+        self.grid = _pair(pe.grid_size)
+        self.patch_size = _pair(pe.patch_size)
         self.channels = int(pe.proj.in_channels)
-        self.prefix = int(backbone.num_prefix_tokens)
+        self.prefix = int(self.backbone.num_prefix_tokens)
 
     @property
     def embed_dim(self) -> int:
         return int(self.backbone.embed_dim)
 
     def make_projection(self) -> nn.Module:
-        projection = super().make_projection()
+        projection: Any = super().make_projection()
         freeze_(
-            projection.blocks[-1], projection.norm, projection.fc_norm, projection.head,
+            projection.blocks[-1],
+            projection.norm,
+            projection.fc_norm,
+            projection.head,
             getattr(projection, "attn_pool", None),
         )
         return projection
 
     @staticmethod
-    def _tokens(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    def _tokens(model: Any, pixels: torch.Tensor) -> torch.Tensor:
         x = model._pos_embed(model.patch_embed(pixels))
         return model.norm_pre(model.patch_drop(x))
 
     def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        x = self._tokens(projection, inputs.pixels)
+        x = self._tokens(projection, inputs.require_pixels())
         for block in projection.blocks[:-1]:
             x = self.run_layer(block, x)
-        return x[:, self.prefix:]
+        return x[:, self.prefix :]
 
     def classifier_weight(self) -> torch.Tensor:
         return self.backbone.head.weight
@@ -60,7 +67,7 @@ class TimmViTAdapter(PatchGridAdapter):
     def _key(self, x: torch.Tensor) -> torch.Tensor:
         if self.backbone.global_pool == "token":
             return x[:, 0]
-        return x[:, self.prefix:].mean(dim=1)
+        return x[:, self.prefix :].mean(dim=1)
 
     def _encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.backbone
@@ -69,22 +76,23 @@ class TimmViTAdapter(PatchGridAdapter):
 
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         model = self.backbone
+        pixels = inputs.require_pixels()
         if mode == "exact" and not self.patch_aligned:
             tokens_of = lambda masked: model._pos_embed(model.patch_embed(masked))
-            return run_vit_groups_exact_pixels(inputs.pixels, self.grid, tokens_of, self._encode, groups, chunk_size)
-        patches = model.patch_embed(inputs.pixels)
+            return run_vit_groups_exact_pixels(pixels, self.grid, tokens_of, self._encode, groups, chunk_size)
+        patches = model.patch_embed(pixels)
         if mode == "exact":
-            blank = model.patch_embed(torch.zeros_like(inputs.pixels[:1]))
+            blank = model.patch_embed(torch.zeros_like(pixels[:1]))
             return run_vit_groups_exact(patches, blank, model._pos_embed, self._encode, groups, chunk_size)
         return run_vit_groups_drop(model._pos_embed(patches), self.prefix, self._encode, groups, chunk_size)
 
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.backbone
-        x = model.blocks(self._tokens(model, inputs.pixels))
+        x = model.blocks(self._tokens(model, inputs.require_pixels()))
         return model.forward_head(model.norm(x)), self._key(x)
 
     def reference_embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        hidden_states = [self._tokens(projection, inputs.pixels)]
+        hidden_states = [self._tokens(projection, inputs.require_pixels())]
         for block in projection.blocks:
             hidden_states.append(block(hidden_states[-1]))
         return hidden_states[-2][:, self.prefix :]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable
 from fractions import Fraction
 from functools import lru_cache
+from typing import SupportsIndex, cast
 
 import torch
 
@@ -62,7 +64,8 @@ def num_kept_table(tau: float, d: int) -> tuple[int, ...]:
 def check_grid(grid: object, d: int) -> tuple[int, int]:
     """A feature grid ``(h, w)``: two positive integers with ``h · w = d``."""
     try:
-        h, w = (operator.index(side) for side in grid)
+        # ``grid`` is unchecked input: a non-iterable raises the TypeError caught below.
+        h, w = (operator.index(side) for side in cast(Iterable[SupportsIndex], grid))
     except (TypeError, ValueError):
         raise ValueError(f"grid must be two positive integers (h, w) with h · w = d={d}, got {grid!r}") from None
     if h < 1 or w < 1:
