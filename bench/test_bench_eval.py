@@ -23,8 +23,15 @@ def _model(mode: str) -> sopfast.SOP:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    cfg = ViTConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
-                    image_size=64, patch_size=8, num_labels=10)
+    cfg = ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=64,
+        patch_size=8,
+        num_labels=10,
+    )
     return sopfast.SOP(ViTForImageClassification(cfg), num_groups=8, tau=0.2, mode=mode).to(DEVICE).eval()
 
 
@@ -46,7 +53,7 @@ def per_example_loop(model: sopfast.SOP, x: torch.Tensor, y: torch.Tensor) -> tu
         rows = []
         with torch.no_grad():
             for i in range(x.shape[0]):
-                rows.append(torch.stack([model(x[i:i + 1], tau=t).logits[0] for t in STEPS]))
+                rows.append(torch.stack([model(x[i : i + 1], tau=t).logits[0] for t in STEPS]))
         model.deletion = False
         curves = torch.stack(rows)
         scores.append(float(M.deletion(curves) if deletion else M.insertion(curves)))

@@ -25,16 +25,26 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 def _vit(width: int, layers: int, heads: int):
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                    intermediate_size=4 * width, num_labels=10)
+    cfg = ViTConfig(
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        num_labels=10,
+    )
     return ViTForImageClassification(cfg).eval()
 
 
 def _bert(width: int, layers: int, heads: int):
     from transformers import BertConfig, BertForSequenceClassification
 
-    cfg = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=4 * width, num_labels=2)
+    cfg = BertConfig(
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        num_labels=2,
+    )
     return BertForSequenceClassification(cfg).eval()
 
 

@@ -54,8 +54,9 @@ def backbone_for(train: data.ImageData, seed: int, epochs: int) -> tuple[torch.n
 @torch.no_grad()
 def accuracy(model: sopfast.SOP, x: torch.Tensor, y: torch.Tensor, mode: str) -> float:
     model.eval()
-    correct = sum(int((model(x[s : s + 256], mode=mode).logits.argmax(-1) == y[s : s + 256]).sum())
-                  for s in range(0, len(x), 256))
+    correct = sum(
+        int((model(x[s : s + 256], mode=mode).logits.argmax(-1) == y[s : s + 256]).sum()) for s in range(0, len(x), 256)
+    )
     model.train()
     return correct / len(x)
 
@@ -100,8 +101,14 @@ def run(args: argparse.Namespace) -> dict:
     for name, curve in curves.items():
         reached = next((t for t, step, acc in curve if step > 0 and acc >= target), None)
         summary[name] = {"steps": curve[-1][1], "final_accuracy": curve[-1][2], "seconds_to_target": reached}
-    return {"dataset": train.name, "budget_s": args.budget, "target_accuracy": target, "summary": summary,
-            "curves": curves, "settings": vars(args)}
+    return {
+        "dataset": train.name,
+        "budget_s": args.budget,
+        "target_accuracy": target,
+        "summary": summary,
+        "curves": curves,
+        "settings": vars(args),
+    }
 
 
 def report(result: dict) -> str:
@@ -116,8 +123,9 @@ def report(result: dict) -> str:
     for name, s in result["summary"].items():
         t = s["seconds_to_target"]
         ratio = "not reached" if t is None else (f"{t / ref:.2f}×" if ref else "—")
-        lines.append(f"| {name} | {s['steps']} | {s['final_accuracy']:.3f} | "
-                     f"{'—' if t is None else f'{t:.0f}'} | {ratio} |")
+        lines.append(
+            f"| {name} | {s['steps']} | {s['final_accuracy']:.3f} | {'—' if t is None else f'{t:.0f}'} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

@@ -83,8 +83,9 @@ def main() -> None:
     rows = []
     for size in args.batches:
         inputs, labels = batch_of(args.model, size)
-        measured = measure_interleaved(steps(model, inputs, labels, args.bf16), args.repeats, args.warmup,
-                                       torch.device("cpu"))
+        measured = measure_interleaved(
+            steps(model, inputs, labels, args.bf16), args.repeats, args.warmup, torch.device("cpu")
+        )
         ref_time, ref_mem = measured["reference (authors)"]
         for name, (seconds, peak) in measured.items():
             rows.append(
@@ -94,8 +95,10 @@ def main() -> None:
             print(rows[-1], flush=True)
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
-            f.write(f"\n<!-- {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                    f"repeats {args.repeats}, warmup {args.warmup}, bf16 {args.bf16} -->\n")
+            f.write(
+                f"\n<!-- {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                f"repeats {args.repeats}, warmup {args.warmup}, bf16 {args.bf16} -->\n"
+            )
             f.write("| model | batch | variant | s/step | speed-up | peak MiB | memory vs authors |\n")
             f.write("|---|---:|---|---:|---:|---:|---:|\n")
             f.write("\n".join(rows) + "\n")

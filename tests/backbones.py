@@ -28,8 +28,13 @@ def make_hf_vit(num_labels: int = 3, seed: int = 0, image_size: int = 32):
 
     torch.manual_seed(seed)
     cfg = ViTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        image_size=image_size, patch_size=8, num_labels=num_labels,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=image_size,
+        patch_size=8,
+        num_labels=num_labels,
     )
     return ViTForImageClassification(cfg).eval()
 
@@ -39,8 +44,14 @@ def make_timm_vit(num_classes: int = 3, seed: int = 0, global_pool: str = "token
 
     torch.manual_seed(seed)
     return VisionTransformer(
-        img_size=image_size, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=num_classes,
-        global_pool=global_pool, class_token=global_pool == "token",
+        img_size=image_size,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=num_classes,
+        global_pool=global_pool,
+        class_token=global_pool == "token",
     ).eval()
 
 
@@ -49,8 +60,14 @@ def make_bert(num_labels: int = 2, seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = BertConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, num_labels=num_labels, hidden_dropout_prob=0.0,
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=num_labels,
+        hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
     return BertForSequenceClassification(cfg).eval()
@@ -72,6 +89,6 @@ def text_batch(seed: int = 1, pairs: bool = True):
         mask[i, :n] = 1
         ids[i, 0] = 2
         ids[i, n - 1] = 3
-        types[i, n - s:n] = 1
+        types[i, n - s : n] = 1
         ids[i, n:] = 0
     return ids, mask, types

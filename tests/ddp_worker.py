@@ -33,11 +33,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = make_model()
-    result = train(model, make_data(8, 0), make_data(6, 1), batch_size=args.batch_size,
-                   output_dir=args.out / "run", **RUN)
+    result = train(
+        model, make_data(8, 0), make_data(6, 1), batch_size=args.batch_size, output_dir=args.out / "run", **RUN
+    )
     rank = int(os.environ["RANK"])
-    torch.save({"weights": trainable_state_dict(model), "metrics": result.metrics, "step": result.step},
-               args.out / f"rank{rank}.pt")
+    torch.save(
+        {"weights": trainable_state_dict(model), "metrics": result.metrics, "step": result.step},
+        args.out / f"rank{rank}.pt",
+    )
 
 
 if __name__ == "__main__":

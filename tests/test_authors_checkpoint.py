@@ -43,8 +43,16 @@ def legacy_name(name: str) -> str:
 def trained_sop(heads: int, blur: int) -> sopfast.SOP:
     """A sopfast model with every trainable weight moved off its initial value."""
     torch.manual_seed(0)
-    model = sopfast.SOP(make_hf_vit(), num_groups=5, tau=0.25, num_heads=heads, group_gen_scale=3.0,
-                        group_sel_scale=2.0, blur_kernel_size=blur, blur_sigma=0.8)
+    model = sopfast.SOP(
+        make_hf_vit(),
+        num_groups=5,
+        tau=0.25,
+        num_heads=heads,
+        group_gen_scale=3.0,
+        group_sel_scale=2.0,
+        blur_kernel_size=blur,
+        blur_sigma=0.8,
+    )
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.trainable_parameters():
@@ -71,13 +79,25 @@ def write_authors_checkpoint(model: sopfast.SOP, directory, binary: bool = False
         weights[f"projection.model.model.{legacy_name(name)}"] = projection.get(name, tensor).clone()
     weights = {k: v.contiguous() for k, v in weights.items()}
     config = {
-        "architectures": ["SOPImageCls"], "hidden_size": e, "num_labels": model.num_classes,
-        "num_heads": model.generator.num_heads, "num_masks_sample": model.num_groups, "num_masks_max": 200,
-        "image_size": 32, "num_channels": 3, "attn_patch_size": 8, "finetune_layers": ["model.classifier"],
-        "class_weight_layer": "model.classifier", "group_gen_scale": model.generator.scale / INPUT_SCALE**2,
-        "group_sel_scale": sel.scale, "group_gen_blur_ks1": model.generator.blur_kernel_size or 1,
-        "group_gen_blur_sigma1": model.generator.blur_sigma, "group_gen_blur_ks2": -1,
-        "group_gen_blur_sigma2": -1, "freeze_projection": False, "projected_input_scale": INPUT_SCALE,
+        "architectures": ["SOPImageCls"],
+        "hidden_size": e,
+        "num_labels": model.num_classes,
+        "num_heads": model.generator.num_heads,
+        "num_masks_sample": model.num_groups,
+        "num_masks_max": 200,
+        "image_size": 32,
+        "num_channels": 3,
+        "attn_patch_size": 8,
+        "finetune_layers": ["model.classifier"],
+        "class_weight_layer": "model.classifier",
+        "group_gen_scale": model.generator.scale / INPUT_SCALE**2,
+        "group_sel_scale": sel.scale,
+        "group_gen_blur_ks1": model.generator.blur_kernel_size or 1,
+        "group_gen_blur_sigma1": model.generator.blur_sigma,
+        "group_gen_blur_ks2": -1,
+        "group_gen_blur_sigma2": -1,
+        "freeze_projection": False,
+        "projected_input_scale": INPUT_SCALE,
     }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
@@ -117,8 +137,19 @@ def test_convert_command_writes_sopfast_format(tmp_path, capsys):
     model = trained_sop(2, 3)
     write_authors_checkpoint(model, tmp_path / "authors")
     model.backbone.save_pretrained(tmp_path / "backbone")
-    code = main(["convert", "--authors", str(tmp_path / "authors"), "--backbone", str(tmp_path / "backbone"),
-                 "--out", str(tmp_path / "converted"), "--tau", "0.25"])
+    code = main(
+        [
+            "convert",
+            "--authors",
+            str(tmp_path / "authors"),
+            "--backbone",
+            str(tmp_path / "backbone"),
+            "--out",
+            str(tmp_path / "converted"),
+            "--tau",
+            "0.25",
+        ]
+    )
     assert code == 0
     converted = load_pretrained(tmp_path / "converted", make_hf_vit())
     assert_same_model(model, converted)
@@ -162,8 +193,9 @@ def test_missing_files_and_config_keys(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     with pytest.raises(AuthorsCheckpointError, match="lacks the SOPConfig key"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32, "num_labels": 3, "num_heads": 1,
-                                                      "num_masks_sample": 4}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"hidden_size": 32, "num_labels": 3, "num_heads": 1, "num_masks_sample": 4})
+    )
     with pytest.raises(AuthorsCheckpointError, match="no weights"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
 

@@ -42,8 +42,9 @@ def _fewer_nonzero_than_k(out, k: int) -> int:
 @pytest.mark.parametrize("deletion", [False, True])
 def test_saturated_softmax_matches_the_authors(family, heads, blur, deletion):
     """γ = 1e4: most attention underflows to exactly 0, so the tie rule decides most of each group."""
-    model = _model(family, num_groups=6, tau=0.5, num_heads=heads, group_gen_scale=1e4,
-                   blur_kernel_size=blur, deletion=deletion)
+    model = _model(
+        family, num_groups=6, tau=0.5, num_heads=heads, group_gen_scale=1e4, blur_kernel_size=blur, deletion=deletion
+    )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         fast, ref = model(x), reference_forward(model, x)

@@ -201,8 +201,9 @@ def test_soft_forward_at_full_presence_is_the_backbone(family):
         inputs = model.prepare(torch.randn(2, 3, 32, 32))
     z = torch.ones(inputs.batch_size, model.adapter.num_features(inputs))
     with torch.no_grad():
-        torch.testing.assert_close(B.soft_forward(model, inputs, z), B.backbone_logits(model, inputs), atol=1e-5,
-                                   rtol=0)
+        torch.testing.assert_close(
+            B.soft_forward(model, inputs, z), B.backbone_logits(model, inputs), atol=1e-5, rtol=0
+        )
 
 
 def test_integrated_gradients_are_complete():
@@ -213,8 +214,10 @@ def test_integrated_gradients_are_complete():
     target = torch.tensor([0, 1])
     attr = B.captum_attribution("ig")(model, inputs, target)
     with torch.no_grad():
-        ends = [B.soft_forward(model, inputs, torch.full((2, 16), v)).gather(1, target.view(-1, 1))[:, 0]
-                for v in (1.0, 0.0)]
+        ends = [
+            B.soft_forward(model, inputs, torch.full((2, 16), v)).gather(1, target.view(-1, 1))[:, 0]
+            for v in (1.0, 0.0)
+        ]
     torch.testing.assert_close(attr.sum(-1), ends[0] - ends[1], atol=2e-3, rtol=1e-2)
 
 
@@ -243,8 +246,13 @@ def test_perturbation_methods_use_the_forward_budget(vit_model, x, method, monke
 
 def test_baselines_run_through_evaluate_with_zero_fidelity(vit_model, x):
     names = [n for n in B.available_baselines() if n not in ("ig-f", "occlusion-f", "lime-f", "kernelshap-f")]
-    res = evaluate(vit_model, [(x, torch.tensor([0, 1]))], metrics=["accuracy", "fidelity", "insertion"],
-                   baselines=names, progress=False)
+    res = evaluate(
+        vit_model,
+        [(x, torch.tensor([0, 1]))],
+        metrics=["accuracy", "fidelity", "insertion"],
+        baselines=names,
+        progress=False,
+    )
     assert set(res) == {"SOP", "GxI-F", "GradCAM-F", "FRESH", "Random", "PatchGrid"}
     assert all(r["fidelity"] < 1e-6 and r["insertion"] > 0 for r in res.values())
 

@@ -149,8 +149,11 @@ def _vit_with(**changes):
 
 @pytest.mark.parametrize(
     "changes, match",
-    [({"num_attention_heads": 4}, "num_attention_heads: 2 → 4"), ({"layer_norm_eps": 1e-3}, "layer_norm_eps"),
-     ({"hidden_act": "relu"}, "hidden_act: 'gelu' → 'relu'")],
+    [
+        ({"num_attention_heads": 4}, "num_attention_heads: 2 → 4"),
+        ({"layer_norm_eps": 1e-3}, "layer_norm_eps"),
+        ({"hidden_act": "relu"}, "hidden_act: 'gelu' → 'relu'"),
+    ],
 )
 def test_same_weights_under_another_architecture_are_refused(tmp_path, changes, match):
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)

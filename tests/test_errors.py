@@ -274,8 +274,9 @@ def test_half_and_double_images_run_in_the_backbone_dtype(family, dtype, request
     x = torch.randn(2, 3, *((16, 16) if family == "cnn" else (32, 32)))
     with torch.no_grad():
         expected = model(x).logits
-        torch.testing.assert_close(model(x.to(dtype)).logits, expected, atol=5e-3 if dtype == torch.float16 else 1e-5,
-                                   rtol=0)
+        torch.testing.assert_close(
+            model(x.to(dtype)).logits, expected, atol=5e-3 if dtype == torch.float16 else 1e-5, rtol=0
+        )
 
 
 @pytest.mark.parametrize(

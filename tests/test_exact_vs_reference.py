@@ -123,7 +123,8 @@ def test_exact_never_builds_full_resolution_group_masks(cnn):
         model(x)
     d = 144
     forbidden = [
-        s for s, dt in shapes
+        s
+        for s, dt in shapes
         if dt.is_floating_point and s[-2:] == (size, size) and (s[0] >= b * m or s[:2] in ((b, m), (b, d)))
     ]
     assert not forbidden, forbidden

@@ -18,7 +18,11 @@ VIT = make_hf_vit()
 BERT = make_bert()
 
 anything = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 40), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
     st.lists(st.integers(0, 3), max_size=3),
 )
 
@@ -41,8 +45,16 @@ def _clear(err: Exception, *names: str) -> bool:
     task=st.sampled_from(["classification", "regression", "ranking"]),
 )
 def test_constructor_accepts_or_names_the_argument(num_groups, tau, mode, num_heads, ties, gen_scale, blur, task):
-    kwargs = dict(num_groups=num_groups, tau=tau, mode=mode, num_heads=num_heads, ties=ties,
-                  group_gen_scale=gen_scale, blur_kernel_size=blur, task=task)
+    kwargs = dict(
+        num_groups=num_groups,
+        tau=tau,
+        mode=mode,
+        num_heads=num_heads,
+        ties=ties,
+        group_gen_scale=gen_scale,
+        blur_kernel_size=blur,
+        task=task,
+    )
     try:
         model = sopfast.SOP(VIT, **kwargs)
     except (ValueError, TypeError) as err:

@@ -136,7 +136,7 @@ def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     out.loss(y).backward()
     assert model.generator.heads[0].grad.abs().sum() > 0
     assert type(model.eval()(x)) is sopfast.output.SOPOutput
-    with pytest.raises(ValueError, match="diversity_weight must be a finite number ≥ 0.0, got -1"):
+    with pytest.raises(ValueError, match=r"diversity_weight must be a finite number ≥ 0\.0, got -1"):
         sopfast.SOP(make_hf_vit(), diversity_weight=-1)
 
 

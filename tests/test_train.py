@@ -47,8 +47,17 @@ def test_loss_decreases(mode):
     data = image_data(4, backbone=backbone)
     model = sopfast.SOP(backbone, num_groups=4, mode=mode)
     logs: list = []
-    train(model, data, epochs=5, lr=1e-3, batch_size=4, schedule="constant", log_every=1, progress=False,
-          callbacks=[collect("log", logs)])
+    train(
+        model,
+        data,
+        epochs=5,
+        lr=1e-3,
+        batch_size=4,
+        schedule="constant",
+        log_every=1,
+        progress=False,
+        callbacks=[collect("log", logs)],
+    )
     losses = [r["loss"] for r in logs]
     assert len(losses) == 5
     assert losses[-1] == min(losses) and losses[-1] < 0.98 * losses[0], losses
@@ -79,8 +88,17 @@ def kill_at(step: int):
     return callback
 
 
-RESUME_RUN = dict(epochs=2, lr=1e-3, batch_size=2, grad_accum=2, warmup_steps=2, save_every=2, eval_every=2,
-                  log_every=1, progress=False)
+RESUME_RUN = dict(
+    epochs=2,
+    lr=1e-3,
+    batch_size=2,
+    grad_accum=2,
+    warmup_steps=2,
+    save_every=2,
+    eval_every=2,
+    log_every=1,
+    progress=False,
+)
 
 
 def resume_setup(tmp_path, name):
@@ -116,8 +134,19 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
         if event == "step":
             heads.append(trainer.model.epoch)
 
-    result = train(model, image_data(8), image_data(4, seed=3), epochs=2, lr=1e-3, batch_size=4, eval_every=1,
-                   log_every=1, output_dir=tmp_path, progress=False, callbacks=[record_head])
+    result = train(
+        model,
+        image_data(8),
+        image_data(4, seed=3),
+        epochs=2,
+        lr=1e-3,
+        batch_size=4,
+        eval_every=1,
+        log_every=1,
+        output_dir=tmp_path,
+        progress=False,
+        callbacks=[record_head],
+    )
     assert heads == [0, 0, 1, 1]
     assert {p.name for p in tmp_path.iterdir()} == {"best", "last", "log.jsonl", STATE_NAME}
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -128,8 +157,9 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
     assert (result.best_metric, result.best_step) == (best["val_accuracy"], best["step"])
     assert records[-1]["event"] == "end"
     reloaded = load_pretrained(tmp_path / "last", model.backbone)
-    assert all(torch.equal(a, b) for a, b in zip(trainable_state_dict(reloaded).values(),
-                                                  trainable_state_dict(model).values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(trainable_state_dict(reloaded).values(), trainable_state_dict(model).values())
+    )
 
 
 def test_text_batches_with_accumulation_and_bf16():
@@ -140,8 +170,12 @@ def test_text_batches_with_accumulation_and_bf16():
             return 3
 
         def __getitem__(self, i):
-            return {"input_ids": ids[i], "attention_mask": mask[i], "token_type_ids": types[i],
-                    "labels": torch.tensor(i % 2)}
+            return {
+                "input_ids": ids[i],
+                "attention_mask": mask[i],
+                "token_type_ids": types[i],
+                "labels": torch.tensor(i % 2),
+            }
 
     model = sopfast.SOP(make_bert(), num_groups=2, mode="drop")
     before = trainable_state_dict(model)
@@ -214,11 +248,32 @@ def test_cli_options_round_trip():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=7)  # a flag the CLI already has is reused
     add_cli_arguments(parser)
-    args = parser.parse_args(["--epochs", "3", "--lr", "1e-4", "--grad-clip", "0", "--no-resume", "--amp", "bf16",
-                              "--output-dir", "runs/x", "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--epochs",
+            "3",
+            "--lr",
+            "1e-4",
+            "--grad-clip",
+            "0",
+            "--no-resume",
+            "--amp",
+            "bf16",
+            "--output-dir",
+            "runs/x",
+            "--no-progress",
+        ]
+    )
     config = TrainConfig(**options_from_args(args))
     assert (config.epochs, config.lr, config.grad_clip, config.resume, config.amp, config.progress, config.seed) == (
-        3, 1e-4, None, False, "bf16", False, 7)
+        3,
+        1e-4,
+        None,
+        False,
+        "bf16",
+        False,
+        7,
+    )
     assert options_from_args(parser.parse_args(["--resume-from", "state.pt"]))["resume"] == "state.pt"
 
 
@@ -242,8 +297,17 @@ def test_head_phases_follow_the_authors_schedule():
             seen.append((trainer.step, trainer.model.epoch, rec["lr"]))
             snapshots.append([w.detach().clone() for w in trainer.model.generator.heads])
 
-    train(model, image_data(8), epochs=1, lr=1e-2, batch_size=2, warmup_steps=1, schedule="cosine",
-          progress=False, callbacks=[record])
+    train(
+        model,
+        image_data(8),
+        epochs=1,
+        lr=1e-2,
+        batch_size=2,
+        warmup_steps=1,
+        schedule="cosine",
+        progress=False,
+        callbacks=[record],
+    )
     assert [epoch for _, epoch, _ in seen] == [0, 0, 1, 1]
     after_phase0 = snapshots[1]
     assert not torch.equal(after_phase0[0], start[0]) and torch.equal(after_phase0[1], start[1])
@@ -254,8 +318,16 @@ def test_head_phases_follow_the_authors_schedule():
 def test_epoch_head_schedule_uses_epoch_mod_heads():
     model = vit_sop("exact", num_heads=2)
     heads: list = []
-    train(model, image_data(4), epochs=2, lr=1e-3, batch_size=2, head_schedule="epochs", progress=False,
-          callbacks=[lambda t, ev, rec: heads.append(t.model.epoch) if ev == "step" else None])
+    train(
+        model,
+        image_data(4),
+        epochs=2,
+        lr=1e-3,
+        batch_size=2,
+        head_schedule="epochs",
+        progress=False,
+        callbacks=[lambda t, ev, rec: heads.append(t.model.epoch) if ev == "step" else None],
+    )
     assert heads == [0, 0, 1, 1]
 
 

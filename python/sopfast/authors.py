@@ -85,8 +85,13 @@ def read_authors_config(directory: Path) -> dict[str, Any]:
     architectures = config.get("architectures") or ["SOPImageCls"]
     if not set(architectures) & set(ARCHITECTURES):
         raise AuthorsCheckpointError(f"{path}: architectures {architectures} is not one of {list(ARCHITECTURES)}")
-    defaults = {"group_gen_scale": 1, "group_sel_scale": 1, "group_gen_blur_ks1": -1, "group_gen_blur_sigma1": -1,
-                "projected_input_scale": 1}
+    defaults = {
+        "group_gen_scale": 1,
+        "group_sel_scale": 1,
+        "group_gen_blur_ks1": -1,
+        "group_gen_blur_sigma1": -1,
+        "projected_input_scale": 1,
+    }
     return {**defaults, **config, "architectures": architectures}
 
 
@@ -132,7 +137,7 @@ def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module) -> No
     for key, tensor in weights.items():
         if not key.startswith(BLACKBOX) or _IGNORED_BUFFERS.search(key):
             continue
-        name = _backbone_name(key[len(BLACKBOX):], set(reference))
+        name = _backbone_name(key[len(BLACKBOX) :], set(reference))
         if name is None:
             raise AuthorsCheckpointError(f"the checkpoint's backbone has a weight {key!r} the given backbone lacks")
         expected = reference[name]
@@ -155,11 +160,11 @@ def _projection_state(weights: dict[str, torch.Tensor], backbone: nn.Module, sou
     for key, tensor in weights.items():
         if not key.startswith(PROJECTION) or _IGNORED_BUFFERS.search(key):
             continue
-        name = _backbone_name(key[len(PROJECTION):], names)
+        name = _backbone_name(key[len(PROJECTION) :], names)
         if name is None:
             raise AuthorsCheckpointError(f"the checkpoint's projection has a weight {key!r} the backbone lacks")
         if name.startswith(prefix):
-            state["projection." + name[len(prefix):]] = tensor
+            state["projection." + name[len(prefix) :]] = tensor
     return state
 
 
