@@ -214,3 +214,22 @@ def test_checkpoints_of_sopfast_0_1_load_with_their_tie_rule(tmp_path):
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="splits one generator weight into E/H-wide heads"):
         load_pretrained(tmp_path, make_hf_vit())
+
+
+def test_checkpoints_of_late_0_1_builds_with_stacked_full_width_heads_load(tmp_path):
+    """Late 0.1 builds saved ``ties`` and the ``H`` full-width heads as one ``generator.weight [H, 3E, E]``."""
+    from safetensors.torch import save_file
+
+    model = perturbed(sopfast.SOP(make_hf_vit(), num_groups=4, num_heads=2))
+    save_pretrained(model, tmp_path)
+    weights = load_file(tmp_path / WEIGHTS_NAME)
+    weights["generator.weight"] = torch.stack([weights.pop("generator.heads.0"), weights.pop("generator.heads.1")])
+    save_file(weights, tmp_path / WEIGHTS_NAME)
+    meta = json.loads((tmp_path / CONFIG_NAME).read_text())
+    del meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
+    loaded = load_pretrained(tmp_path, make_hf_vit())
+    assert loaded.generator.ties == "authors" and len(loaded.generator.heads) == 2
+    for h in range(2):
+        torch.testing.assert_close(loaded.generator.heads[h], model.generator.heads[h], rtol=0, atol=0)
+    same_outputs(model, loaded, torch.randn(2, 3, 32, 32))

@@ -217,11 +217,15 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
 
     0.1 ranked top-τ ties by the logits (now ``ties="logits"``) and kept one ``[3E, E]``
     generator weight split into ``E/H``-wide heads; with one head that is today's
-    ``generator.heads.0``, and a split multi-head model has no equivalent.
+    ``generator.heads.0``, and a split multi-head model has no equivalent. Late 0.1 development
+    builds saved the ``ties`` rule and ``H`` full-width heads stacked as one ``[H, 3E, E]`` weight:
+    head ``h`` is ``generator.heads.h``.
     """
     config.setdefault("ties", "logits")
     weight = state.pop("generator.weight", None)
-    if weight is not None:
+    if weight is not None and weight.dim() == 3:
+        state.update({f"generator.heads.{h}": w for h, w in enumerate(weight.unbind(0))})
+    elif weight is not None:
         if config.get("num_heads", 1) != 1:
             raise ValueError(
                 "this checkpoint (sopfast 0.1) splits one generator weight into E/H-wide heads; "
