@@ -8,10 +8,13 @@ ViT that way.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapters.hf_vit import vit_layers
 from .adapters.images import pixel_grid_mask
 
 
@@ -29,10 +32,12 @@ def small_vit(
         image_size=image_size,
         patch_size=patch_size,
         num_channels=channels,
-        num_labels=num_labels,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+    # ``num_labels`` is a property of every config (it sets ``id2label``); transformers 5.x's typed
+    # config signatures leave it out of ``__init__``, so it is set here, the same on 4.x and 5.x.
+    cfg.num_labels = num_labels
     return ViTForImageClassification(cfg)
 
 
@@ -43,22 +48,28 @@ def random_patch_masks(batch: int, grid: tuple[int, int], generator: torch.Gener
     return torch.rand(batch, d, generator=generator) < keep
 
 
-def forward_kept_tokens(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Logits of an HF ViT run on CLS plus the patches in ``keep [B, k]`` (positions added first)."""
+def forward_kept_tokens(model: Any, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Logits of an HF ViT run on CLS plus the patches in ``keep [B, k]`` (positions added first).
+
+    ``model`` is an HF ``ViTForImageClassification``, read by attribute name; its blocks are found
+    with :func:`sopfast.adapters.hf_vit.vit_layers` (``vit.layers`` on transformers 5.x,
+    ``vit.encoder.layer`` on 4.x, where a block returns a tuple).
+    """
     tokens = model.vit.embeddings(x)
     index = torch.cat([torch.zeros_like(keep[:, :1]), keep + 1], dim=1)
     h = tokens.gather(1, index.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
-    for layer in model.vit.layers:
-        h = layer(h, None)
+    for layer in vit_layers(model.vit):
+        out = layer(h, None)
+        h = out[0] if isinstance(out, tuple) else out
     return model.classifier(model.vit.layernorm(h[:, 0]))
 
 
-def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], gen: torch.Generator):
+def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
     """A third of the batch with masked pixels, a third with dropped tokens, a third intact."""
     third = len(x) // 3
     d = grid[0] * grid[1]
     masks = random_patch_masks(third, grid, gen)
-    masked = x[:third] * pixel_grid_mask(masks, grid, tuple(x.shape[-2:]))
+    masked = x[:third] * pixel_grid_mask(masks, grid, (int(x.shape[-2]), int(x.shape[-1])))
     k = int(torch.randint(max(1, d // 10), d + 1, (1,), generator=gen))
     keep = torch.rand(third, d, generator=gen).argsort(dim=1)[:, :k].sort(dim=1).values
     dropped = forward_kept_tokens(model, x[third : 2 * third], keep)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any, TypedDict
 
 import torch
 
@@ -22,16 +23,27 @@ from .bench import compare_modes, format_table, ideal_drop_ratio
 from .explain import explain_image, explain_text
 from .model import SOP
 
+
+class Recipe(TypedDict, total=False):
+    """Opt-in :class:`sopfast.SOP` options (keyword arguments of its constructor)."""
+
+    center_embeddings: bool
+    queries: str
+    normalize_logits: bool
+    group_gen_scale: float
+    diversity_weight: float
+
+
 # Opt-in changes beyond the paper that the demo turns on (docs/quality.md: with the paper's
 # recipe alone the groups collapse to a handful per input).
-IMAGE_RECIPE = {
+IMAGE_RECIPE: Recipe = {
     "center_embeddings": True,
     "queries": "diverse",
     "normalize_logits": True,
     "group_gen_scale": 2.0,
     "diversity_weight": 1.0,
 }
-TEXT_RECIPE = {
+TEXT_RECIPE: Recipe = {
     "center_embeddings": True,
     "queries": "diverse",
     "normalize_logits": True,
@@ -161,7 +173,7 @@ def _text_batches(dataset: TextDataset, device: torch.device, batch: int = 64):
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
     results = compare_modes(model, (x,), y, train=True, repeats=7, warmup=1)
-    cfg = model.backbone.config
+    cfg: Any = model.backbone.config  # an HF config, read by attribute name
     d = model.adapter.num_features(model.prepare(x))
     kept = max(1, int(model.tau * d)) + 1
     ideal = ideal_drop_ratio(
@@ -265,6 +277,10 @@ def write_explanations(
                 out = model(x[None].to(device))
                 path = os.path.join(out_dir, f"image_{i}.png")
                 grid = model.adapter.feature_grid(model.prepare(x[None]))
+                if grid is None:
+                    raise ValueError(
+                        f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
+                    )
                 explain_image(x, out, 0, grid, path, class_names, int(y))
         paths.append(path)
     return paths
@@ -275,7 +291,8 @@ def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: 
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(seed)
-    model = BertForSequenceClassification.from_pretrained(data.minilm_path(), num_labels=2, local_files_only=True)
+    # An HF BERT classifier, read by attribute name (``bert.pooler``, ``classifier``).
+    model: Any = BertForSequenceClassification.from_pretrained(data.minilm_path(), num_labels=2, local_files_only=True)
     model.to(device).eval()
     head = list(model.bert.pooler.parameters()) + list(model.classifier.parameters())
     for p in model.parameters():
@@ -414,7 +431,9 @@ def _bench_backbone(name: str):
         from transformers import BertConfig, BertForSequenceClassification
 
         kind = "pair" if name.endswith("pair") else "text"
-        return BertForSequenceClassification(BertConfig(num_labels=2)).eval(), kind
+        bert_cfg = BertConfig()
+        bert_cfg.num_labels = 2  # a config property; transformers 5.x's typed __init__ leaves it out
+        return BertForSequenceClassification(bert_cfg).eval(), kind
     if name == "cnn":
         from torchvision.models import resnet18
 
@@ -422,8 +441,10 @@ def _bench_backbone(name: str):
     from transformers import ViTConfig, ViTForImageClassification
 
     if name == "vit-b16":
-        return ViTForImageClassification(ViTConfig(num_labels=10)).eval(), "image"
-    cfg = ViTConfig(hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768, num_labels=10)
+        cfg = ViTConfig()
+    else:
+        cfg = ViTConfig(hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768)
+    cfg.num_labels = 10
     return ViTForImageClassification(cfg).eval(), "image"
 
 
@@ -444,14 +465,14 @@ def run_bench(
     """Reference vs exact vs drop on one randomly initialised backbone; a markdown table."""
     torch.manual_seed(0)
     backbone, kind = _bench_backbone(name)
-    kwargs = {"feature_layer": "layer3"} if kind == "cnn" else {}
+    kwargs: dict[str, Any] = {"feature_layer": "layer3"} if kind == "cnn" else {}
     model = SOP(backbone, num_groups=groups, tau=0.2, **kwargs).to(device)
     args = _bench_inputs(kind, batch, device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)
     ideal = None
     if kind != "cnn":
-        cfg = backbone.config
+        cfg: Any = backbone.config  # an HF config, read by attribute name
         inputs = model.prepare(*args)
         valid = model.adapter.candidates(inputs)
         d = model.adapter.num_features(inputs) if valid is None else int(valid[0].sum())

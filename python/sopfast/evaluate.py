@@ -80,7 +80,7 @@ class _SOPState:
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-class SOPMethod(Method):
+class SOPMethod(Method[_SOPState]):
     """The SOP model itself: the generator embedding runs once per batch (:meth:`prepare`), and
     groups at any τ / group count come from the same attention logits (:meth:`groups`)."""
 
@@ -103,7 +103,7 @@ class SOPMethod(Method):
         self,
         model: SOP,
         inputs: FeatureInputs,
-        state: object,
+        state: _SOPState,
         tau: float | None,
         largest: bool | None,
         mode: str,
@@ -241,7 +241,7 @@ def step_taus(step: float) -> list[float]:
 
 def check_group_counts(counts: Iterable[int]) -> list[int]:
     """Validate the group counts of the number-of-groups ablation (positive integers)."""
-    values = list(counts) if not isinstance(counts, int) else [counts]
+    values: list[int] = [counts] if isinstance(counts, int) else list(counts)
     if not values or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in values):
         raise ValueError(f"group_counts must be positive integers, got {values!r}")
     return values
@@ -302,7 +302,7 @@ class _Plan:
 class _Accumulator:
     """Per-example values of one method, concatenated over batches."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.values: dict[str, list[torch.Tensor]] = {}
 
     def add(self, key: str, value: torch.Tensor) -> None:
@@ -332,20 +332,33 @@ def _used_for_prediction(pred: Prediction, task: str) -> torch.Tensor:
     return pred.used.gather(1, top).squeeze(1)
 
 
-def _steps(method: Method, model: SOP, batch: Batch, state: object, taus: list[float], largest: bool, mode: str):
+def _present(value: torch.Tensor | None, what: str) -> torch.Tensor:
+    """``value``, known to be there: :func:`_check_batch` has already refused batches that lack it."""
+    if value is None:
+        raise ValueError(f"the batch has no {what} ({FORMATS})")
+    return value
+
+
+def _steps(
+    method: Method, model: SOP, batch: Batch, state: Any, taus: list[float], largest: bool, mode: str
+) -> torch.Tensor:
+    """``[B, steps, C]`` logits at each sparsity of ``taus``."""
     return torch.stack([method.predict(model, batch.inputs, state, t, largest, mode).logits for t in taus], dim=1)
 
 
 def _curve(step_logits: torch.Tensor, labels: torch.Tensor | None, task: str, deletion: bool) -> torch.Tensor:
     if task == "regression":
-        return M.mse_curve(step_logits, labels)
+        return M.mse_curve(step_logits, _present(labels, "labels"))
     return M.probability_curve(step_logits, penalize_switch=deletion)
 
 
 def _pixel_groups(model: SOP, inputs: FeatureInputs, masks: torch.Tensor) -> torch.Tensor:
     b, m, _ = masks.shape
     grid = model.adapter.feature_grid(inputs)
-    size = tuple(inputs.pixels.shape[-2:])
+    if grid is None:
+        raise ValueError(f"pixel-level metrics need a feature grid; {type(model.adapter).__name__} has none")
+    pixels = inputs.require_pixels()
+    size = (int(pixels.shape[-2]), int(pixels.shape[-1]))
     return upsample_mask(masks.reshape(b * m, *grid), size).reshape(b, m, -1)
 
 
@@ -364,30 +377,34 @@ def _run_method(
     used = _used_for_prediction(base, task)
     for name, fn in (("iou", M.group_iou), ("coverage", M.group_coverage), ("object_ratio", M.object_ratio)):
         if name in wanted:
-            acc.add(name, fn(base.group_masks, gt, used, reduction="none"))
+            acc.add(name, fn(base.group_masks, _present(gt, "ground-truth mask"), used, reduction="none"))
     if "diversity" in wanted:
         for name, values in M.group_diversity(base.group_masks, candidate_mask(model, inputs), used).items():
             acc.add(name, values)
     if "purity" in wanted:
-        maps = inputs.pixels.float().mean(dim=1).flatten(1)
+        maps = inputs.require_pixels().float().mean(dim=1).flatten(1)
         pixel_masks = _pixel_groups(model, inputs, base.group_masks)
         acc.add("purity", M.cosmogrid_purity(pixel_masks, maps, base.used, plan.tau_v, plan.tau_c, reduction="none"))
     if "leakage" in wanted:
         acc.add("masks", base.group_masks)
-        acc.add("labels", labels)
-    inserted = None
-    if "insertion" in wanted or ("sparsity" in wanted and plan.taus == plan.steps):
-        inserted = _steps(method, model, batch, state, plan.steps, True, mode)
-    if "insertion" in wanted:
+        acc.add("labels", _present(labels, "labels"))
+    # The insertion curve doubles as the sparsity curve when both use the same sparsities.
+    reuse = "sparsity" in wanted and plan.taus == plan.steps
+    inserted = _steps(method, model, batch, state, plan.steps, True, mode) if "insertion" in wanted or reuse else None
+    if inserted is not None and "insertion" in wanted:
         acc.add("insertion", _curve(inserted, labels, task, deletion=False))
     if "deletion" in wanted:
         acc.add("deletion", _curve(_steps(method, model, batch, state, plan.steps, False, mode), labels, task, True))
     if "sparsity" in wanted:
-        sparse = inserted if plan.taus == plan.steps else _steps(method, model, batch, state, plan.taus, True, mode)
-        acc.add("sparsity", torch.stack([_scores(sparse[:, s], labels, task) for s in range(len(plan.taus))], 1))
+        y = _present(labels, "labels")
+        sparse = (
+            inserted if inserted is not None and reuse else _steps(method, model, batch, state, plan.taus, True, mode)
+        )
+        acc.add("sparsity", torch.stack([_scores(sparse[:, s], y, task) for s in range(len(plan.taus))], 1))
     if "num_groups" in wanted and isinstance(method, SOPMethod):
+        y = _present(labels, "labels")
         rows = [method.predict(model, inputs, state, None, None, mode, num_groups=m).logits for m in plan.group_counts]
-        acc.add("num_groups", torch.stack([_scores(r, labels, task) for r in rows], dim=1))
+        acc.add("num_groups", torch.stack([_scores(r, y, task) for r in rows], dim=1))
 
 
 def _finalize(acc: _Accumulator, plan: _Plan, task: str, num_classes: int) -> dict[str, Any]:
@@ -506,7 +523,7 @@ def _run(model, loader, methods, accs, plan: _Plan, ground_truth_key, device, pr
             _check_batch(batch, plan.metrics, model.task)
             gt = None
             if NEEDS_GROUND_TRUTH & set(plan.metrics):
-                gt = feature_ground_truth(model, batch.inputs, batch.ground_truth)
+                gt = feature_ground_truth(model, batch.inputs, _present(batch.ground_truth, "ground-truth mask"))
             for method in methods:
                 _run_method(method, model, batch, gt, plan, accs[method.name])
             batches += 1

@@ -56,7 +56,7 @@ def to_input_space(model: SOP, feature_attributions: torch.Tensor, inputs: torch
         raise ValueError(
             f"feature_attributions {tuple(feature_attributions.shape)} must be [B, d] = {(b, grid[0] * grid[1])}"
         )
-    pixels = upsample_mask(feature_attributions.reshape(b, *grid), tuple(inputs.shape[-2:]))
+    pixels = upsample_mask(feature_attributions.reshape(b, *grid), (int(inputs.shape[-2]), int(inputs.shape[-1])))
     return pixels.unsqueeze(1).expand(-1, inputs.shape[1], -1, -1).contiguous()
 
 
@@ -96,14 +96,16 @@ class SOPAttribution:
     def attribute(
         self, inputs: torch.Tensor | tuple[torch.Tensor], target: Target = None, additional_forward_args: Any = None
     ) -> torch.Tensor | tuple[torch.Tensor]:
-        as_tuple = isinstance(inputs, tuple)
-        if as_tuple and len(inputs) != 1:
-            raise ValueError(f"SOPAttribution takes one input tensor, got a tuple of {len(inputs)}")
-        x = inputs[0] if as_tuple else inputs
+        if isinstance(inputs, tuple):
+            if len(inputs) != 1:
+                raise ValueError(f"SOPAttribution takes one input tensor, got a tuple of {len(inputs)}")
+            x = inputs[0]
+        else:
+            x = inputs
         extra = additional_forward_args
         extra = () if extra is None else (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
         result = attribute(self.forward_func, x, target, *extra)
-        return (result,) if as_tuple else result
+        return (result,) if isinstance(inputs, tuple) else result
 
 
 class SOPClassifier(nn.Module):
@@ -127,7 +129,11 @@ def quantus_explain_func(model: nn.Module, inputs: Any, targets: Any, **kwargs: 
     the image batch ``[B, C, H, W]`` (numpy or tensor), ``targets`` class ids ``[B]``; ``device``
     in ``kwargs`` is honoured, other keys are ignored.
     """
+    from .model import SOP
+
     sop = model.sop if isinstance(model, SOPClassifier) else model
+    if not isinstance(sop, SOP):
+        raise TypeError(f"model must be a SOPClassifier or a sopfast.SOP model, got {type(model).__name__}")
     device = kwargs.get("device") or next(sop.parameters()).device
     x = torch.as_tensor(inputs, dtype=torch.float32, device=device)
     target = None if targets is None else torch.as_tensor(targets, device=device).long().reshape(-1)
@@ -170,7 +176,7 @@ def explain_image(
     pred = int(out.logits[example].argmax())
     groups = used_groups(out, example, pred)[:max_groups]
     shown = _to_display(image)
-    size = tuple(image.shape[-2:])
+    size = (int(image.shape[-2]), int(image.shape[-1]))
     masks = upsample_mask(out.group_masks[example].view(-1, *grid), size).cpu()
     n_panels = 2 + len(groups)
     fig, axes = plt.subplots(1, n_panels, figsize=(2.2 * n_panels, 2.6), squeeze=False)

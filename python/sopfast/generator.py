@@ -145,11 +145,15 @@ class GroupGenerator(nn.Module):
         else:
             qpos = candidate_positions(valid).gather(1, cand)
         q_emb = emb.gather(1, qpos.unsqueeze(-1).expand(b, num_groups, e))
-        out = None
-        for h in range(self.num_heads) if head is None else (head,):
+
+        def head_logits(h: int) -> torch.Tensor:
             w = self.heads[h].float()
-            s_h = (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
-            out = s_h if out is None else torch.where((head_idx == h).unsqueeze(-1), s_h, out)
+            return (q_emb @ w[2 * e :].t()) @ (emb @ w[e : 2 * e].t()).transpose(1, 2)
+
+        heads = list(range(self.num_heads)) if head is None else [head]
+        out = head_logits(heads[0])
+        for h in heads[1:]:
+            out = torch.where((head_idx == h).unsqueeze(-1), head_logits(h), out)
         if self.normalize_logits:
             out = standardize_rows(out, valid)
         return self.scale * out
