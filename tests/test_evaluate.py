@@ -231,7 +231,7 @@ def test_cli_runs_and_writes_json(vit_model, images, tmp_path):
         ({"metrics": ["accuracy"]}, "no_labels", "need labels"),
         ({"metrics": ["accuracy"], "mode": "fast"}, None, "mode must be one of"),
         ({"metrics": ["accuracy"], "baselines": ["lime-x"]}, None, "unknown baseline 'lime-x'"),
-        ({"metrics": ["accuracy"], "ground_truth_key": "mask"}, None, "names a dict key but the loader yields tuples"),
+        ({"metrics": ["accuracy"], "ground_truth_key": "mask"}, None, "names a dict key but the batch is a tuple"),
         ({"metrics": ["accuracy"]}, "dict_no_input", "got a dict with keys"),
     ],
 )
@@ -254,5 +254,25 @@ def test_bad_arguments_raise_clear_errors(vit_model, images, kwargs, loader, mat
 
 
 def test_unsupported_batch_type_raises_type_error(vit_model):
-    with pytest.raises(TypeError, match="batches must be"):
+    with pytest.raises(TypeError, match="a batch must be a tensor x, a tuple/list"):
         evaluate(vit_model, [42], metrics=["accuracy"], progress=False)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda x, y: (x, y),
+        lambda x, y: [x, y],
+        lambda x, y: {"pixel_values": x, "labels": y},
+        lambda x, y: {"x": x, "label": y},
+        lambda x, y: {"images": x, "y": y},
+    ],
+    ids=["tuple", "list", "pixel_values-labels", "x-label", "images-y"],
+)
+def test_every_batch_form_of_sopfast_batches_gives_the_same_results(vit_model, images, form):
+    """evaluate parses loader items with sopfast.batches.parse_batch, so every form it accepts works."""
+    x = images[0]
+    expected = evaluate(vit_model, [(x, LABELS)], metrics=["accuracy", "fidelity"], progress=False)["SOP"]
+    assert evaluate(vit_model, [form(x, LABELS)], metrics=["accuracy", "fidelity"], progress=False)["SOP"] == expected
+    bare = evaluate(vit_model, [x], metrics=["fidelity"], progress=False)["SOP"]
+    assert bare["fidelity"] == expected["fidelity"] and bare["examples"] == 6

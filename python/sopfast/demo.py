@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 import torch
 
 from . import data
+from .batches import Batch, parse_batch
 from .bench import compare_modes, format_table, ideal_drop_ratio
 from .explain import explain_image, explain_text
 from .model import SOP
@@ -142,33 +143,31 @@ def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
     return train, test
 
 
-def _sop_accuracy(model: SOP, batches, mode: str) -> tuple[float, float]:
+def _parsed_batches(dataset: torch.utils.data.Dataset, device: torch.device, batch_size: int = 64) -> list[Batch]:
+    """Every batch of ``dataset`` (in order) as :func:`sopfast.batches.parse_batch` reads it, on ``device``."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+    return [parse_batch(raw).to(device) for raw in loader]
+
+
+def _labels(batch: Batch) -> torch.Tensor:
+    if batch.labels is None:
+        raise ValueError("the demo's evaluation batches need labels")
+    return batch.labels
+
+
+def _sop_accuracy(model: SOP, batches: list[Batch], mode: str) -> tuple[float, float]:
     """Accuracy and the mean number of groups used for the predicted class."""
     model.eval()
     correct = total = active = 0
     with torch.no_grad():
-        for args, labels in batches:
-            out = model(*args, mode=mode)
+        for batch in batches:
+            labels = _labels(batch)
+            out = model(**batch.model_inputs(), mode=mode)
             pred = out.logits.argmax(-1)
             correct += int((pred == labels).sum())
             active += int(out.active_groups.gather(1, pred[:, None]).sum())
             total += len(labels)
     return correct / max(1, total), active / max(1, total)
-
-
-def _image_batches(x: torch.Tensor, y: torch.Tensor, batch: int = 64):
-    return [((x[s : s + batch],), y[s : s + batch]) for s in range(0, len(x), batch)]
-
-
-def _text_batches(dataset: TextDataset, device: torch.device, batch: int = 64):
-    enc = dataset.encoded
-    return [
-        (
-            tuple(enc[k][s : s + batch].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")),
-            dataset.labels[s : s + batch].to(device),
-        )
-        for s in range(0, len(dataset), batch)
-    ]
 
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
@@ -217,7 +216,8 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
         seed=seed,
     )
     results["sop_train_seconds"] = time.perf_counter() - start
-    _record_accuracy(results, model, _image_batches(x_test[:n_eval], y_test[:n_eval]))
+    test_batches = _parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device)
+    _record_accuracy(results, model, test_batches)
     n_compare = 48 if quick else 1000
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x_test[:n_compare], y_test[:n_compare]), batch_size=50
@@ -241,15 +241,15 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     return results
 
 
-def _record_accuracy(results: dict, model: SOP, batches) -> None:
+def _record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
     for mode in ("exact", "drop"):
         acc, active = _sop_accuracy(model, batches, mode)
         results[f"sop_{mode}_accuracy"] = acc
         results[f"active_groups_{mode}"] = active
     final, group = [], []
     with torch.no_grad():
-        for args, _ in batches:
-            exact, drop = model(*args, mode="exact"), model(*args, mode="drop")
+        for batch in batches:
+            exact, drop = model(**batch.model_inputs(), mode="exact"), model(**batch.model_inputs(), mode="drop")
             final.append((exact.logits.argmax(-1) == drop.logits.argmax(-1)).float().mean())
             group.append((exact.group_logits.argmax(-1) == drop.group_logits.argmax(-1)).float().mean())
     results["exact_drop_agreement"] = float(torch.stack(final).mean())
@@ -259,29 +259,35 @@ def _record_accuracy(results: dict, model: SOP, batches) -> None:
 def write_explanations(
     model: SOP, dataset, out_dir: str, count: int, device: torch.device, class_names=None
 ) -> list[str]:
-    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text)."""
+    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text).
+
+    Each example is read by :func:`sopfast.batches.parse_batch` (as a batch of one), so any form
+    it accepts works: ``(x, y)`` pairs, dicts with ``pixel_values`` / ``x`` / ``images``, or
+    ``input_ids`` + ``attention_mask`` (a ``tokenizer`` attribute of ``dataset`` names the tokens).
+    """
     model.eval().to(device)
     paths = []
     for i in range(min(count, len(dataset))):
-        item = dataset[i]
+        batch = parse_batch(torch.utils.data.default_collate([dataset[i]])).to(device)
         with torch.no_grad():
-            if isinstance(item, dict):
-                ids = item["input_ids"][None].to(device)
-                out = model(ids, item["attention_mask"][None].to(device), item["token_type_ids"][None].to(device))
-                tokenizer = getattr(dataset, "tokenizer", None)
-                tokens = tokenizer.convert_ids_to_tokens(ids[0]) if tokenizer else [str(t) for t in ids[0].tolist()]
-                path = os.path.join(out_dir, f"text_{i}.html")
-                explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), item["attention_mask"])
-            else:
-                x, y = item
-                out = model(x[None].to(device))
-                path = os.path.join(out_dir, f"image_{i}.png")
-                grid = model.adapter.feature_grid(model.prepare(x[None]))
-                if grid is None:
-                    raise ValueError(
-                        f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
-                    )
-                explain_image(x, out, 0, grid, path, class_names, int(y))
+            out = model(**batch.model_inputs())
+        labels = batch.labels
+        label = int(labels[0]) if labels is not None and labels[0].numel() == 1 else None
+        if batch.input_ids is not None:
+            ids = batch.input_ids[0]
+            tokenizer = getattr(dataset, "tokenizer", None)
+            tokens = tokenizer.convert_ids_to_tokens(ids) if tokenizer else [str(t) for t in ids.tolist()]
+            path = os.path.join(out_dir, f"text_{i}.html")
+            shown = None if batch.attention_mask is None else batch.attention_mask[0]
+            explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown)
+        else:
+            grid = model.adapter.feature_grid(model.prepare(**batch.model_inputs()))
+            if grid is None or batch.x is None:
+                raise ValueError(
+                    f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
+                )
+            path = os.path.join(out_dir, f"image_{i}.png")
+            explain_image(batch.x[0], out, 0, grid, path, class_names, label)
         paths.append(path)
     return paths
 
@@ -320,12 +326,14 @@ def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: 
     return model.eval()
 
 
-def _backbone_text_accuracy(model, dataset: TextDataset, device) -> float:
+def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.device) -> float:
+    """Accuracy of the plain HF classifier ``model`` (read by attribute name) on ``dataset``."""
     correct = 0
     with torch.no_grad():
-        for s in range(0, len(dataset), 64):
-            logits = model(**{k: v[s : s + 64].to(device) for k, v in dataset.encoded.items()}).logits
-            correct += int((logits.argmax(-1).cpu() == dataset.labels[s : s + 64]).sum())
+        for batch in _parsed_batches(dataset, device):
+            text = {k: v for k, v in batch.model_inputs().items() if v is not None}
+            logits = model(**text).logits
+            correct += int((logits.argmax(-1) == _labels(batch)).sum())
     return correct / max(1, len(dataset))
 
 
@@ -361,7 +369,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
         seed=seed,
     )
     results["sop_train_seconds"] = time.perf_counter() - start
-    _record_accuracy(results, model, _text_batches(test_set, device))
+    _record_accuracy(results, model, _parsed_batches(test_set, device))
     loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 48 if quick else n_test) :]), batch_size=50)
     start = time.perf_counter()
     results["comparison"] = compare_methods(model, loader, device)

@@ -6,7 +6,7 @@ backbone on all groups of the batch at once (``exact`` or ``drop``), exactly as
 ``model(x, tau=...)`` would.  Baselines (:mod:`sopfast.baselines`) go through the same
 masked path and get the same metrics.
 
-Accepted batches (``loader`` yields any of these):
+Accepted batches (``loader`` yields any form :func:`sopfast.batches.parse_batch` accepts):
 
 * images, tuples/lists: ``(x,)``, ``(x, y)`` or ``(x, y, gt_mask)``; or a bare tensor ``x``;
 * images, dicts: ``{"pixel_values" | "x" | "images": x, "labels" | "label" | "y": y, <gt>}``;
@@ -26,7 +26,7 @@ import argparse
 import json
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from . import metrics as M
 from .adapters.base import check_mode
 from .adapters.images import upsample_mask
 from .baselines import Method, Prediction, available_baselines, candidate_mask, make_baseline
+from .batches import FORMATS, parse_batch
 from .types import FeatureInputs, Groups
 
 if TYPE_CHECKING:
@@ -65,9 +66,6 @@ NEEDS_GROUND_TRUTH = frozenset({"iou", "coverage", "object_ratio"})
 NEEDS_LABELS = frozenset({"accuracy", "error", "mse", "sparsity", "num_groups", "leakage", "object_ratio"})
 CLASSIFICATION_ONLY = frozenset({"accuracy", "error", "object_ratio", "leakage"})
 REGRESSION_ONLY = frozenset({"mse"})
-IMAGE_KEYS = ("pixel_values", "x", "images")
-LABEL_KEYS = ("labels", "label", "y")
-GROUND_TRUTH_KEYS = ("evidence_mask", "gt_mask", "ground_truth")
 Results = dict[str, dict[str, Any]]
 
 
@@ -117,65 +115,19 @@ class SOPMethod(Method[_SOPState]):
 
 # -- batches --------------------------------------------------------------------------------
 @dataclass
-class Batch:
-    """One parsed batch: model inputs on the device, ``labels`` and ``ground_truth`` (or ``None``)."""
+class _Prepared:
+    """One loader item, parsed by :func:`sopfast.batches.parse_batch` and moved to the device:
+    the model's prepared ``inputs``, ``labels`` and ``ground_truth`` (or ``None``)."""
 
     inputs: FeatureInputs
     labels: torch.Tensor | None
     ground_truth: torch.Tensor | None
 
 
-FORMATS = (
-    "batches must be (x,), (x, y), (x, y, gt_mask) tuples, an image tensor, or dicts with "
-    "'pixel_values'/'x'/'images' (images) or 'input_ids' + 'attention_mask' (text), plus optional "
-    "'labels' and a ground-truth mask"
-)
-
-
-def _to(t: Any, device: torch.device) -> Any:
-    return t.to(device) if isinstance(t, torch.Tensor) else t
-
-
-def _first(batch: Mapping, keys: Sequence[str]) -> Any:
-    return next((batch[k] for k in keys if k in batch), None)
-
-
-def parse_batch(model: SOP, batch: Any, ground_truth_key: str | int | None, device: torch.device) -> Batch:
-    """Split a loader item into inputs, labels and ground truth (formats: the module docstring)."""
-    if isinstance(batch, Mapping):
-        return _parse_dict(model, batch, ground_truth_key, device)
-    if isinstance(batch, torch.Tensor):
-        batch = (batch,)
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-        if isinstance(ground_truth_key, str):
-            raise ValueError(f"ground_truth_key={ground_truth_key!r} names a dict key but the loader yields tuples")
-        gt_index = 2 if ground_truth_key is None else ground_truth_key
-        if ground_truth_key is not None and not 0 <= gt_index < len(batch):
-            raise ValueError(f"ground_truth_key={gt_index} is out of range for tuples of length {len(batch)}")
-        inputs = model.prepare(_to(batch[0], device))
-        labels = _to(batch[1], device) if len(batch) > 1 and gt_index != 1 else None
-        gt = _to(batch[gt_index], device) if gt_index < len(batch) else None
-        return Batch(inputs, labels, gt)
-    raise TypeError(f"{FORMATS}; got {type(batch).__name__}")
-
-
-def _parse_dict(model: SOP, batch: Mapping, ground_truth_key: str | int | None, device: torch.device) -> Batch:
-    if isinstance(ground_truth_key, int):
-        raise ValueError(f"ground_truth_key={ground_truth_key} is a tuple position but the loader yields dicts")
-    if "input_ids" in batch:
-        inputs = model.prepare(
-            input_ids=_to(batch["input_ids"], device),
-            attention_mask=_to(batch.get("attention_mask"), device),
-            token_type_ids=_to(batch.get("token_type_ids"), device),
-        )
-    elif (x := _first(batch, IMAGE_KEYS)) is not None:
-        inputs = model.prepare(_to(x, device))
-    else:
-        raise ValueError(f"{FORMATS}; got a dict with keys {sorted(batch)}")
-    if ground_truth_key is not None and ground_truth_key not in batch:
-        raise ValueError(f"ground_truth_key={ground_truth_key!r} is not in the batch (keys: {sorted(batch)})")
-    gt = batch[ground_truth_key] if ground_truth_key is not None else _first(batch, GROUND_TRUTH_KEYS)
-    return Batch(inputs, _to(_first(batch, LABEL_KEYS), device), _to(gt, device))
+def _prepare_batch(model: SOP, raw: Any, ground_truth_key: str | int | None, device: torch.device) -> _Prepared:
+    """Parse a loader item (forms: :mod:`sopfast.batches`) and wrap its input for ``model`` on ``device``."""
+    batch = parse_batch(raw, ground_truth_key).to(device)
+    return _Prepared(model.prepare(**batch.model_inputs()), batch.labels, batch.ground_truth)
 
 
 def feature_ground_truth(model: SOP, inputs: FeatureInputs, gt: torch.Tensor) -> torch.Tensor:
@@ -274,7 +226,7 @@ def _resolve_device(model: SOP, device: str | torch.device | None) -> torch.devi
     return device
 
 
-def _check_batch(batch: Batch, metrics: list[str], task: str) -> None:
+def _check_batch(batch: _Prepared, metrics: list[str], task: str) -> None:
     need_labels = NEEDS_LABELS | ({"insertion", "deletion"} if task == "regression" else set())
     missing = [m for m in metrics if m in need_labels]
     if missing and batch.labels is None:
@@ -340,7 +292,7 @@ def _present(value: torch.Tensor | None, what: str) -> torch.Tensor:
 
 
 def _steps(
-    method: Method, model: SOP, batch: Batch, state: Any, taus: list[float], largest: bool, mode: str
+    method: Method, model: SOP, batch: _Prepared, state: Any, taus: list[float], largest: bool, mode: str
 ) -> torch.Tensor:
     """``[B, steps, C]`` logits at each sparsity of ``taus``."""
     return torch.stack([method.predict(model, batch.inputs, state, t, largest, mode).logits for t in taus], dim=1)
@@ -363,7 +315,7 @@ def _pixel_groups(model: SOP, inputs: FeatureInputs, masks: torch.Tensor) -> tor
 
 
 def _run_method(
-    method: Method, model: SOP, batch: Batch, gt: torch.Tensor | None, plan: _Plan, acc: _Accumulator
+    method: Method, model: SOP, batch: _Prepared, gt: torch.Tensor | None, plan: _Plan, acc: _Accumulator
 ) -> None:
     inputs, labels, task, mode = batch.inputs, batch.labels, model.task, plan.mode
     state = method.prepare(model, inputs, mode)
@@ -495,7 +447,7 @@ def evaluate(
         tau_v,
         tau_c,
     )
-    if ground_truth_key is not None and not isinstance(ground_truth_key, (str, int)):
+    if isinstance(ground_truth_key, bool) or not isinstance(ground_truth_key, (str, int, type(None))):
         raise ValueError(
             f"ground_truth_key must be a dict key (str), a tuple position (int) or None, got {ground_truth_key!r}"
         )
@@ -519,7 +471,7 @@ def _run(model, loader, methods, accs, plan: _Plan, ground_truth_key, device, pr
     batches = 0
     with torch.no_grad():
         for raw in tqdm(loader, total=total, desc="sopfast evaluate", disable=not progress):
-            batch = parse_batch(model, raw, ground_truth_key, device)
+            batch = _prepare_batch(model, raw, ground_truth_key, device)
             _check_batch(batch, plan.metrics, model.task)
             gt = None
             if NEEDS_GROUND_TRUTH & set(plan.metrics):
@@ -663,7 +615,6 @@ __all__ = [
     "GROUP_COUNTS",
     "METRICS",
     "TAUS",
-    "Batch",
     "SOPMethod",
     "add_cli_arguments",
     "check_group_counts",
@@ -672,7 +623,6 @@ __all__ = [
     "evaluate",
     "feature_ground_truth",
     "format_table",
-    "parse_batch",
     "run_cli",
     "step_taus",
 ]
