@@ -15,10 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
+from torch import nn
 
 from .model import SOP
+from .ops import num_kept
 from .output import SOPOutput
 from .reference import reference_forward
 
@@ -200,3 +203,75 @@ def format_table(results: list[BenchResult], ideal: float | None = None) -> str:
             row += f" {100 * speedup / ideal:.0f}% |" if r.name == "drop" else " |"
         lines.append(row)
     return "\n".join(lines)
+
+
+# -- ``sopfast bench`` ---------------------------------------------------------------------------
+def _bench_backbone(name: str) -> tuple[nn.Module, str]:
+    """A randomly initialised backbone for ``sopfast bench --model name`` and its input kind
+    (``image``, ``cnn``, ``text`` or ``pair``)."""
+    if name.startswith("bert-base"):
+        from transformers import BertConfig, BertForSequenceClassification
+
+        kind = "pair" if name.endswith("pair") else "text"
+        bert_cfg = BertConfig()
+        bert_cfg.num_labels = 2  # a config property; transformers 5.x's typed __init__ leaves it out
+        return BertForSequenceClassification(bert_cfg).eval(), kind
+    if name == "cnn":
+        from torchvision.models import resnet18
+
+        return resnet18(num_classes=10).eval(), "cnn"
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if name == "vit-b16":
+        cfg = ViTConfig()
+    else:
+        cfg = ViTConfig(hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768)
+    cfg.num_labels = 10
+    return ViTForImageClassification(cfg).eval(), "image"
+
+
+def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Random images ``[B, 3, 224, 224]``, or 512-token texts (``pair``: the last 128 tokens a second segment)."""
+    if kind in ("image", "cnn"):
+        return (torch.randn(batch, 3, 224, 224, device=device),)
+    ids = torch.randint(1000, 20000, (batch, 512), device=device)
+    types = torch.zeros_like(ids)
+    if kind == "pair":
+        types[:, 384:] = 1
+    return ids, torch.ones_like(ids), types
+
+
+def _ideal_ratio(model: SOP, args: tuple[torch.Tensor, ...], kind: str, train: bool) -> float:
+    """:func:`ideal_drop_ratio` for ``model`` (an HF Transformer backbone) on ``args``.
+
+    ``d`` candidate features, of which a group keeps ``num_kept(model.tau, d)`` (the model's own
+    k rule); drop mode also runs position 0 (CLS) and, for text, the tokens that are never
+    candidates (the second segment of a pair).
+    """
+    cfg: Any = model.backbone.config  # an HF config, read by attribute name
+    inputs = model.prepare(*args)
+    valid = model.adapter.candidates(inputs)
+    features = model.adapter.num_features(inputs)
+    d = features if valid is None else int(valid[0].sum())
+    cls = int(kind == "image")
+    tokens = features + cls
+    kept = num_kept(model.tau, d) + 1 + (tokens - d - cls)
+    return ideal_drop_ratio(
+        tokens, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
+    )
+
+
+def run_bench(
+    name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device, warmup: int = 1
+) -> str:
+    """Reference vs exact vs drop on one randomly initialised backbone (``sopfast bench``); a markdown table."""
+    torch.manual_seed(0)
+    backbone, kind = _bench_backbone(name)
+    kwargs: dict[str, Any] = {"feature_layer": "layer3"} if kind == "cnn" else {}
+    model = SOP(backbone, num_groups=groups, tau=0.2, **kwargs).to(device)
+    args = _bench_inputs(kind, batch, device)
+    labels = torch.zeros(batch, dtype=torch.long, device=device)
+    results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)
+    ideal = None if kind == "cnn" else _ideal_ratio(model, args, kind, train)
+    header = f"{name}, batch {batch}, m={groups}, {'training step' if train else 'forward'}, device {device}"
+    return f"{header}\n{format_table(results, ideal)}"

@@ -21,8 +21,10 @@ import torch
 from . import data
 from .batches import Batch, parse_batch
 from .bench import compare_modes, format_table, ideal_drop_ratio
+from .bench import run_bench as run_bench  # moved to sopfast.bench; `sopfast bench` still reaches it here
 from .explain import explain_image, explain_text
 from .model import SOP
+from .ops import num_kept
 
 
 class Recipe(TypedDict, total=False):
@@ -174,7 +176,7 @@ def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: 
     results = compare_modes(model, (x,), y, train=True, repeats=7, warmup=1)
     cfg: Any = model.backbone.config  # an HF config, read by attribute name
     d = model.adapter.num_features(model.prepare(x))
-    kept = max(1, int(model.tau * d)) + 1
+    kept = num_kept(model.tau, d) + 1  # the model's k, plus CLS
     ideal = ideal_drop_ratio(
         d + 1, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train=True
     )
@@ -432,62 +434,3 @@ def run_demo(
     print(format_results(results))
     print(f"\nTotal {results['total_seconds']:.0f} s; results in {os.path.join(out_dir, 'results.json')}")
     return results
-
-
-def _bench_backbone(name: str):
-    if name.startswith("bert-base"):
-        from transformers import BertConfig, BertForSequenceClassification
-
-        kind = "pair" if name.endswith("pair") else "text"
-        bert_cfg = BertConfig()
-        bert_cfg.num_labels = 2  # a config property; transformers 5.x's typed __init__ leaves it out
-        return BertForSequenceClassification(bert_cfg).eval(), kind
-    if name == "cnn":
-        from torchvision.models import resnet18
-
-        return resnet18(num_classes=10).eval(), "cnn"
-    from transformers import ViTConfig, ViTForImageClassification
-
-    if name == "vit-b16":
-        cfg = ViTConfig()
-    else:
-        cfg = ViTConfig(hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768)
-    cfg.num_labels = 10
-    return ViTForImageClassification(cfg).eval(), "image"
-
-
-def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple:
-    """Random images ``[B, 3, 224, 224]``, or 512-token texts (``pair``: the last 128 tokens a second segment)."""
-    if kind in ("image", "cnn"):
-        return (torch.randn(batch, 3, 224, 224, device=device),)
-    ids = torch.randint(1000, 20000, (batch, 512), device=device)
-    types = torch.zeros_like(ids)
-    if kind == "pair":
-        types[:, 384:] = 1
-    return ids, torch.ones_like(ids), types
-
-
-def run_bench(
-    name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device, warmup: int = 1
-) -> str:
-    """Reference vs exact vs drop on one randomly initialised backbone; a markdown table."""
-    torch.manual_seed(0)
-    backbone, kind = _bench_backbone(name)
-    kwargs: dict[str, Any] = {"feature_layer": "layer3"} if kind == "cnn" else {}
-    model = SOP(backbone, num_groups=groups, tau=0.2, **kwargs).to(device)
-    args = _bench_inputs(kind, batch, device)
-    labels = torch.zeros(batch, dtype=torch.long, device=device)
-    results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)
-    ideal = None
-    if kind != "cnn":
-        cfg: Any = backbone.config  # an HF config, read by attribute name
-        inputs = model.prepare(*args)
-        valid = model.adapter.candidates(inputs)
-        d = model.adapter.num_features(inputs) if valid is None else int(valid[0].sum())
-        tokens = model.adapter.num_features(inputs) + (kind == "image")
-        kept = int(0.2 * d) + 1 + (tokens - d - (kind == "image"))
-        ideal = ideal_drop_ratio(
-            tokens, kept, groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
-        )
-    header = f"{name}, batch {batch}, m={groups}, {'training step' if train else 'forward'}, device {device}"
-    return f"{header}\n{format_table(results, ideal)}"
