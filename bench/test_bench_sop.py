@@ -17,6 +17,7 @@ import torch
 
 import sopfast
 from sopfast.bench import ideal_drop_ratio, peak_memory_mib, step_functions
+from sopfast.ops import num_kept
 
 FULL = os.environ.get("SOPFAST_BENCH_FULL") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,6 +102,6 @@ def test_sop_modes(benchmark, case, variant, train):
         d = model.adapter.num_features(model.prepare(*args))
         tokens = d + 1 if kind == "image" else d
         benchmark.extra_info["ideal_drop_ratio"] = ideal_drop_ratio(
-            tokens, int(0.2 * d) + 1, 20, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
+            tokens, num_kept(model.tau, d) + 1, 20, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
         )
     benchmark.pedantic(fn, rounds=2, warmup_rounds=1, iterations=1)

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import sopfast
-import sopfast.demo
 from backbones import make_hf_vit
-from sopfast.bench import _ideal_ratio, ideal_drop_ratio, run_bench
+from sopfast.bench import _ideal_ratio, ideal_drop_ratio
 from sopfast.ops import num_kept
 
 
@@ -23,7 +22,3 @@ def test_ideal_ratio_keeps_the_models_k(tau):
         d + 1, num_kept(tau, d) + 1, 3, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, False
     )
     assert _ideal_ratio(model, (x,), "image", False) == pytest.approx(expected)
-
-
-def test_the_demo_module_still_offers_run_bench():
-    assert sopfast.demo.run_bench is run_bench

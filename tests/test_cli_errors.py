@@ -382,7 +382,7 @@ def _fuzz_stubs(monkeypatch) -> None:
     monkeypatch.setattr(sys.modules["sopfast.train"], "run_cli", lambda *a, **k: done)
     monkeypatch.setattr(sys.modules["sopfast.evaluate"], "run_cli", lambda *a, **k: {})
     monkeypatch.setattr("sopfast.demo.run_demo", lambda **k: {})
-    monkeypatch.setattr("sopfast.demo.run_bench", lambda *a, **k: "")
+    monkeypatch.setattr("sopfast.bench.run_bench", lambda *a, **k: "")
     monkeypatch.setattr("sopfast.demo.write_explanations", lambda *a, **k: [])
     monkeypatch.setattr("sopfast.theory.run_cli", lambda args: 0)
     monkeypatch.setattr("sopfast.authors.from_authors", lambda *a, **k: sopfast.SOP(make_hf_vit(), num_groups=2))

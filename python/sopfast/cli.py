@@ -581,7 +581,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .demo import run_bench
+    from .bench import run_bench
 
     print(
         run_bench(

@@ -21,7 +21,6 @@ import torch
 from . import data
 from .batches import Batch, parse_batch
 from .bench import compare_modes, format_table, ideal_drop_ratio
-from .bench import run_bench as run_bench  # moved to sopfast.bench; `sopfast bench` still reaches it here
 from .explain import explain_image, explain_text
 from .model import SOP
 from .ops import num_kept
