@@ -52,6 +52,10 @@ TEXT_RECIPE: Recipe = {
     "group_gen_scale": 2.0,
     "diversity_weight": 1.0,
 }
+# Test inputs the demo's comparison covers: every baseline runs insertion and deletion on each, which
+# is most of the demo's time (bench/quality/compare.py makes the same table on more inputs).
+COMPARE_IMAGES = 200
+COMPARE_TEXTS = 100
 COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity")
 COMPARISON_COLUMNS = (
     ("accuracy", "accuracy ↑", "{:.3f}"),
@@ -219,7 +223,7 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     results["sop_train_seconds"] = time.perf_counter() - start
     test_batches = _parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device)
     _record_accuracy(results, model, test_batches)
-    n_compare = 48 if quick else 1000
+    n_compare = 48 if quick else COMPARE_IMAGES
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x_test[:n_compare], y_test[:n_compare]), batch_size=50
     )
@@ -371,7 +375,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     )
     results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _parsed_batches(test_set, device))
-    loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 48 if quick else n_test) :]), batch_size=50)
+    loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50)
     start = time.perf_counter()
     results["comparison"] = compare_methods(model, loader, device)
     results["comparison_seconds"] = time.perf_counter() - start
