@@ -54,7 +54,7 @@ TEXT_RECIPE: Recipe = {
 }
 # Test inputs the demo's comparison covers: every baseline runs insertion and deletion on each, which
 # is most of the demo's time (bench/quality/compare.py makes the same table on more inputs).
-COMPARE_IMAGES = 200
+COMPARE_IMAGES = 100
 COMPARE_TEXTS = 100
 COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity")
 COMPARISON_COLUMNS = (
