@@ -187,10 +187,32 @@ def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: 
     return {r.name: r.seconds * steps_per_epoch for r in results}, format_table(results, ideal)
 
 
+def _train_sop(
+    model: SOP, dataset, out_dir: str, device: torch.device, seed: int, epochs: int, lr: float, batch_size: int
+) -> float:
+    """Train the demo's SOP (5 % warm-up, no resume, run files in ``<out>/sop-run``); returns wall seconds."""
+    from .train import train
+
+    start = time.perf_counter()
+    train(
+        model,
+        dataset,
+        None,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        warmup_ratio=0.05,
+        output_dir=os.path.join(out_dir, "sop-run"),
+        resume=False,
+        device=device,
+        seed=seed,
+    )
+    return time.perf_counter() - start
+
+
 def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
     """The image demo; returns the results dict (also written to ``<out>/results.json``)."""
     from .checkpoint import save_pretrained
-    from .train import train
 
     train_data, test_data = _load_images(quick)
     backbone, grid, backbone_accuracy = _image_backbone(train_data, quick, device, seed)
@@ -206,21 +228,9 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -
     results.update(recipe=IMAGE_RECIPE, mode=model.mode)
     n_sop = 512 if quick else 12000
     sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
-    start = time.perf_counter()
-    train(
-        model,
-        sop_train,
-        None,
-        epochs=1 if quick else 3,
-        lr=1e-3,
-        batch_size=32,
-        warmup_ratio=0.05,
-        output_dir=os.path.join(out_dir, "sop-run"),
-        resume=False,
-        device=device,
-        seed=seed,
+    results["sop_train_seconds"] = _train_sop(
+        model, sop_train, out_dir, device, seed, epochs=1 if quick else 3, lr=1e-3, batch_size=32
     )
-    results["sop_train_seconds"] = time.perf_counter() - start
     test_batches = _parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device)
     _record_accuracy(results, model, test_batches)
     n_compare = 48 if quick else COMPARE_IMAGES
@@ -345,7 +355,6 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
 def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
     """The text demo; returns the results dict (also written to ``<out>/results.json``)."""
     from .checkpoint import save_pretrained
-    from .train import train
 
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
     full = tokenize_tweets(texts, labels)
@@ -359,21 +368,9 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop", **TEXT_RECIPE).to(device)
     results.update(recipe=TEXT_RECIPE, mode=model.mode)
     n_sop = 400 if quick else 3000
-    start = time.perf_counter()
-    train(
-        model,
-        subset(idx[:n_sop]),
-        None,
-        epochs=1,
-        lr=5e-4,
-        batch_size=16,
-        warmup_ratio=0.05,
-        output_dir=os.path.join(out_dir, "sop-run"),
-        resume=False,
-        device=device,
-        seed=seed,
+    results["sop_train_seconds"] = _train_sop(
+        model, subset(idx[:n_sop]), out_dir, device, seed, epochs=1, lr=5e-4, batch_size=16
     )
-    results["sop_train_seconds"] = time.perf_counter() - start
     _record_accuracy(results, model, _parsed_batches(test_set, device))
     loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50)
     start = time.perf_counter()
