@@ -1,8 +1,11 @@
-"""Loading the authors' checkpoints (exlib ``SOPImageCls`` ``save_pretrained`` directories).
+"""Loading the authors' checkpoints (exlib ``SOPImageCls`` directories).
 
-The tests write a checkpoint in the authors' layout themselves (random weights): HF ViT names
-as transformers 4.x wrote them, under the authors' wrapper prefixes, the generator heads and
-the selector as ``[3E, E]`` ``input_weights``, ``projected_input_scale`` ≠ 1."""
+Two writers: :mod:`authors_format` rebuilds the authors' ``SOPConfig``/``SOPImageCls`` and lets the
+installed transformers' ``save_pretrained`` write the files (config without ``num_labels``, sharded
+or single-file weights); :func:`write_authors_checkpoint` writes their ``SOP.save`` layout by hand
+(``save_to_json`` keys, HF ViT names as transformers 4.x wrote them).  Both under the authors'
+wrapper prefixes, the generator heads and the selector as ``[3E, E]`` ``input_weights``,
+``projected_input_scale`` ≠ 1; random weights."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 import sopfast
+from authors_format import save_as_authors
 from backbones import make_hf_vit
 from sopfast.authors import AuthorsCheckpointError
 from sopfast.checkpoint import load_pretrained
@@ -40,11 +44,11 @@ def legacy_name(name: str) -> str:
     return name
 
 
-def trained_sop(heads: int, blur: int) -> sopfast.SOP:
+def trained_sop(heads: int, blur: int, num_labels: int = 3) -> sopfast.SOP:
     """A sopfast model with every trainable weight moved off its initial value."""
     torch.manual_seed(0)
     model = sopfast.SOP(
-        make_hf_vit(),
+        make_hf_vit(num_labels),
         num_groups=5,
         tau=0.25,
         num_heads=heads,
@@ -116,6 +120,97 @@ def assert_same_model(a: sopfast.SOP, b: sopfast.SOP) -> None:
     torch.testing.assert_close(out_a.group_scores, out_b.group_scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads, blur, num_labels", [(1, 0, 3), (2, 3, 2), (4, 0, 5)])
+def test_save_pretrained_checkpoint_loads_as_the_same_model(tmp_path, heads, blur, num_labels):
+    model = trained_sop(heads, blur, num_labels)
+    save_as_authors(model, tmp_path / "authors")
+    config = json.loads((tmp_path / "authors" / "config.json").read_text())
+    assert "num_labels" not in config and config["architectures"] == ["SOPImageCls"]
+    assert ("id2label" in config) == (num_labels != 2)  # transformers leaves out its own default
+    loaded = sopfast.SOP.from_authors(tmp_path / "authors", make_hf_vit(num_labels), tau=0.25)
+    assert loaded.num_classes == num_labels and loaded.generator.num_heads == heads
+    assert_same_model(model, loaded)
+
+
+def test_sharded_save_pretrained_checkpoint(tmp_path):
+    model = trained_sop(2, 3)
+    save_as_authors(model, tmp_path / "authors", max_shard_size="40KB")
+    assert len(list((tmp_path / "authors").glob("model-*-of-*"))) > 1
+    assert_same_model(model, sopfast.SOP.from_authors(tmp_path / "authors", make_hf_vit(), tau=0.25))
+
+
+def test_save_pretrained_checkpoint_without_safetensors(tmp_path):
+    model = trained_sop(1, 0)
+    save_as_authors(model, tmp_path / "authors", safe_serialization=False)
+    assert_same_model(model, sopfast.SOP.from_authors(tmp_path / "authors", make_hf_vit(), tau=0.25))
+
+
+def test_convert_command_reads_save_pretrained(tmp_path):
+    model = trained_sop(2, 0, num_labels=2)
+    save_as_authors(model, tmp_path / "authors")
+    model.backbone.save_pretrained(tmp_path / "backbone")
+    args = ["convert", "--authors", str(tmp_path / "authors"), "--backbone", str(tmp_path / "backbone")]
+    assert main([*args, "--out", str(tmp_path / "converted"), "--tau", "0.25"]) == 0
+    assert_same_model(model, load_pretrained(tmp_path / "converted", make_hf_vit(2)))
+
+
+def test_their_save_and_training_checkpoint_files(tmp_path):
+    model = trained_sop(2, 3)
+    write_authors_checkpoint(model, tmp_path / "save")
+    weights = __import__("safetensors.torch").torch.load_file(tmp_path / "save" / "model.safetensors")
+    (tmp_path / "save" / "model.safetensors").unlink()
+    torch.save(weights, tmp_path / "save" / "model.pt")
+    assert_same_model(model, sopfast.SOP.from_authors(tmp_path / "save", make_hf_vit(), tau=0.25))
+    (tmp_path / "save" / "model.pt").rename(tmp_path / "save" / "unused")
+    torch.save({"model": weights, "epoch": 3}, tmp_path / "save" / "checkpoint.pth")
+    assert_same_model(model, sopfast.SOP.from_authors(tmp_path / "save", make_hf_vit(), tau=0.25))
+
+
+def _edit_config(directory, **changes) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"hidden_size": None}, r"hidden_size=512 \(absent from config.json: SOPConfig's default\) but .* 32"),
+        (
+            {"id2label": {"0": "a", "1": "b", "2": "c", "3": "d"}},
+            r"declares 4 labels \(its id2label\) but class_weights has 3 rows",
+        ),
+        ({"num_labels": 2}, r"declares 2 labels \(its num_labels\)"),
+        ({"group_gen_scale": "big"}, r"group_gen_scale must be a finite number, got 'big'"),
+        ({"input_hidden_size": 16}, r"input_hidden_size=16 but the generator reads .* 32-wide"),
+        ({"architectures": ["ViTForImageClassification"]}, r"is not one of \['SOPImageCls', 'SOPTextCls'\]"),
+    ],
+)
+def test_incomplete_or_inconsistent_configs_name_the_key(tmp_path, changes, match):
+    save_as_authors(trained_sop(1, 0), tmp_path)
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(AuthorsCheckpointError, match=match):
+        sopfast.SOP.from_authors(tmp_path, make_hf_vit())
+
+
+def test_defaults_fill_what_the_config_leaves_out(tmp_path):
+    """Keys equal to SOPConfig's defaults may be absent (a hand-trimmed file): the defaults apply."""
+    model = trained_sop(1, 0)
+    model.selector.scale = 1.0
+    save_as_authors(model, tmp_path, input_scale=1.0)
+    _edit_config(
+        tmp_path, **{k: None for k in ("num_heads", "projected_input_scale", "group_sel_scale", "attn_patch_size")}
+    )
+    loaded = sopfast.SOP.from_authors(tmp_path, make_hf_vit(), tau=0.25)
+    assert loaded.generator.num_heads == 1 and loaded.selector.scale == 1.0
+    assert_same_model(model, loaded)
+
+
 @pytest.mark.parametrize("heads", [1, 2])
 @pytest.mark.parametrize("blur", [0, 3])
 def test_authors_checkpoint_loads_as_the_same_model(tmp_path, heads, blur):
@@ -168,7 +263,7 @@ def _edit_checkpoint(directory, edit) -> None:
     [
         (lambda w: w.pop("class_weights"), "lacks 'class_weights'"),
         (lambda w: w.pop("input_attn.multihead_attns.1.input_weights"), r"num_heads=2 but .* heads \[0\]"),
-        (lambda w: w.update(class_weights=torch.zeros(4, 32)), r"class_weights has shape \(4, 32\)"),
+        (lambda w: w.update(class_weights=torch.zeros(4, 32)), r"declares 3 labels .* class_weights has 4 rows"),
         (lambda w: w.update({"output_attn.multihead_attn.input_weights": torch.zeros(32, 32)}), r"expected \[3E, E\]"),
         (lambda w: w.pop("projection.model.model.vit.layernorm.weight"), "missing .*projection.layernorm.weight"),
         (lambda w: w.pop("blackbox_model.model.classifier.bias"), "lacks backbone weights .*classifier.bias"),
@@ -190,12 +285,10 @@ def test_another_backbone_is_refused(tmp_path):
 def test_missing_files_and_config_keys(tmp_path):
     with pytest.raises(AuthorsCheckpointError, match=r"config\.json is missing"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
-    with pytest.raises(AuthorsCheckpointError, match="lacks the SOPConfig key"):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(AuthorsCheckpointError, match="must hold a JSON object"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
-    (tmp_path / "config.json").write_text(
-        json.dumps({"hidden_size": 32, "num_labels": 3, "num_heads": 1, "num_masks_sample": 4})
-    )
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     with pytest.raises(AuthorsCheckpointError, match="no weights"):
         sopfast.SOP.from_authors(tmp_path, make_hf_vit())
 

@@ -136,6 +136,18 @@ def test_backbone_keys_in_the_weights_file_are_refused(tmp_path):
     assert torch.equal(backbone.classifier.bias, make_hf_vit().classifier.bias)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, value):
+    from safetensors.torch import save_file
+
+    save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    weights = load_file(tmp_path / WEIGHTS_NAME)
+    weights["generator.heads.0"][3, 1] = value
+    save_file(weights, tmp_path / WEIGHTS_NAME)
+    with pytest.raises(ValueError, match=r"NaN or infinite weights in \['generator.heads.0'\]"):
+        load_pretrained(tmp_path, make_hf_vit())
+
+
 def _vit_with(**changes):
     """make_hf_vit's weights under another config (same shapes)."""
     from transformers import ViTConfig, ViTForImageClassification

@@ -90,6 +90,24 @@ def test_negative_limit_and_count(files):
     assert_one_line_error(["train", "--backbone", files["vit"], "--val-limit", "0"], "argument --val-limit")
 
 
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--lr", "inf"], "argument --lr: must be a finite number, got inf"),
+        (["--lr", "nan"], "argument --lr: must be a finite number"),
+        (["--weight-decay", "-inf"], "argument --weight-decay"),
+        (["--tau", "nan"], "argument --tau"),
+        (["--image-mean", "0.5", "nan", "0.5"], "argument --image-mean"),
+        (["--lr", "0"], "lr must be a finite number > 0.0, got 0.0"),
+    ],
+)
+def test_non_finite_numbers_are_refused_before_any_work(files, flags, fragment, tmp_path):
+    assert_one_line_error(
+        ["train", "--backbone", files["vit"], "--output-dir", str(tmp_path / "run"), *flags], fragment
+    )
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("device", "fragment"), [("potato", "is not a device"), ("meta", "is not supported")])
 def test_bad_devices(files, device, fragment):
     assert_one_line_error(

@@ -294,10 +294,12 @@ def test_text_outside_the_embedding_tables(bert, edit, match):
 
 def test_non_finite_scales_and_overflowing_inputs(hf_vit):
     for name in ("group_gen_scale", "group_sel_scale"):
-        with pytest.raises(ValueError, match=f"{name} must be a finite number, got nan"):
-            sopfast.SOP(hf_vit, **{name: float("nan")})
-    with pytest.raises(ValueError, match="logits on the groups are not finite"):
+        for value in (float("nan"), float("inf"), 0.0, -1.0):
+            with pytest.raises(ValueError, match=rf"{name} must be a finite number > 0\.0, got {value}"):
+                sopfast.SOP(hf_vit, **{name: value})
+    with pytest.raises(ValueError, match="the generator's attention is not finite"):
         sopfast.SOP(hf_vit, num_groups=4)(torch.randn(1, 3, 32, 32) * 1e30)
+
 
 
 def test_labels_outside_the_classes(hf_vit):
@@ -306,3 +308,40 @@ def test_labels_outside_the_classes(hf_vit):
         out.loss(torch.tensor([0, 3]))
     with pytest.raises(TypeError, match="labels must be integer class ids"):
         out.loss(torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("name", ["deletion", "center_embeddings", "normalize_logits", "freeze_projection"])
+@pytest.mark.parametrize("value", ["yes", 1, None, torch.tensor(True)])
+def test_switches_take_only_booleans(hf_vit, name, value):
+    with pytest.raises(TypeError, match=rf"{name} must be True or False, got"):
+        sopfast.SOP(hf_vit, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "weights, error, match",
+    [
+        (torch.randn(3, 16), ValueError, r"class_weights must have shape \[C, H\] = \[3, 32\] .*got \(3, 16\)"),
+        (torch.randn(4, 32), ValueError, r"class_weights must have shape \[C, H\] = \[3, 32\]"),
+        (torch.randn(3, 32, 1), ValueError, "class_weights must have shape"),
+        (torch.ones(3, 32, dtype=torch.long), TypeError, "class_weights must be a float tensor"),
+        ([[0.0] * 32] * 3, TypeError, "class_weights must be a float tensor .* got list"),
+        (torch.full((3, 32), float("nan")), ValueError, "class_weights must be finite"),
+    ],
+)
+def test_class_weights_are_checked_when_the_model_is_built(hf_vit, weights, error, match):
+    with pytest.raises(error, match=match):
+        sopfast.SOP(hf_vit, class_weights=weights)
+
+
+def test_hugging_face_model_without_head_says_what_is_missing():
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32)
+    with pytest.raises(TypeError, match=r"ViTModel is a Hugging Face base model without a classifier.*ViTForImage"):
+        sopfast.SOP(ViTModel(cfg))
+
+
+def test_cnn_without_classifier_names_the_key_width():
+    body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    with pytest.raises(ValueError, match=r"pass class_weights=\[C, H\] with H = 4"):
+        sopfast.SOP(body, feature_layer="2")

@@ -254,17 +254,50 @@ def negative_nan() -> float:
 
 
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
-def test_nan_with_the_sign_bit_ranks_highest(backend, device, use_backend):
+def test_kernels_rank_nan_with_the_sign_bit_highest(backend, device, use_backend):
+    """The kernels themselves (below the public rule for rows without a result) order NaN as torch.sort."""
     row = torch.tensor([[1.0, negative_nan(), 3.0, 2.0]])
     assert torch.isnan(row).any() and row.view(torch.int32)[0, 1] < 0
-    row = row.to(device)
-    assert run_top_tau(use_backend, backend, row, k=2).indices.tolist() == [[1, 2]]  # NaN is the largest (torch.sort)
-    assert run_top_tau(use_backend, backend, row, k=2, largest=False).indices.tolist() == [[0, 3]]
+    row, k = row.to(device), torch.full((1,), 2, device=device)
     for largest in (True, False):
-        for ties in TIES:
-            kwargs = dict(k=2, largest=largest, ties=ties)
-            expected = run_top_tau(use_backend, "torch", row, **kwargs)
-            assert_same_result(run_top_tau(use_backend, backend, row, **kwargs), expected, 0.0)
+        for authors in (True, False):
+            args = (row, k, 2, None, largest, authors, None, 0, 0)
+            use_backend(backend)
+            indices = torch.ops.sopfast.top_tau_forward(*args)[0]
+            use_backend("torch")
+            assert torch.equal(indices, torch.ops.sopfast.top_tau_forward(*args)[0])
+            if not authors:  # ranking the logits; the authors' rule ranks an all-NaN attention row
+                assert indices.tolist() == ([[1, 2]] if largest else [[0, 3]])
+
+
+@pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])
+@pytest.mark.parametrize("blur", [0, 3])
+def test_rows_without_a_result_are_nan_and_empty(backend, device, blur, use_backend):
+    """NaN among the valid logits, or every valid logit −inf: NaN λ and attention, an empty group —
+    on every backend, while the other rows of the batch are untouched.  A blur mixes neighbours, so
+    with blur a NaN where no feature is valid (row 1) leaves the row without a result too."""
+    nan = float("nan")
+    logits = torch.tensor(
+        [
+            [1.0, negative_nan(), 3.0, 2.0, 0.0, 1.0],
+            [nan, 1.0, 2.0, 3.0, 4.0, 5.0],  # NaN only where not valid: a normal row
+            [-INF] * 6,
+            [-INF, -INF, 5.0, -INF, -INF, -INF],  # the one finite entry is not valid
+            [0.5, 2.0, -1.0, 3.0, 1.0, 0.0],
+        ],
+        device=device,
+    )
+    valid = torch.ones_like(logits, dtype=torch.bool)
+    valid[1, 0] = valid[3, 2] = False
+    kwargs = dict(tau=0.5, valid=valid, blur_kernel_size=blur)
+    result = run_top_tau(use_backend, backend, logits, **kwargs)
+    undefined = torch.tensor([True, blur > 0, True, True, False])
+    assert torch.isnan(result.lam.cpu()).tolist() == undefined.tolist()
+    assert torch.isnan(result.attention.cpu()[undefined]).all()
+    assert not result.mask.cpu()[undefined].any() and (result.indices.cpu()[undefined] == -1).all()
+    clean = run_top_tau(use_backend, backend, logits[~undefined.to(device)], **{**kwargs, "valid": valid[~undefined]})
+    assert torch.equal(result.mask[~undefined.to(device)], clean.mask)
+    torch.testing.assert_close(result.lam[~undefined.to(device)], clean.lam)
 
 
 def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):

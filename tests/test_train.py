@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, TensorDataset
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.checkpoint import STATE_NAME, load_pretrained, load_training_state, trainable_state_dict
-from sopfast.train import TrainConfig, add_cli_arguments, lr_factor, options_from_args, train
+from sopfast.train import NonFiniteLossError, TrainConfig, add_cli_arguments, lr_factor, options_from_args, train
 
 
 def image_data(n: int, seed: int = 0, backbone: nn.Module | None = None) -> TensorDataset:
@@ -214,6 +214,11 @@ def test_lr_schedules():
         ({"grad_accum": 0}, "grad_accum"),
         ({"grad_clip": 0}, "grad_clip"),
         ({"warmup_steps": 3, "warmup_ratio": 0.1}, "warmup"),
+        ({"lr": math.inf}, "lr must be a finite number > 0.0, got inf"),
+        ({"lr": math.nan}, "lr must be a finite number"),
+        ({"weight_decay": math.inf}, "weight_decay must be a finite number"),
+        ({"warmup_ratio": math.nan}, "warmup_ratio must be a finite number"),
+        ({"grad_clip": math.inf}, "grad_clip must be a finite number"),
     ],
 )
 def test_bad_options(options, match):
@@ -234,6 +239,54 @@ def test_bad_arguments(tmp_path):
         train(model, data, batch_size=2, epoch=2)
     with pytest.raises(FileNotFoundError, match="no training state"):
         train(model, data, batch_size=2, resume=tmp_path / "missing", progress=False)
+
+
+def test_bad_option_types():
+    with pytest.raises(TypeError, match="progress must be True or False"):
+        TrainConfig(progress="no")
+    with pytest.raises(TypeError, match="lr must be a finite number"):
+        TrainConfig(lr="1e-3")
+
+
+def poison_at(step: int, part: str = "selector"):
+    """A callback that sets the selector's queries (or the generator's weights) to NaN after ``step``."""
+
+    def callback(trainer, event, record):
+        if event == "step" and record["step"] == step:
+            with torch.no_grad():
+                for p in getattr(trainer.model, part).parameters():
+                    p.fill_(math.nan)
+
+    return callback
+
+
+@pytest.mark.parametrize("eval_every", [1, None])
+def test_non_finite_loss_stops_training_and_keeps_best(tmp_path, eval_every):
+    """A NaN loss stops the run naming the step; best/ and the training state keep finite weights."""
+    model = vit_sop()
+    loader = torch.utils.data.DataLoader(image_data(8), batch_size=2)
+    val = torch.utils.data.DataLoader(image_data(4), batch_size=2)
+    options = dict(output_dir=tmp_path, eval_every=eval_every, save_every=1, log_every=5, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"at step 3 .* nothing after step 2 was saved"):
+        train(model, loader, val, callbacks=[poison_at(2)], **options)
+    state = load_training_state(tmp_path / STATE_NAME)
+    assert state["step"] == 2 and all(torch.isfinite(t).all() for t in state["model"].values())
+    if eval_every == 1:
+        best = load_pretrained(tmp_path / "best", model.backbone)
+        assert all(torch.isfinite(t).all() for t in trainable_state_dict(best).values())
+    assert not (tmp_path / "last").exists()
+
+
+def test_a_diverged_generator_stops_training_naming_the_step(tmp_path):
+    loader = torch.utils.data.DataLoader(image_data(8), batch_size=2)
+    with pytest.raises(ValueError, match=r"training step 3 \(epoch 1\): the generator's attention is not finite"):
+        train(vit_sop(), loader, output_dir=tmp_path, callbacks=[poison_at(2, "generator")], progress=False)
+
+
+def test_infinite_lr_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="lr must be a finite number"):
+        train(vit_sop(), image_data(4), batch_size=2, lr=math.inf, output_dir=tmp_path)
+    assert not (tmp_path / "best").exists()
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):

@@ -14,6 +14,12 @@ and ``model.safetensors`` or ``pytorch_model.bin`` (read with ``weights_only=Tru
 * ``blackbox_model.<wrapper>.<backbone name>…`` – the frozen backbone, which must equal the
   backbone given here.
 
+``config.json`` is what their ``save_pretrained`` writes of a ``PretrainedConfig``: the ``SOPConfig``
+keys (absent ones take ``SOPConfig``'s defaults, as their class does), ``id2label`` instead of
+``num_labels`` (nothing for 2 labels: the ``class_weights`` rows decide), ``architectures``, the dtype
+entry.  Their ``SOP.save`` (``save_to_json`` + ``model.pt``) and training checkpoints
+(``checkpoint.pth``, weights under ``"model"``) load too.
+
 Names written by transformers 4.x (``vit.encoder.layer.N.attention.attention.query`` …) are
 mapped to the installed layout.  ``projected_input_scale`` ``s`` multiplies both keys and queries
 in the authors' generator, so it is folded into γ as ``γ·s²``.  :func:`from_authors` builds the
@@ -24,6 +30,7 @@ equivalent :class:`sopfast.SOP` (``ties="authors"``, ``mode="exact"`` unless ove
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from pathlib import Path
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
     from .model import SOP
 
 CONFIG_FILE = "config.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "checkpoint.pth")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 ARCHITECTURES = ("SOPImageCls", "SOPTextCls")
 GENERATOR_HEAD = re.compile(r"^input_attn\.multihead_attns\.(\d+)\.input_weights$")
@@ -70,29 +77,102 @@ def _hf_vit_legacy_name(name: str) -> str:
     return name
 
 
+# The authors' ``SOPConfig`` constructor defaults (exlib ``src/exlib/modules/sop.py``).  Their
+# ``save_pretrained`` writes a ``PretrainedConfig``: never ``num_labels`` (it becomes ``id2label`` /
+# ``label2id``, and nothing at all for 2 labels); hand-edited files may lack any key.
+SOPCONFIG_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 512,
+    "input_hidden_size": None,
+    "num_labels": 2,
+    "projected_input_scale": 1,
+    "num_heads": 1,
+    "num_masks_sample": 20,
+    "num_masks_max": 200,
+    "image_size": [224, 224],
+    "num_channels": 3,
+    "attn_patch_size": 16,
+    "finetune_layers": [],
+    "class_weight_layer": None,
+    "group_gen_scale": 1,
+    "group_sel_scale": 1,
+    "group_gen_blur_ks1": -1,
+    "group_gen_blur_sigma1": -1,
+    "group_gen_blur_ks2": -1,
+    "group_gen_blur_sigma2": -1,
+    "freeze_projection": False,
+}
+_NUMBERS = (
+    "hidden_size",
+    "num_heads",
+    "num_masks_sample",
+    "projected_input_scale",
+    "group_gen_scale",
+    "group_sel_scale",
+    "group_gen_blur_ks1",
+    "group_gen_blur_sigma1",
+)
+
+
 def read_authors_config(directory: Path) -> dict[str, Any]:
-    """``config.json`` of an authors' checkpoint (with ``SOPConfig``'s defaults filled in)."""
+    """``config.json`` of an authors' checkpoint with ``SOPConfig``'s defaults filled in for absent keys.
+
+    ``num_labels`` comes from the file if it has one (the authors' own ``save_to_json``), else from
+    ``id2label`` (``save_pretrained``), else it is ``None``: the class weights decide
+    (:func:`resolve_num_labels`).  ``defaulted`` lists the keys taken from the defaults.
+    """
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise AuthorsCheckpointError(f"no authors' SOP checkpoint in {directory}: {CONFIG_FILE} is missing")
     try:
         config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise AuthorsCheckpointError(f"{path} is not valid JSON: {err}") from err
-    missing = [k for k in ("hidden_size", "num_labels", "num_heads", "num_masks_sample") if k not in config]
-    if missing:
-        raise AuthorsCheckpointError(f"{path} lacks the SOPConfig key(s) {missing}")
+    if not isinstance(config, dict):
+        raise AuthorsCheckpointError(f"{path} must hold a JSON object (a SOPConfig), got {type(config).__name__}")
     architectures = config.get("architectures") or ["SOPImageCls"]
-    if not set(architectures) & set(ARCHITECTURES):
+    if not isinstance(architectures, list) or not set(architectures) & set(ARCHITECTURES):
         raise AuthorsCheckpointError(f"{path}: architectures {architectures} is not one of {list(ARCHITECTURES)}")
-    defaults = {
-        "group_gen_scale": 1,
-        "group_sel_scale": 1,
-        "group_gen_blur_ks1": -1,
-        "group_gen_blur_sigma1": -1,
-        "projected_input_scale": 1,
+    for key in _NUMBERS:
+        value = config.get(key, SOPCONFIG_DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise AuthorsCheckpointError(f"{path}: {key} must be a finite number, got {value!r}")
+    num_labels, labels_from = config.get("num_labels"), "num_labels"
+    id2label = config.get("id2label")
+    if num_labels is None and isinstance(id2label, dict) and id2label:
+        num_labels, labels_from = len(id2label), "id2label"
+    defaulted = sorted(k for k in SOPCONFIG_DEFAULTS if k not in config and k != "num_labels")
+    return {
+        **SOPCONFIG_DEFAULTS,
+        **config,
+        "num_labels": num_labels,
+        "num_labels_from": labels_from if num_labels is not None else None,
+        "architectures": architectures,
+        "defaulted": defaulted,
     }
-    return {**defaults, **config, "architectures": architectures}
+
+
+def resolve_num_labels(config: dict[str, Any], weights: dict[str, torch.Tensor], path: Path) -> int:
+    """The number of classes: the config's (``num_labels`` or ``id2label``), checked against the
+    ``class_weights`` rows; without either in the config, the class weights' rows."""
+    queries = weights.get(CLASS_WEIGHTS)
+    if queries is None:
+        raise AuthorsCheckpointError(f"the checkpoint lacks {CLASS_WEIGHTS!r} (the selector's [num_labels, E] queries)")
+    if queries.dim() != 2:
+        raise AuthorsCheckpointError(
+            f"{CLASS_WEIGHTS} has shape {tuple(queries.shape)}, expected [num_labels, E] (2 dimensions)"
+        )
+    rows = int(queries.shape[0])
+    declared = config["num_labels"]
+    if declared is None:
+        return rows
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
+        raise AuthorsCheckpointError(f"{path / CONFIG_FILE}: num_labels must be a positive integer, got {declared!r}")
+    if declared != rows:
+        raise AuthorsCheckpointError(
+            f"{path / CONFIG_FILE} declares {declared} labels (its {config['num_labels_from']}) but "
+            f"{CLASS_WEIGHTS} has {rows} rows"
+        )
+    return declared
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
@@ -101,8 +181,10 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
 
         return load_file(path)
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise AuthorsCheckpointError(f"{path} does not hold a state dict")
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise AuthorsCheckpointError(f"{path} does not hold a state dict of tensors")
     return state
 
 
@@ -141,7 +223,7 @@ def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module) -> No
         if name is None:
             raise AuthorsCheckpointError(f"the checkpoint's backbone has a weight {key!r} the given backbone lacks")
         expected = reference[name]
-        if tensor.shape != expected.shape or not torch.equal(tensor.to(expected), expected.cpu()):
+        if tensor.shape != expected.shape or not torch.equal(tensor, expected.detach().to("cpu", tensor.dtype)):
             raise AuthorsCheckpointError(
                 f"the given backbone is not the checkpoint's: {key!r} differs from the backbone's {name!r} "
                 f"(shapes {tuple(tensor.shape)} vs {tuple(expected.shape)})"
@@ -185,9 +267,8 @@ def _head_weights(weights: dict[str, torch.Tensor], num_heads: int, embed_dim: i
 
 
 def _selector_weights(weights: dict[str, torch.Tensor], embed_dim: int, num_labels: int) -> dict[str, torch.Tensor]:
-    for key in (CLASS_WEIGHTS, SELECTOR_WEIGHT):
-        if key not in weights:
-            raise AuthorsCheckpointError(f"the checkpoint lacks {key!r}")
+    if SELECTOR_WEIGHT not in weights:
+        raise AuthorsCheckpointError(f"the checkpoint lacks {SELECTOR_WEIGHT!r} (the selector's [3E, E] weight)")
     selector, queries = weights[SELECTOR_WEIGHT], weights[CLASS_WEIGHTS]
     if tuple(selector.shape) != (3 * embed_dim, embed_dim):
         raise AuthorsCheckpointError(
@@ -215,17 +296,30 @@ def sop_options(config: dict[str, Any]) -> dict[str, Any]:
         "group_sel_scale": float(config["group_sel_scale"]),
         "blur_kernel_size": blur if blur > 1 else 0,
         "blur_sigma": float(config["group_gen_blur_sigma1"]) if blur > 1 else 1.0,
+        "freeze_projection": bool(config["freeze_projection"]),
         "ties": "authors",
     }
+
+
+def _config_value(config: dict[str, Any], key: str) -> str:
+    """``key=value`` as the error messages cite it, saying when the value is ``SOPConfig``'s default."""
+    note = " (absent from config.json: SOPConfig's default)" if key in config["defaulted"] else ""
+    return f"config {key}={config[key]!r}{note}"
 
 
 def _check_geometry(model: SOP, config: dict[str, Any]) -> None:
     adapter = model.adapter
     if config["hidden_size"] != adapter.embed_dim:
         raise AuthorsCheckpointError(
-            f"config hidden_size={config['hidden_size']} but the backbone's embeddings have {adapter.embed_dim}"
+            f"{_config_value(config, 'hidden_size')} but the backbone's embeddings have {adapter.embed_dim}"
         )
-    patch = config.get("attn_patch_size")
+    generator_dim = config["input_hidden_size"]
+    if generator_dim is not None and generator_dim != adapter.embed_dim:
+        raise AuthorsCheckpointError(
+            f"config input_hidden_size={generator_dim!r} but the generator reads the backbone copy's "
+            f"{adapter.embed_dim}-wide embeddings (sopfast loads checkpoints whose projection is the backbone copy)"
+        )
+    patch = None if "attn_patch_size" in config["defaulted"] else config["attn_patch_size"]
     patch_size = getattr(adapter, "patch_size", None)
     if patch is not None and patch_size is not None and tuple(patch_size) != (int(patch), int(patch)):
         raise AuthorsCheckpointError(
@@ -261,7 +355,7 @@ def from_authors(directory: str | Path, backbone: nn.Module, **overrides: Any) -
     state = {
         **_projection_state(weights, backbone, model.adapter.projection_source),
         **_head_weights(weights, model.generator.num_heads, embed_dim),
-        **_selector_weights(weights, embed_dim, int(config["num_labels"])),
+        **_selector_weights(weights, embed_dim, resolve_num_labels(config, weights, directory)),
     }
     owned = model.state_dict()
     state = {k: v.to(owned[k].dtype) if k in owned else v for k, v in state.items()}

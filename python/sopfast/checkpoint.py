@@ -209,6 +209,13 @@ def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
     ]
     if reshaped:
         raise ValueError(f"{source} does not match the model: shapes differ for {reshaped[:3]}")
+    not_finite = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not_finite:
+        raise ValueError(
+            f"{source} holds NaN or infinite weights in {not_finite[:5]}"
+            + (f" and {len(not_finite) - 5} more tensors" if len(not_finite) > 5 else "")
+            + " (saved from a diverged run?); refusing to load them"
+        )
     model.load_state_dict(state, strict=False)
 
 

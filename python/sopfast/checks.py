@@ -7,6 +7,7 @@ mistake: a value of the wrong **type** raises ``TypeError``; a value of the righ
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 from collections.abc import Sequence
@@ -67,6 +68,13 @@ def check_number(
     return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is ``True`` or ``False`` (not a string, number or tensor standing for one)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
     """``value`` if it is one of ``choices``."""
     if value not in choices:
@@ -97,3 +105,17 @@ def check_rank(name: str, value: Any, rank: int, layout: str) -> torch.Tensor:
     if value.dim() != rank:
         raise ValueError(f"{name} must have shape {layout} ({rank} dimensions), got shape {tuple(value.shape)}")
     return value
+
+
+def finite_float(text: str) -> float:
+    """An ``argparse`` type: a finite number (``nan`` and ``inf`` are refused, naming the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+finite_float.__name__ = "finite number"

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .checks import finite_float
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -525,8 +527,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import sopfast
 
-    from .train import run_cli, seed_everything
+    from .train import TrainConfig, options_from_args, run_cli, seed_everything
 
+    TrainConfig(**options_from_args(args))  # every training option checked before any loading
     seed_everything(args.seed)  # before the model is built: its generator and selector start from the seed
     backbone = _backbone(args)
     if args.checkpoint:
@@ -674,7 +677,7 @@ def _add_model_source(p: argparse.ArgumentParser, need_checkpoint: bool) -> None
         metavar="N",
         help="resize images to N (or H W); default: the backbone's input size",
     )
-    d.add_argument("--image-mean", type=float, nargs="+", default=None, help="override the normalisation mean")
+    d.add_argument("--image-mean", type=finite_float, nargs="+", default=None, help="override the normalisation mean")
     d.add_argument("--image-std", type=_positive_float, nargs="+", default=None, help="override the normalisation std")
     d.add_argument("--max-length", type=_int_at_least(2), default=None, help="max tokens per text (default 128)")
 
@@ -703,7 +706,7 @@ def build_parser() -> _Parser:
     _add_model_source(p, need_checkpoint=False)
     p.add_argument("--feature-layer", default=None, help="CNN backbones: the module whose output is the feature grid")
     p.add_argument("--num-groups", type=_int_at_least(1), default=20)
-    p.add_argument("--tau", type=float, default=0.2)
+    p.add_argument("--tau", type=finite_float, default=0.2)
     p.add_argument("--mode", choices=("exact", "drop"), default=None, help="default: drop where supported, else exact")
     p.add_argument("--train-split", default=None, help="the data's split to train on (default: train)")
     p.add_argument("--val-split", default=None, help="the data's validation split (default: validation, val, test)")
@@ -745,7 +748,7 @@ def build_parser() -> _Parser:
     p.add_argument("--authors", required=True, help="the authors' checkpoint directory (config.json + weights)")
     p.add_argument("--backbone", required=True, help="the frozen backbone, a Hugging Face directory")
     p.add_argument("--out", required=True, help="output directory (SOP.save_pretrained format)")
-    p.add_argument("--tau", type=float, default=0.2, help="the authors' k: fraction of features per group")
+    p.add_argument("--tau", type=finite_float, default=0.2, help="the authors' k: fraction of features per group")
 
     p = add("theory", _cmd_theory, "Lower bounds on per-feature SANN error vs the group construction.")
     from . import theory

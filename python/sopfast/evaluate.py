@@ -39,6 +39,7 @@ from .adapters.base import check_mode
 from .adapters.images import upsample_mask
 from .baselines import Method, Prediction, available_baselines, candidate_mask, make_baseline
 from .batches import FORMATS, parse_batch
+from .checks import check_bool, check_number, finite_float
 from .types import FeatureInputs, Groups
 
 if TYPE_CHECKING:
@@ -444,9 +445,11 @@ def evaluate(
         check_taus(taus),
         step_taus(step),
         check_group_counts(group_counts),
-        tau_v,
-        tau_c,
+        check_number("tau_v", tau_v),
+        check_number("tau_c", tau_c),
     )
+    check_bool("progress", progress)
+    check_bool("print_table", print_table)
     if isinstance(ground_truth_key, bool) or not isinstance(ground_truth_key, (str, int, type(None))):
         raise ValueError(
             f"ground_truth_key must be a dict key (str), a tuple position (int) or None, got {ground_truth_key!r}"
@@ -569,8 +572,12 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="dict key (or tuple position) of the ground-truth masks for iou / coverage / object_ratio",
     )
     parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: the model's)")
-    parser.add_argument("--taus", nargs="+", type=float, default=list(TAUS), help="sparsities of the sparsity curve")
-    parser.add_argument("--step", type=float, default=0.1, help="insertion/deletion step as a fraction of features")
+    parser.add_argument(
+        "--taus", nargs="+", type=finite_float, default=list(TAUS), help="sparsities of the sparsity curve"
+    )
+    parser.add_argument(
+        "--step", type=finite_float, default=0.1, help="insertion/deletion step as a fraction of features"
+    )
     parser.add_argument(
         "--group-counts",
         nargs="+",
@@ -578,8 +585,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(GROUP_COUNTS),
         help="group counts of the num_groups ablation",
     )
-    parser.add_argument("--tau-v", type=float, default=0.6, help="CosmoGrid void threshold")
-    parser.add_argument("--tau-c", type=float, default=0.015, help="CosmoGrid cluster threshold")
+    parser.add_argument("--tau-v", type=finite_float, default=0.6, help="CosmoGrid void threshold")
+    parser.add_argument("--tau-c", type=finite_float, default=0.015, help="CosmoGrid cluster threshold")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--output", default=None, help="write the results as JSON to this path")
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from .adapters import BackboneAdapter, get_adapter
 from .adapters.base import check_mode
-from .checks import check_choice, check_int, check_number, check_tau
+from .checks import check_bool, check_choice, check_int, check_number, check_tau
 from .generator import GroupGenerator
 from .losses import attention_overlap, feature_saliency, saliency_alignment
 from .ops import aggregate, num_kept
@@ -121,7 +121,7 @@ class SOP(nn.Module):
         self.tau = tau
         self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
         self.task = check_choice("task", task, TASKS)
-        self.deletion = bool(deletion)
+        self.deletion = check_bool("deletion", deletion)
         self.diversity_weight = check_number("diversity_weight", diversity_weight, 0.0)
         self.saliency_weight = check_number("saliency_weight", saliency_weight, 0.0)
         backbone.requires_grad_(False)
@@ -131,20 +131,20 @@ class SOP(nn.Module):
         self.mode = mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
-        if freeze_projection:
+        if check_bool("freeze_projection", freeze_projection):
             self.projection.requires_grad_(False)
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
-            scale=check_number("group_gen_scale", group_gen_scale),
+            scale=check_number("group_gen_scale", group_gen_scale, 0.0, above=True),
             blur_kernel_size=check_int("blur_kernel_size", blur_kernel_size),
             blur_sigma=check_number("blur_sigma", blur_sigma, 0.0, above=True),
             ties=ties,
-            center=center_embeddings,
+            center=check_bool("center_embeddings", center_embeddings),
             queries=queries,
-            normalize_logits=normalize_logits,
+            normalize_logits=check_bool("normalize_logits", normalize_logits),
         )
-        selector_scale = check_number("group_sel_scale", group_sel_scale)
+        selector_scale = check_number("group_sel_scale", group_sel_scale, 0.0, above=True)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
         self.epoch = 0
         self.config = SOPConfig(
@@ -174,15 +174,29 @@ class SOP(nn.Module):
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
-            if not isinstance(class_weights, torch.Tensor) or class_weights.dim() != 2:
-                raise ValueError("class_weights must be a [num_classes, hidden] tensor")
-            return class_weights
+            return self._check_class_weights(class_weights)
         try:
             return self.adapter.classifier_weight()
         except (AttributeError, ValueError) as err:
             raise ValueError(
-                "the backbone has no classifier weight to initialise the group selector; pass class_weights=[C, H]"
+                f"the backbone has no classifier weight to initialise the group selector ({err}); pass "
+                f"class_weights=[C, H] with H = {self.adapter.key_dim}, the width of its group keys"
             ) from err
+
+    def _check_class_weights(self, class_weights: object) -> torch.Tensor:
+        """``class_weights`` if it is a finite float ``[C, H]`` tensor that fits the backbone."""
+        h, c = self.adapter.key_dim, self.adapter.num_classes
+        shape = f"[C, H] = [{c if c is not None else 'C'}, {h}] (C the backbone's classes, H its key width)"
+        if not isinstance(class_weights, torch.Tensor):
+            raise TypeError(f"class_weights must be a float tensor {shape}, got {type(class_weights).__name__}")
+        if not class_weights.is_floating_point():
+            raise TypeError(f"class_weights must be a float tensor {shape}, got dtype {class_weights.dtype}")
+        rows_ok = c is None or (class_weights.dim() == 2 and class_weights.shape[0] == c)
+        if class_weights.dim() != 2 or class_weights.shape[1] != h or not rows_ok:
+            raise ValueError(f"class_weights must have shape {shape}, got {tuple(class_weights.shape)}")
+        if not bool(torch.isfinite(class_weights).all()):
+            raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
+        return class_weights
 
     @property
     def tau(self) -> float:
@@ -330,14 +344,11 @@ class SOP(nn.Module):
                 keys=groups.lam.new_zeros(0, groups.mask.shape[1], self.selector.class_queries.shape[1]),
             )
         else:
+            check_finite_lam(groups.lam)
             chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode))
             with torch.no_grad():
                 preds = self.adapter.run_groups(inputs, groups, mode, chunk)
-            if not bool(torch.isfinite(preds.logits).all()):
-                raise ValueError(
-                    "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
-                    "represent (check their scale and normalisation)"
-                )
+            check_finite_group_logits(preds.logits)
         scores = self.selector(preds.keys)
         logits = aggregate(scores, groups.lam, preds.logits)
         return SOPOutput(
@@ -381,6 +392,25 @@ class SOP(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
         return [p for p in self.parameters() if p.requires_grad]
+
+
+def check_finite_lam(lam: torch.Tensor) -> None:
+    """Raise ValueError when the generator's λ is not finite (its attention logits overflow or hold NaN)."""
+    if not bool(torch.isfinite(lam).all()):
+        raise ValueError(
+            "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
+            "inputs lie outside what the model can represent (check their scale and normalisation), or its "
+            "weights are not finite"
+        )
+
+
+def check_finite_group_logits(group_logits: torch.Tensor) -> None:
+    """Raise ValueError when the backbone's logits on the groups are not finite."""
+    if not bool(torch.isfinite(group_logits).all()):
+        raise ValueError(
+            "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
+            "represent (check their scale and normalisation)"
+        )
 
 
 def _concatenate(parts: list[SOPOutput]) -> SOPOutput:

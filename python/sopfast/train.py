@@ -38,7 +38,7 @@ from .checkpoint import (
     save_pretrained,
     trainable_state_dict,
 )
-from .checks import check_choice, check_int
+from .checks import check_choice, check_int, check_number, finite_float
 from .distributed import (
     DistInfo,
     ResumableSampler,
@@ -61,6 +61,11 @@ METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
 STATE_FORMAT = 1
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
+
+
+class NonFiniteLossError(ValueError):
+    """Training stopped: the loss (or, without a gradient scaler, the gradient norm) became NaN or
+    infinite; nothing computed after that step was saved."""
 
 
 @dataclass
@@ -124,19 +129,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_int("epochs", self.epochs, 1)
-        for name in ("lr", "weight_decay", "warmup_ratio"):
-            if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay!r}")
-        if not 0 <= self.warmup_ratio < 1:
+        check_number("lr", self.lr, 0.0, above=True)
+        check_number("weight_decay", self.weight_decay, 0.0)
+        check_number("warmup_ratio", self.warmup_ratio, 0.0)
+        if not self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if self.warmup_steps is not None and self.warmup_ratio:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
-        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
+        for name in ("progress",):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_int("batch_size", self.batch_size, 1, optional=True)
         check_int("warmup_steps", self.warmup_steps, 0, optional=True)
         check_int("grad_accum", self.grad_accum, 1)
@@ -390,6 +393,7 @@ class Trainer:
 
     def save_state(self) -> None:
         """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
+        self.check_finite()
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
             atomic_save(self.state_dict(), output_dir / STATE_NAME)
@@ -443,6 +447,9 @@ class Trainer:
         )
         self._loss_sum = torch.zeros((), device=self.device)
         self._norm_sum = torch.zeros((), device=self.device)
+        # the first optimizer step whose loss or gradient was not finite (-1: none), tracked on the
+        # device and read only where the run logs or writes (no host sync per step)
+        self._first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         self._logged_steps = 0
         self._start_time = time.time()
 
@@ -561,7 +568,12 @@ class Trainer:
         batches = self._epoch_batches()
         self._restore_pending_rng()
         for batch in batches:
-            self._micro_step(batch)
+            try:
+                self._micro_step(batch)
+            except ValueError as err:
+                if isinstance(err, NonFiniteLossError):
+                    raise
+                raise ValueError(f"training step {self.step + 1} (epoch {self.epoch + 1}): {err}") from err
             if self._done():
                 break
 
@@ -581,6 +593,7 @@ class Trainer:
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
                 loss = out.compute_loss(labels) / group_size
             self.scaler.scale(loss).backward()
+        self._flag_non_finite(loss.detach())
         self._loss_sum += loss.detach().float()
         self.batches_done += 1
         if last:
@@ -589,6 +602,8 @@ class Trainer:
     def _optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.config.grad_clip or math.inf)
+        if not self.scaler.is_enabled():  # a gradient scaler skips such steps itself
+            self._flag_non_finite(norm.detach())
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -600,6 +615,22 @@ class Trainer:
         if epoch_end:
             self.epoch, self.batches_done = self.epoch + 1, 0
         self._after_step(epoch_end)
+
+    def _flag_non_finite(self, value: torch.Tensor) -> None:
+        """Remember the current step (1-based) if ``value`` is NaN or infinite and no step was before."""
+        first = (~torch.isfinite(value)) & (self._first_bad_step < 0)
+        self._first_bad_step = torch.where(first, self.step + 1, self._first_bad_step)
+
+    def check_finite(self) -> None:
+        """Raise :class:`NonFiniteLossError` if a step's loss or gradient was NaN or infinite (one host
+        read); called before every log record, evaluation and save, so no such weights are written."""
+        step = int(self._first_bad_step)
+        if step >= 0:
+            raise NonFiniteLossError(
+                f"training stopped: the loss or its gradient became NaN or infinite at step {step} (lr "
+                f"{self.config.lr:g}); nothing after step {step - 1} was saved (best/ and the training state "
+                "hold finite weights). Lower lr, turn on grad_clip, or check the data for NaN/inf values"
+            )
 
     def _after_step(self, epoch_end: bool) -> None:
         cfg = self.config
@@ -639,6 +670,7 @@ class Trainer:
         return record
 
     def _log_train(self) -> None:
+        self.check_finite()
         if self._logged_steps == 0:
             return
         loss = all_reduce_sum(self._loss_sum.clone(), self.info).item() / (self._logged_steps * self.info.world_size)
@@ -660,6 +692,7 @@ class Trainer:
         return value > self.best_metric if METRICS[self.metric] == "max" else value < self.best_metric
 
     def _evaluate_and_track(self) -> None:
+        self.check_finite()
         self.metrics = self.evaluate()
         self._eval_step = self.step
         value = self.metrics[f"val_{self.metric}"]
@@ -720,13 +753,13 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group = parser.add_argument_group("training")
     arguments: list[tuple[str, dict[str, Any]]] = [
         ("--epochs", {"type": int, "default": d.epochs}),
-        ("--lr", {"type": float, "default": d.lr}),
-        ("--weight-decay", {"type": float, "default": d.weight_decay}),
+        ("--lr", {"type": finite_float, "default": d.lr}),
+        ("--weight-decay", {"type": finite_float, "default": d.weight_decay}),
         ("--batch-size", {"type": int, "default": None, "help": "per process (required for datasets)"}),
         ("--warmup-steps", {"type": int, "default": None}),
-        ("--warmup-ratio", {"type": float, "default": d.warmup_ratio}),
+        ("--warmup-ratio", {"type": finite_float, "default": d.warmup_ratio}),
         ("--schedule", {"choices": SCHEDULES, "default": d.schedule}),
-        ("--grad-clip", {"type": float, "default": d.grad_clip, "help": "0 disables clipping"}),
+        ("--grad-clip", {"type": finite_float, "default": d.grad_clip, "help": "0 disables clipping"}),
         ("--grad-accum", {"type": int, "default": d.grad_accum}),
         ("--amp", {"choices": tuple(AMP_DTYPES), "default": None}),
         ("--eval-every", {"type": int, "default": None, "help": "steps (default: each epoch end)"}),

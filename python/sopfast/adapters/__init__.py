@@ -40,6 +40,24 @@ def _is_timm_vit(model: nn.Module) -> bool:
     return "VisionTransformer" in _class_names(model) and type(model).__module__.startswith("timm")
 
 
+def _is_hf_without_head(model: nn.Module) -> bool:
+    """A Hugging Face base model (``ViTModel``, ``BertModel`` …): hidden states, no class logits."""
+    names = _class_names(model)
+    return "PreTrainedModel" in names and type(model).__name__.endswith("Model") and not hasattr(model, "classifier")
+
+
+def _no_head_error(backbone: nn.Module) -> TypeError:
+    name = type(backbone).__name__
+    family = name[: -len("Model")]
+    return TypeError(
+        f"backbone {name} is a Hugging Face base model without a classifier: SOP runs the backbone once per "
+        f"group and needs its class logits. Load it with its classification head ({family}ForImageClassification "
+        f"or {family}ForSequenceClassification, e.g. AutoModelForImageClassification.from_pretrained(path, "
+        "num_labels=C)); class_weights=[C, H] only sets the group selector's queries when the classifier has no "
+        "weight to copy"
+    )
+
+
 def _is_cnn(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
@@ -66,7 +84,12 @@ def find_adapter_class(backbone: nn.Module) -> type[BackboneAdapter]:
     """
     if not isinstance(backbone, nn.Module):
         raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
-    for matcher, adapter_cls in _REGISTRY + _BUILTIN:
+    for matcher, adapter_cls in _REGISTRY:
+        if matcher(backbone):
+            return adapter_cls
+    if _is_hf_without_head(backbone):
+        raise _no_head_error(backbone)
+    for matcher, adapter_cls in _BUILTIN:
         if matcher(backbone):
             return adapter_cls
     model_type = getattr(getattr(backbone, "config", None), "model_type", None)

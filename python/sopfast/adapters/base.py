@@ -135,7 +135,24 @@ class BackboneAdapter(ABC):
     # -- selector -------------------------------------------------------------------------
     @abstractmethod
     def classifier_weight(self) -> torch.Tensor:
-        """The backbone classifier's weight ``[C, H]``."""
+        """The backbone classifier's weight ``[C, H]`` (ValueError when there is none to copy)."""
+
+    @property
+    def key_dim(self) -> int:
+        """``H``, the width of the group keys ``z`` :meth:`run_groups` returns (the selector's width):
+        the classifier's input width, or :attr:`embed_dim` without a classifier weight."""
+        try:
+            return int(self.classifier_weight().shape[1])
+        except (AttributeError, ValueError):
+            return self.embed_dim
+
+    @property
+    def num_classes(self) -> int | None:
+        """``C``, the backbone's number of logits, when its classifier says (``None``: unknown)."""
+        try:
+            return int(self.classifier_weight().shape[0])
+        except (AttributeError, ValueError):
+            return None
 
     # -- optional hooks -------------------------------------------------------------------
     def candidate_mask(self, inputs: FeatureInputs) -> torch.Tensor:

@@ -73,3 +73,16 @@ def check_grid(grid: object, d: int) -> tuple[int, int]:
     if h * w != d:
         raise ValueError(f"grid {(h, w)} has {h * w} cells but logits have d={d} features")
     return h, w
+
+
+def rows_without_result(logits: torch.Tensor, valid: torch.Tensor | None = None, blurred: bool = False) -> torch.Tensor:
+    """``[N]`` bool: rows of ``logits [N, d]`` with no softmax, sparsemax or top-τ — a NaN among the
+    ``valid`` entries, or every valid entry ``−inf``.  With ``blurred`` (a blur mixes each entry with
+    its neighbours, valid or not) any NaN or infinity in the row counts."""
+    if blurred:
+        return ~torch.isfinite(logits).all(dim=-1)
+    nan = torch.isnan(logits)
+    above = logits > float("-inf")
+    if valid is not None:
+        nan, above = nan & valid, above & valid
+    return nan.any(dim=-1) | ~above.any(dim=-1)

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_int
 from . import _backends
 from ._validate import check_float, check_rank, check_same_device, check_tensor
 
 
 def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
-    """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``."""
+    """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``.
+
+    Checks that the indices lie in ``[-1, T)`` as :func:`gather_tokens` does (an index ``T`` would
+    read the next example's first token)."""
     b, t, e = x.shape
+    if indices.numel():
+        _check_index_range(indices, t)
     _, m, k = indices.shape
     pad = indices < 0
     flat = (indices.clamp_min(0) + torch.arange(b, device=x.device).view(b, 1, 1) * t).reshape(-1)
@@ -138,6 +144,7 @@ def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> to
     check_same_device(x=x, indices=indices)
     if indices.shape[0] != x.shape[0]:
         raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
+    prefix = check_int("prefix", prefix)
     if not 0 <= prefix <= x.shape[1]:
         raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
     if indices.numel():

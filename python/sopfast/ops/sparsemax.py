@@ -2,7 +2,9 @@
 
 ``p = sparsemax(x)`` solves ``argmin_{p ∈ Δ} ||p − x||²`` along one dimension.  Math in
 fp32 (fp64 stays fp64), output in the input dtype.  Rows holding ``+inf`` put uniform mass
-on their ``+inf`` entries; rows of all ``−inf`` (and rows with NaN) give NaN.
+on their ``+inf`` entries.  **Rows without a result** — holding a NaN, or all ``−inf`` — give NaN
+everywhere, on every backend (the rule of :func:`sopfast.ops.top_tau`, applied here after the
+kernel, as ``torch.softmax`` answers NaN).
 Backward on the support ``S = {p > 0}``: ``∂x = (g − mean_S(g)) · 1_S``.  It is linear in ``g``
 (a symmetric projection) and constant in ``x`` between support changes, so the double backward
 is the same projection of the incoming gradient (higher-order gradients work).
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_int
 from . import _backends
-from ._validate import check_float, check_tensor
+from ._validate import check_float, check_tensor, rows_without_result
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -112,11 +115,12 @@ def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     check_float("x", x)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension, got a scalar")
+    dim = check_int("dim", dim)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
     if x.shape[dim] == 0:
         raise ValueError(f"sparsemax needs at least one entry along dim {dim}, got shape {tuple(x.shape)}")
     moved = x.movedim(dim, -1)
     flat = moved.reshape(-1, moved.shape[-1]).contiguous()
-    p = SparsemaxFunction.apply(flat)
+    p = SparsemaxFunction.apply(flat).masked_fill(rows_without_result(flat).view(-1, 1), float("nan"))
     return p.reshape(moved.shape).movedim(-1, dim)

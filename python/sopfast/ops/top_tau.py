@@ -19,6 +19,13 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
 ``k = max(1, floor(τ · d))`` is computed exactly, ``τ`` read as the decimal it prints as.  Every
 argument is validated here, before dispatch, so all backends accept and reject alike.
 
+**Rows without a result.**  A row holding NaN among its valid features, or with every valid
+feature at ``−inf`` (with blur: any NaN or infinity in the row), has no softmax and no top-τ.
+Such a row gets NaN ``λ`` and NaN attention and an empty group (``mask`` all False, ``indices``
+all ``-1``), on every backend (the rule is applied here, after the kernel, without a host sync) —
+as ``torch.softmax`` answers NaN.  An SOP model
+built on such rows predicts NaN, and :func:`sopfast.train` stops with an error naming the step.
+
 Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ)`` with
 ``σ_j = ±1`` inside/outside the group, plus the softmax backward when the attention output
 is used, through the adjoint of the blur.  Under ``create_graph`` the backward runs as
@@ -29,10 +36,12 @@ last bit differently from ``torch.sort`` on torch's softmax.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
 
+from ..checks import check_int, check_number
 from . import _backends
 from ._validate import (
     check_float,
@@ -43,6 +52,7 @@ from ._validate import (
     check_tensor,
     num_kept,
     num_kept_table,
+    rows_without_result,
 )
 from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
 
@@ -241,6 +251,21 @@ class TopTauFunction(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None, None
 
 
+def _check_k(k: object, n: int) -> int | torch.Tensor:
+    """``k``: an integer, or an integer tensor of shape ``[]`` or ``[N]`` (never a float or a bool)."""
+    if isinstance(k, torch.Tensor):
+        if k.dtype == torch.bool or k.is_floating_point() or k.is_complex():
+            raise TypeError(f"k must be an integer tensor (a count per row), got dtype {k.dtype}")
+        if k.dim() > 1 or (k.dim() == 1 and k.shape[0] != n):
+            raise ValueError(f"k must be a scalar or have shape [N]=[{n}], got shape {tuple(k.shape)}")
+        return k
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(
+            f"k must be an integer (features per row) or an integer tensor [N], got {k!r} ({type(k).__name__})"
+        )
+    return int(k)
+
+
 def _resolve_k(
     tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
 ) -> tuple[torch.Tensor, int]:
@@ -249,6 +274,8 @@ def _resolve_k(
     together with the validity checks."""
     if (tau is None) == (k is None):
         raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
+    if k is not None:
+        k = _check_k(k, n)
     if tau is not None:
         tau = check_tau(tau)
         if valid is None:
@@ -305,6 +332,10 @@ def top_tau(
     check_rank("logits", logits, 2, "[N, d]")
     if ties not in TIES:
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+    if not isinstance(largest, bool):
+        raise TypeError(f"largest must be True or False, got {largest!r}")
+    blur_kernel_size = check_int("blur_kernel_size", blur_kernel_size)
+    blur_sigma = check_number("blur_sigma", blur_sigma, 0.0, above=True)
     n, d = logits.shape
     if d == 0:
         raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
@@ -325,8 +356,14 @@ def top_tau(
         if logits.dtype == torch.float64:
             blur_kernel = blur_kernel.double()
     k_rows, k_max = _resolve_k(tau, k, n, d, valid, logits.device)
+    indices, mask, lam, attention = TopTauFunction.apply(
+        logits.contiguous(), k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w
+    )
+    undefined = rows_without_result(logits, valid, blurred=blur_kernel is not None)
+    row = undefined.view(-1, 1)
     return TopTauResult(
-        *TopTauFunction.apply(
-            logits.contiguous(), k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w
-        )
+        indices.masked_fill(row, -1),
+        mask & ~row,
+        lam.masked_fill(undefined, float("nan")),
+        attention.masked_fill(row, float("nan")),
     )
