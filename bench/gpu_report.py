@@ -48,7 +48,7 @@ if DRY_RUN or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton on CPU tensors (set before triton loads)
 
 import sopfast  # noqa: E402
-from sopfast.bench import step_functions  # noqa: E402
+from sopfast.benchmark import step_functions  # noqa: E402
 from sopfast.ops import (  # noqa: E402
     _backends,
     gather_tokens_backward_reference,

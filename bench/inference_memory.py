@@ -16,7 +16,7 @@ import argparse
 import torch
 
 import sopfast
-from sopfast.bench import peak_memory_mib
+from sopfast.benchmark import peak_memory_mib
 
 MODELS = {
     "vit-s16": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536},

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import sopfast
-from sopfast import metrics as M
-from sopfast.evaluate import evaluate
+from sopfast.evaluation import metrics as M
+from sopfast.evaluation.evaluate import evaluate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BATCH = 8

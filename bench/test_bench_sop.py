@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import sopfast
-from sopfast.bench import ideal_drop_ratio, peak_memory_mib, step_functions
+from sopfast.benchmark import ideal_drop_ratio, peak_memory_mib, step_functions
 from sopfast.ops import num_kept
 
 FULL = os.environ.get("SOPFAST_BENCH_FULL") == "1"

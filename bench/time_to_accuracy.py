@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 import sopfast
-from sopfast import data
-from sopfast.backbones import small_vit, train_masked_backbone
-from sopfast.reference import reference_forward
+from sopfast.data import builtin as data
+from sopfast.demo.backbones import small_vit, train_masked_backbone
+from sopfast.model.reference import reference_forward
 
 VARIANTS = ("authors' algorithm", "exact", "drop")
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 import torch
 
 import sopfast
-from sopfast.bench import measure_interleaved
-from sopfast.reference import reference_forward
+from sopfast.benchmark import measure_interleaved
+from sopfast.model.reference import reference_forward
 
 MODELS = ("vit-b16", "bert-base-512")
 

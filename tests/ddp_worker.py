@@ -11,8 +11,8 @@ from torch.utils.data import TensorDataset
 
 import sopfast
 from backbones import make_hf_vit
-from sopfast.checkpoint import trainable_state_dict
-from sopfast.train import train
+from sopfast.model.checkpoint import trainable_state_dict
+from sopfast.training.trainer import train
 
 RUN = dict(epochs=2, lr=1e-3, warmup_steps=1, log_every=1, eval_every=2, progress=False, device="cpu", seed=3)
 

@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 import sopfast
 from authors_format import save_as_authors
 from backbones import make_hf_vit
-from sopfast.authors import AuthorsCheckpointError
-from sopfast.checkpoint import load_pretrained
-from sopfast.cli import main
+from sopfast.cli.app import main
+from sopfast.model.authors import AuthorsCheckpointError
+from sopfast.model.checkpoint import load_pretrained
 
 # transformers 5.x name → the 4.x name the authors' checkpoints hold (one layer's worth, written out)
 LEGACY = [

@@ -12,7 +12,7 @@ import torch
 
 import sopfast
 from backbones import make_hf_vit, make_timm_vit
-from sopfast.reference import reference_forward
+from sopfast.model.reference import reference_forward
 
 ATOL = 1e-5
 FACTORIES = {"hf_vit": make_hf_vit, "timm_vit": make_timm_vit}

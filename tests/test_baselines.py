@@ -7,9 +7,9 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
-from sopfast import baselines as B
-from sopfast import metrics as M
-from sopfast.evaluate import evaluate
+from sopfast.evaluation import baselines as B
+from sopfast.evaluation import metrics as M
+from sopfast.evaluation.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")

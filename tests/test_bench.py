@@ -7,7 +7,7 @@ import torch
 
 import sopfast
 from backbones import make_hf_vit
-from sopfast.bench import _ideal_ratio, ideal_drop_ratio
+from sopfast.benchmark import _ideal_ratio, ideal_drop_ratio
 from sopfast.ops import num_kept
 
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 import sopfast
 from backbones import make_cnn, make_hf_vit
-from sopfast import checkpoint
-from sopfast.checkpoint import (
+from sopfast.model import checkpoint
+from sopfast.model.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     atomic_save,

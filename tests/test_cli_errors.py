@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import sopfast
 from backbones import make_hf_vit
-from sopfast.cli import CLIError, main
+from sopfast.cli.app import CLIError, main
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "convert", "theory")
 OPTIONAL = ("scipy", "sklearn", "transformers", "timm", "torchvision", "datasets", "captum", "quantus", "pandas")
@@ -170,7 +170,7 @@ def test_bench_batch_zero():
 def test_backbone_and_checkpoint_come_from_config_and_output_folders_are_made_first(files, monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(
-        sys.modules["sopfast.evaluate"], "run_cli", lambda args, model, loader: seen.append(args.output)
+        sys.modules["sopfast.evaluation.evaluate"], "run_cli", lambda args, model, loader: seen.append(args.output)
     )
     config = _config(
         files,
@@ -194,7 +194,7 @@ def test_config_is_read_after_root_options(files):
 def test_command_line_flags_win_over_the_config(files, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        "sopfast.demo.write_explanations", lambda model, dataset, out, **kw: seen.append(len(dataset)) or []
+        "sopfast.demo.run.write_explanations", lambda model, dataset, out, **kw: seen.append(len(dataset)) or []
     )
     config = _config(
         files,
@@ -397,13 +397,13 @@ FILE_KEYS = ["vit", "ckpt", "images", "bert", "texts", "file", "broken", "list",
 def _fuzz_stubs(monkeypatch) -> None:
     """Stop every valid command before its real work: the fuzz is about parsing, checking and loading."""
     done = sopfast.TrainResult(0, 0, None, None)
-    monkeypatch.setattr(sys.modules["sopfast.train"], "run_cli", lambda *a, **k: done)
-    monkeypatch.setattr(sys.modules["sopfast.evaluate"], "run_cli", lambda *a, **k: {})
-    monkeypatch.setattr("sopfast.demo.run_demo", lambda **k: {})
-    monkeypatch.setattr("sopfast.bench.run_bench", lambda *a, **k: "")
-    monkeypatch.setattr("sopfast.demo.write_explanations", lambda *a, **k: [])
+    monkeypatch.setattr(sys.modules["sopfast.training.trainer"], "run_cli", lambda *a, **k: done)
+    monkeypatch.setattr(sys.modules["sopfast.evaluation.evaluate"], "run_cli", lambda *a, **k: {})
+    monkeypatch.setattr("sopfast.demo.run.run_demo", lambda **k: {})
+    monkeypatch.setattr("sopfast.benchmark.run_bench", lambda *a, **k: "")
+    monkeypatch.setattr("sopfast.demo.run.write_explanations", lambda *a, **k: [])
     monkeypatch.setattr("sopfast.theory.run_cli", lambda args: 0)
-    monkeypatch.setattr("sopfast.authors.from_authors", lambda *a, **k: sopfast.SOP(make_hf_vit(), num_groups=2))
+    monkeypatch.setattr("sopfast.model.authors.from_authors", lambda *a, **k: sopfast.SOP(make_hf_vit(), num_groups=2))
 
 
 def _check_run(argv: list[str]) -> None:

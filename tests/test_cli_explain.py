@@ -9,7 +9,7 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.cli import CLIError, build_parser, main
+from sopfast.cli.app import CLIError, build_parser, main
 from sopfast.explain import explain_image, explain_text, used_groups
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "theory")

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from sopfast.adapters.hf_vit import vit_layers
-from sopfast.backbones import forward_kept_tokens, small_vit
-from sopfast.cli import main
+from sopfast.cli.app import main
+from sopfast.demo.backbones import forward_kept_tokens, small_vit
 
 
 def _is_png(path: str) -> bool:

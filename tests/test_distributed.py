@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import sopfast
 from backbones import make_cnn
-from sopfast.checkpoint import trainable_state_dict
-from sopfast.distributed import DistInfo, ResumableSampler, make_eval_loader, make_train_loader
-from sopfast.train import Trainer, train
+from sopfast.model.checkpoint import trainable_state_dict
+from sopfast.training.distributed import DistInfo, ResumableSampler, make_eval_loader, make_train_loader
+from sopfast.training.trainer import Trainer, train
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -10,8 +10,8 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_cnn, make_hf_vit, text_batch
-from sopfast import metrics as M
-from sopfast.evaluate import (
+from sopfast.evaluation import metrics as M
+from sopfast.evaluation.evaluate import (
     SOPMethod,
     add_cli_arguments,
     evaluate,

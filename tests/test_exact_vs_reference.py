@@ -7,7 +7,7 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
-from sopfast.reference import reference_forward
+from sopfast.model.reference import reference_forward
 
 ATOL = 1e-5
 

@@ -7,7 +7,7 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast import model as model_module
+from sopfast.model import sop as model_module
 
 
 def _compare(model, args, monkeypatch):

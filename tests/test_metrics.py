@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sopfast import metrics as M
+from sopfast.evaluation import metrics as M
 
 
 def _assert_close(value: torch.Tensor | float, expected: float, tol: float = 1e-6) -> None:

@@ -7,8 +7,8 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.checkpoint import load_pretrained, save_pretrained
-from sopfast.generator import GroupGenerator, diverse_positions
+from sopfast.model.checkpoint import load_pretrained, save_pretrained
+from sopfast.model.generator import GroupGenerator, diverse_positions
 
 
 def test_defaults_keep_the_authors_algorithm():
@@ -114,7 +114,7 @@ def test_text_pages_leave_out_padding(tmp_path):
 
 
 def test_attention_overlap_by_hand():
-    from sopfast.losses import attention_overlap
+    from sopfast.model.losses import attention_overlap
 
     a = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]]])
     # pairs (0,1) 0, (0,2) 0.6, (1,2) 0.8, each counted twice over 3·2 ordered pairs
@@ -129,7 +129,7 @@ def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     out = model(x)
     plain = sopfast.output.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty"})
-    from sopfast.losses import attention_overlap
+    from sopfast.model.losses import attention_overlap
 
     overlap = attention_overlap(out.attention)
     torch.testing.assert_close(out.loss(y), plain.loss(y) + 0.5 * overlap)
@@ -156,7 +156,7 @@ def test_normalized_logits_fix_the_sharpness_to_gamma():
 
 
 def test_saliency_alignment_by_hand():
-    from sopfast.losses import saliency_alignment
+    from sopfast.model.losses import saliency_alignment
 
     a = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]]])
     s = torch.tensor([[3.0, 0.0, -3.0]])
@@ -169,8 +169,8 @@ def test_saliency_alignment_by_hand():
 
 
 def test_feature_saliency_is_the_presence_gradient_of_the_predicted_class():
-    from sopfast.baselines import soft_forward
-    from sopfast.losses import feature_saliency
+    from sopfast.evaluation.baselines import soft_forward
+    from sopfast.model.losses import feature_saliency
 
     torch.manual_seed(0)
     model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25)
@@ -184,7 +184,7 @@ def test_feature_saliency_is_the_presence_gradient_of_the_predicted_class():
 
 
 def test_saliency_weight_adds_its_term_and_trains_the_generator():
-    from sopfast.losses import feature_saliency, saliency_alignment
+    from sopfast.model.losses import feature_saliency, saliency_alignment
 
     torch.manual_seed(0)
     model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, saliency_weight=2.0)

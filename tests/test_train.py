@@ -13,8 +13,15 @@ from torch.utils.data import Dataset, TensorDataset
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.checkpoint import STATE_NAME, load_pretrained, load_training_state, trainable_state_dict
-from sopfast.train import NonFiniteLossError, TrainConfig, add_cli_arguments, lr_factor, options_from_args, train
+from sopfast.model.checkpoint import STATE_NAME, load_pretrained, load_training_state, trainable_state_dict
+from sopfast.training.trainer import (
+    NonFiniteLossError,
+    TrainConfig,
+    add_cli_arguments,
+    lr_factor,
+    options_from_args,
+    train,
+)
 
 
 def image_data(n: int, seed: int = 0, backbone: nn.Module | None = None) -> TensorDataset:

@@ -8,8 +8,8 @@ import torch
 
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.batches import Batch, parse_batch
-from sopfast.train import forward_batch
+from sopfast.data.batches import Batch, parse_batch
+from sopfast.training.trainer import forward_batch
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from torch import nn
 import sopfast
 from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.adapters.hf_vit import vit_layers
-from sopfast.reference import reference_forward
+from sopfast.model.reference import reference_forward
 
 MAJOR = int(transformers.__version__.split(".")[0])
 

@@ -16,8 +16,8 @@ import user_data as U
 
 import sopfast
 from backbones import TinyCNN, make_bert, make_hf_vit
-from sopfast import datasets as D
-from sopfast.cli import main
+from sopfast.cli.app import main
+from sopfast.data import user_data as D
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-groups", "4", "--lr", "1e-3", "--no-progress"]

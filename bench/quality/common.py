@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from sopfast import data
-from sopfast.model import SOP
+from sopfast.data import builtin as data
+from sopfast.model.sop import SOP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.path.join(ROOT, ".cache")
@@ -27,7 +27,7 @@ def image_backbone(seed: int = 0):
     """The demo's small ViT on Fashion-MNIST, trained once and cached in ``.cache/fmnist-vit``."""
     from transformers import ViTForImageClassification
 
-    from sopfast.demo import _image_backbone
+    from sopfast.demo.run import _image_backbone
 
     path = os.path.join(CACHE, "fmnist-vit")
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -56,7 +56,7 @@ def sop_outputs(model: SOP, x: torch.Tensor, mode: str, batch: int = 100):
 def text_data(seed: int = 0):
     """The text demo's tweets (12,000 drawn, ≥ 12 tokens kept): ``(train, test)`` TextDatasets, the
     last 1,000 for testing, as ``run_text_demo`` splits them."""
-    from sopfast.demo import TextDataset, tokenize_tweets
+    from sopfast.demo.run import TextDataset, tokenize_tweets
 
     texts, labels = data.load_tweets(limit=12000, seed=seed)
     full = tokenize_tweets(texts, labels)
@@ -73,7 +73,7 @@ def text_backbone(seed: int = 0):
     """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm``."""
     from transformers import BertForSequenceClassification
 
-    from sopfast.demo import _text_backbone
+    from sopfast.demo.run import _text_backbone
 
     path = os.path.join(CACHE, "tweets-minilm")
     if not os.path.exists(os.path.join(path, "config.json")):

@@ -30,10 +30,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import image_backbone, image_data, text_backbone, text_data
 
-from sopfast import metrics as M
-from sopfast.baselines import candidate_mask
-from sopfast.generator import candidate_positions, diverse_positions, masked_mean, query_rows
-from sopfast.model import SOP
+from sopfast.evaluation import metrics as M
+from sopfast.evaluation.baselines import candidate_mask
+from sopfast.model.generator import candidate_positions, diverse_positions, masked_mean, query_rows
+from sopfast.model.sop import SOP
 from sopfast.types import FeatureInputs
 
 

@@ -23,12 +23,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import CACHE, image_backbone, image_data, text_backbone, text_data
 
-from sopfast import metrics as M
-from sopfast.baselines import candidate_mask
-from sopfast.evaluate import evaluate
-from sopfast.model import SOP
+from sopfast.evaluation import metrics as M
+from sopfast.evaluation.baselines import candidate_mask
+from sopfast.evaluation.evaluate import evaluate
+from sopfast.model.sop import SOP
 from sopfast.ops import aggregate
-from sopfast.train import train
+from sopfast.training.trainer import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results.jsonl")

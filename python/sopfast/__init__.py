@@ -1,11 +1,10 @@
 """sopfast: fast Sum-of-Parts self-attributing models."""
 
-from . import baselines, metrics, ops
+from . import ops
 from .adapters import BackboneAdapter, get_adapter, register_adapter
-from .evaluate import evaluate, format_table
-from .model import SOP
-from .output import SOPOutput
-from .train import Trainer, TrainResult, train
+from .evaluation import baselines, evaluate, format_table, metrics
+from .model import SOP, SOPOutput
+from .training import Trainer, TrainResult, train
 
 __version__ = "0.2.0"
 

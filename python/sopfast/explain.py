@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from .adapters.images import upsample_mask
-from .output import SOPOutput
+from .model.output import SOPOutput
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .model import SOP
+    from .model.sop import SOP
 
 Target = int | Sequence[int] | torch.Tensor | None
 
@@ -129,7 +129,7 @@ def quantus_explain_func(model: nn.Module, inputs: Any, targets: Any, **kwargs: 
     the image batch ``[B, C, H, W]`` (numpy or tensor), ``targets`` class ids ``[B]``; ``device``
     in ``kwargs`` is honoured, other keys are ignored.
     """
-    from .model import SOP
+    from .model.sop import SOP
 
     sop = model.sop if isinstance(model, SOPClassifier) else model
     if not isinstance(sop, SOP):

@@ -34,16 +34,16 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..adapters.base import check_mode
+from ..adapters.images import upsample_mask
+from ..checks import check_bool, check_number, finite_float
+from ..data.batches import FORMATS, parse_batch
+from ..types import FeatureInputs, Groups
 from . import metrics as M
-from .adapters.base import check_mode
-from .adapters.images import upsample_mask
 from .baselines import Method, Prediction, available_baselines, candidate_mask, make_baseline
-from .batches import FORMATS, parse_batch
-from .checks import check_bool, check_number, finite_float
-from .types import FeatureInputs, Groups
 
 if TYPE_CHECKING:
-    from .model import SOP
+    from ..model.sop import SOP
 
 TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GROUP_COUNTS = (1, 2, 5, 10, 20)

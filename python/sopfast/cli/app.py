@@ -23,13 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .checks import finite_float
+from ..checks import finite_float
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .model import SOP
+    from ..model.sop import SOP
 
 DATASETS = ("fashion-mnist", "digits", "tweets")
 BUILTIN_MODALITY = {"fashion-mnist": "image", "digits": "image", "tweets": "text"}
@@ -408,7 +408,7 @@ def load_backbone(spec: str, weights: str | None = None, trust_pickle: bool = Fa
 
 def _adapter_kwargs(model: nn.Module, feature_layer: str | None) -> dict[str, Any]:
     """``feature_layer`` for CNN backbones (required there, refused elsewhere)."""
-    from .adapters import CNNAdapter, find_adapter_class
+    from ..adapters import CNNAdapter, find_adapter_class
 
     cnn = issubclass(find_adapter_class(model), CNNAdapter)
     if feature_layer is None and cnn:
@@ -425,7 +425,7 @@ def _adapter_kwargs(model: nn.Module, feature_layer: str | None) -> dict[str, An
 
 def load_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     """The SOP model saved in ``--checkpoint`` over ``backbone``."""
-    from .checkpoint import load_pretrained
+    from ..model.checkpoint import load_pretrained
 
     if not os.path.isdir(args.checkpoint):
         raise CLIError(f"--checkpoint directory not found: {args.checkpoint}")
@@ -438,7 +438,7 @@ def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: s
     saying which split it is; its first example is checked to make a batch the model takes."""
     import torch
 
-    from .batches import parse_batch
+    from ..data.batches import parse_batch
 
     dataset, info = _read_split(args, model, backbone, role, limit)
     if len(dataset) == 0:
@@ -468,7 +468,7 @@ def _read_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: 
             f"--data {args.data!r} is neither a built-in dataset ({', '.join(DATASETS)}) nor an "
             "existing image folder, saved Hugging Face dataset or CSV/JSONL file"
         )
-    from . import datasets
+    from ..data import user_data as datasets
 
     prep = datasets.preprocessing_for(
         model,
@@ -497,7 +497,7 @@ def _report(*lines: str) -> None:
 
 def _builtin_split(name: str, role: str, limit: int | None, backbone_dir: str | None):
     """A built-in dataset's ``(x, y)`` pairs (images) or dicts (text); validation uses the test split."""
-    from . import data
+    from ..data import builtin as data
 
     split = "train" if role == "train" else "test"
     if name == "fashion-mnist":
@@ -508,7 +508,7 @@ def _builtin_split(name: str, role: str, limit: int | None, backbone_dir: str | 
         return type(part)(part.x[:limit], part.y[:limit], part.classes, part.name).dataset()
     if backbone_dir is None:
         raise CLIError("--data tweets needs a Hugging Face --backbone directory (for its tokenizer)")
-    from .demo import tokenize_tweets
+    from ..demo.run import tokenize_tweets
 
     texts, labels = data.load_tweets()
     cut = int(0.9 * len(texts))
@@ -518,7 +518,7 @@ def _builtin_split(name: str, role: str, limit: int | None, backbone_dir: str | 
 
 # -- subcommands -------------------------------------------------------------------------------------
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo.run import run_demo
 
     run_demo(task=args.task, out_dir=args.out, quick=args.quick, device=_device(args.device), seed=args.seed)
     return 0
@@ -527,7 +527,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import sopfast
 
-    from .train import TrainConfig, options_from_args, run_cli, seed_everything
+    from ..training.trainer import TrainConfig, options_from_args, run_cli, seed_everything
 
     TrainConfig(**options_from_args(args))  # every training option checked before any loading
     seed_everything(args.seed)  # before the model is built: its generator and selector start from the seed
@@ -554,7 +554,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from .evaluate import run_cli
+    from ..evaluation.evaluate import run_cli
 
     backbone = _backbone(args)
     model = load_model(args, backbone)
@@ -565,7 +565,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from .demo import write_explanations
+    from ..demo.run import write_explanations
 
     backbone = _backbone(args)
     model = load_model(args, backbone)
@@ -584,7 +584,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from ..benchmark import run_bench
 
     print(
         run_bench(
@@ -601,7 +601,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from .authors import from_authors
+    from ..model.authors import from_authors
 
     if not os.path.isdir(args.authors):
         raise CLIError(f"--authors directory not found: {args.authors}")
@@ -611,7 +611,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_theory(args: argparse.Namespace) -> int:
-    from . import theory
+    from .. import theory
 
     try:
         import scipy  # noqa: F401 - the bounds are linear programs solved with scipy
@@ -711,7 +711,7 @@ def build_parser() -> _Parser:
     p.add_argument("--train-split", default=None, help="the data's split to train on (default: train)")
     p.add_argument("--val-split", default=None, help="the data's validation split (default: validation, val, test)")
     p.add_argument("--val-limit", type=_int_at_least(1), default=None)
-    from .train import add_cli_arguments as add_train_arguments
+    from ..training.trainer import add_cli_arguments as add_train_arguments
 
     add_train_arguments(p)
     p.set_defaults(batch_size=32)
@@ -721,7 +721,7 @@ def build_parser() -> _Parser:
     _add_model_source(p, need_checkpoint=True)
     p.add_argument("--split", default=None, help="the data's split to evaluate (default: test, validation)")
     p.add_argument("--batch-size", type=_int_at_least(1), default=32)
-    from .evaluate import add_cli_arguments as add_evaluate_arguments
+    from ..evaluation.evaluate import add_cli_arguments as add_evaluate_arguments
 
     add_evaluate_arguments(p)
 
@@ -751,7 +751,7 @@ def build_parser() -> _Parser:
     p.add_argument("--tau", type=finite_float, default=0.2, help="the authors' k: fraction of features per group")
 
     p = add("theory", _cmd_theory, "Lower bounds on per-feature SANN error vs the group construction.")
-    from . import theory
+    from .. import theory
 
     theory.add_cli_arguments(p)
     p.add_argument("--config", help="YAML/JSON file with option values (flags override it)")

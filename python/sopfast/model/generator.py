@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .ops import top_tau
-from .ops.top_tau import TIES
-from .types import Groups
+from ..ops import top_tau
+from ..ops.top_tau import TIES
+from ..types import Groups
 
 
 def candidate_positions(valid: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 if TYPE_CHECKING:
     from PIL import Image as PILImage
 
-    from .model import SOP
+    from ..model.sop import SOP
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 TABLE_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")

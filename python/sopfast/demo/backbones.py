@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters.hf_vit import vit_layers
-from .adapters.images import pixel_grid_mask
+from ..adapters.hf_vit import vit_layers
+from ..adapters.images import pixel_grid_mask
 
 
 def small_vit(

@@ -27,8 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from .batches import FORMATS, parse_batch
-from .checkpoint import (
+from ..checks import check_choice, check_int, check_number, finite_float
+from ..data.batches import FORMATS, parse_batch
+from ..model.checkpoint import (
     STATE_NAME,
     atomic_save,
     hash_backbone,
@@ -38,7 +39,8 @@ from .checkpoint import (
     save_pretrained,
     trainable_state_dict,
 )
-from .checks import check_choice, check_int, check_number, finite_float
+from ..model.output import SOPOutput
+from ..model.sop import SOP
 from .distributed import (
     DistInfo,
     ResumableSampler,
@@ -51,8 +53,6 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
-from .model import SOP
-from .output import SOPOutput
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 HEAD_SCHEDULES = ("phases", "epochs")

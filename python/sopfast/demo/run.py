@@ -18,12 +18,12 @@ from typing import Any, TypedDict
 
 import torch
 
-from . import data
-from .batches import Batch, parse_batch
-from .bench import compare_modes, format_table, ideal_drop_ratio
-from .explain import explain_image, explain_text
-from .model import SOP
-from .ops import num_kept
+from ..benchmark import compare_modes, format_table, ideal_drop_ratio
+from ..data import builtin as data
+from ..data.batches import Batch, parse_batch
+from ..explain import explain_image, explain_text
+from ..model.sop import SOP
+from ..ops import num_kept
 
 
 class Recipe(TypedDict, total=False):
@@ -72,7 +72,7 @@ COMPARISON_COLUMNS = (
 def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[str, float]]:
     """SOP against every available baseline (:func:`sopfast.baselines.available_baselines`) on
     ``loader``: accuracy, fidelity, insertion, deletion and group diversity, as in the paper's tables."""
-    from .evaluate import evaluate
+    from ..evaluation.evaluate import evaluate
 
     results = evaluate(model, loader, metrics=COMPARISON_METRICS, baselines="all", device=device, progress=False)
     keys = [key for key, _, _ in COMPARISON_COLUMNS] + ["examples"]
@@ -191,7 +191,7 @@ def _train_sop(
     model: SOP, dataset, out_dir: str, device: torch.device, seed: int, epochs: int, lr: float, batch_size: int
 ) -> float:
     """Train the demo's SOP (5 % warm-up, no resume, run files in ``<out>/sop-run``); returns wall seconds."""
-    from .train import train
+    from ..training.trainer import train
 
     start = time.perf_counter()
     train(
@@ -212,7 +212,7 @@ def _train_sop(
 
 def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
     """The image demo; returns the results dict (also written to ``<out>/results.json``)."""
-    from .checkpoint import save_pretrained
+    from ..model.checkpoint import save_pretrained
 
     train_data, test_data = _load_images(quick)
     backbone, grid, backbone_accuracy = _image_backbone(train_data, quick, device, seed)
@@ -354,7 +354,7 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
 
 def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
     """The text demo; returns the results dict (also written to ``<out>/results.json``)."""
-    from .checkpoint import save_pretrained
+    from ..model.checkpoint import save_pretrained
 
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
     full = tokenize_tweets(texts, labels)

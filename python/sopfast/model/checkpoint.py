@@ -33,7 +33,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 if TYPE_CHECKING:
-    from .model import SOP
+    from .sop import SOP
 
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
@@ -243,7 +243,7 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
 
 def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, Any]:
     """The JSON config saved beside the weights."""
-    from . import __version__
+    from .. import __version__
 
     config = dict(model.config)
     config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
@@ -330,7 +330,7 @@ def load_pretrained(
     Raises ValueError when ``backbone`` is not the backbone the checkpoint was saved with
     (``strict_backbone=False`` only warns).
     """
-    from .model import SOP
+    from .sop import SOP
 
     directory = Path(directory)
     meta = read_config(directory)

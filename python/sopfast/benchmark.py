@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model import SOP
+from .model.output import SOPOutput
+from .model.reference import reference_forward
+from .model.sop import SOP
 from .ops import num_kept
-from .output import SOPOutput
-from .reference import reference_forward
 
 
 @dataclass

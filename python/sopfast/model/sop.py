@@ -9,15 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters import BackboneAdapter, get_adapter
-from .adapters.base import check_mode
-from .checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..adapters import BackboneAdapter, get_adapter
+from ..adapters.base import check_mode
+from ..checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..ops import aggregate, num_kept
+from ..types import FeatureInputs, GroupPredictions, Groups
 from .generator import GroupGenerator
 from .losses import attention_overlap, feature_saliency, saliency_alignment
-from .ops import aggregate, num_kept
 from .output import SOPOutput
 from .selector import GroupSelector
-from .types import FeatureInputs, GroupPredictions, Groups
 
 TASKS = ("classification", "regression")
 TOKENS_PER_CALL = 4096

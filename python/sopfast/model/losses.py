@@ -67,7 +67,7 @@ def feature_saliency(model, inputs, level: float) -> torch.Tensor:
     of the backbone; no gradient flows back.  With ``level = τ`` it ranks features about as well as
     Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost of gradient × input.
     """
-    from .baselines import backbone_logits, soft_forward
+    from ..evaluation.baselines import backbone_logits, soft_forward
 
     target = backbone_logits(model, inputs).argmax(dim=-1)
     d = model.adapter.num_features(inputs)

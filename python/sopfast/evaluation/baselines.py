@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 import torch
 from torch import nn
 
-from .checks import check_int
-from .ops import aggregate, top_tau
-from .types import FeatureInputs, GroupPredictions, Groups
+from ..checks import check_int
+from ..ops import aggregate, top_tau
+from ..types import FeatureInputs, GroupPredictions, Groups
 
 if TYPE_CHECKING:
-    from .model import SOP
+    from ..model.sop import SOP
 
 AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor], torch.Tensor]
 COMBINES = ("mean", "selector", "per_output")

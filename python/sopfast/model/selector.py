@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .ops import group_select
+from ..ops import group_select
 
 
 class GroupSelector(nn.Module):

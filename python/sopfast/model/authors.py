@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from .model import SOP
+    from .sop import SOP
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "checkpoint.pth")
@@ -335,7 +335,7 @@ def from_authors(directory: str | Path, backbone: nn.Module, **overrides: Any) -
     (a ValueError) naming what does not fit: missing keys, wrong shapes, another backbone.
     """
     from .checkpoint import load_trainable_state_dict
-    from .model import SOP
+    from .sop import SOP
 
     directory = Path(directory)
     config = read_authors_config(directory)

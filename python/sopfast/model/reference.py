@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model import SOP
-from .ops.sparsemax import sparsemax_reference
+from ..ops.sparsemax import sparsemax_reference
+from ..types import FeatureInputs
 from .output import SOPOutput
-from .types import FeatureInputs
+from .sop import SOP
 
 CHUNK = 16
 

@@ -1,0 +1,5 @@
+"""The ``sopfast`` command line (see :mod:`sopfast.cli.app`)."""
+
+from .app import main
+
+__all__ = ["main"]

@@ -1,0 +1,1 @@
+"""``sopfast demo``: an end-to-end run on real offline data (see :mod:`sopfast.demo.run`)."""
