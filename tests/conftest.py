@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -11,19 +12,17 @@ if not torch.cuda.is_available():
 
 import pytest
 
+import sopfast
 from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 @pytest.fixture
-def use_backend(monkeypatch):
-    """Force an op backend for one test: ``use_backend("cpp")``."""
-
-    def select(name: str) -> None:
-        monkeypatch.setenv("SOPFAST_BACKEND", name)
-
-    return select
+def use_backend():
+    """Force an op backend for the rest of one test: ``use_backend("cpp")`` (``sopfast.ops.use_backend``)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda name: stack.enter_context(sopfast.ops.use_backend(name))
 
 
 @pytest.fixture

@@ -301,7 +301,6 @@ def test_non_finite_scales_and_overflowing_inputs(hf_vit):
         sopfast.SOP(hf_vit, num_groups=4)(torch.randn(1, 3, 32, 32) * 1e30)
 
 
-
 def test_labels_outside_the_classes(hf_vit):
     out = sopfast.SOP(hf_vit, num_groups=4)(torch.randn(2, 3, 32, 32))
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\]"):

@@ -7,6 +7,7 @@ import importlib
 import pytest
 import torch
 
+import sopfast
 from op_testing import NATIVE, needs_cpp
 from sopfast.ops import _backends, backends, gather_tokens, select_backend, sparsemax, top_tau
 
@@ -170,6 +171,17 @@ def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):
     assert backends()["cpu"] == "torch" and select_backend(torch.zeros(1)) == "torch"
     run_every_op()
     assert all(counter.calls == 1 for counter in reference_counters.values()), reference_counters
+
+
+def test_use_backend_is_scoped_and_wins_over_the_environment(monkeypatch, reference_counters):
+    monkeypatch.setenv("SOPFAST_BACKEND", "cpp")
+    with sopfast.ops.use_backend("torch"):
+        assert backends()["cpu"] == "torch" and select_backend(torch.zeros(1)) == "torch"
+        run_every_op()
+    assert all(counter.calls == 1 for counter in reference_counters.values()), reference_counters
+    assert backends()["cpu"] == "cpp"
+    with pytest.raises(ValueError, match="backend='fortran' is not a backend"), sopfast.ops.use_backend("fortran"):
+        pass
 
 
 def test_unknown_backend_raises(monkeypatch):

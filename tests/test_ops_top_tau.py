@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from op_testing import NATIVE, native, needs_cpp
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
-from sopfast.ops._validate import num_kept
+from sopfast.ops.counts import num_kept
 
 # NaN/inf rows are part of the contract; Triton's interpreter (numpy) reports them as warnings.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
-from collections.abc import Sequence
-from typing import Any, TypeVar
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any, SupportsIndex, TypeVar, cast
 
 import torch
 
@@ -91,10 +92,22 @@ def check_tau(tau: Any, name: str = "tau") -> float:
     return float(tau)
 
 
+# -- tensors -----------------------------------------------------------------------------------
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def check_tensor(name: str, value: Any) -> torch.Tensor:
     """``value`` if it is a ``torch.Tensor``."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_float(name: str, value: Any) -> torch.Tensor:
+    """``value`` if it is a float32/float16/bfloat16/float64 tensor."""
+    check_tensor(name, value)
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {value.dtype}")
     return value
 
 
@@ -107,6 +120,36 @@ def check_rank(name: str, value: Any, rank: int, layout: str) -> torch.Tensor:
     return value
 
 
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """All given tensors (``None`` skipped) on one device."""
+    present = {k: v for k, v in tensors.items() if v is not None}
+    if len({v.device for v in present.values()}) > 1:
+        listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
+        raise ValueError(f"all tensors must be on one device, got {listing}")
+
+
+def check_same_length(**tensors: torch.Tensor) -> None:
+    """All given tensors hold the same number of examples (their first dimension)."""
+    sizes = {name: int(t.shape[0]) for name, t in tensors.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"all inputs need the same number of examples, got {sizes}")
+
+
+def check_grid(grid: object, d: int) -> tuple[int, int]:
+    """A feature grid ``(h, w)``: two positive integers with ``h · w = d``."""
+    try:
+        # ``grid`` is unchecked input: a non-iterable raises the TypeError caught below.
+        h, w = (operator.index(side) for side in cast(Iterable[SupportsIndex], grid))
+    except (TypeError, ValueError):
+        raise ValueError(f"grid must be two positive integers (h, w) with h · w = d={d}, got {grid!r}") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"grid sides must be positive integers, got {grid!r}")
+    if h * w != d:
+        raise ValueError(f"grid {(h, w)} has {h * w} cells but logits have d={d} features")
+    return h, w
+
+
+# -- command-line values -------------------------------------------------------------------------
 def finite_float(text: str) -> float:
     """An ``argparse`` type: a finite number (``nan`` and ``inf`` are refused, naming the value)."""
     try:

@@ -175,26 +175,13 @@ def _split_config(argv: list[str]) -> str | None:
 
 # -- devices and output paths ------------------------------------------------------------------------
 def _device(name: str | None) -> torch.device:
-    """``name`` as a device that exists here (``None``: cuda when available, else cpu)."""
-    import torch
+    """``--device`` resolved (:func:`sopfast.devices.resolve_device`), its errors naming the flag."""
+    from ..devices import resolve_device
 
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as err:
-        raise CLIError(f"--device {name!r} is not a device; allowed: cpu, cuda, cuda:N, mps") from err
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CLIError(f"--device {name!r}: CUDA is not available on this machine; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise CLIError(f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise CLIError(f"--device {name!r}: MPS is not available on this machine; use --device cpu")
-    elif device.type != "cpu":
-        raise CLIError(f"--device {name!r} is not supported; allowed: cpu, cuda, cuda:N, mps")
-    return device
+        return resolve_device(name)
+    except ValueError as err:
+        raise CLIError(f"--{err}") from err
 
 
 def _output_dir(flag: str, path: str | None) -> None:

@@ -38,6 +38,7 @@ from ..adapters.base import check_mode
 from ..adapters.images import upsample_mask
 from ..checks import check_bool, check_number, finite_float
 from ..data.batches import FORMATS, parse_batch
+from ..devices import resolve_device
 from ..types import FeatureInputs, Groups
 from . import metrics as M
 from .baselines import Method, Prediction, available_baselines, candidate_mask, make_baseline
@@ -217,14 +218,6 @@ def _resolve_baselines(baselines: Iterable[str | Method] | str | None) -> list[M
     if len(set(names)) != len(names):
         raise ValueError(f"baseline names must be unique and differ from 'SOP', got {names[:-1]}")
     return methods
-
-
-def _resolve_device(model: SOP, device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return next(model.parameters()).device
-    device = torch.device(device)
-    model.to(device)
-    return device
 
 
 def _check_batch(batch: _Prepared, metrics: list[str], task: str) -> None:
@@ -455,7 +448,11 @@ def evaluate(
             f"ground_truth_key must be a dict key (str), a tuple position (int) or None, got {ground_truth_key!r}"
         )
     methods: list[Method] = [SOPMethod(), *_resolve_baselines(baselines)]
-    device = _resolve_device(model, device)
+    if device is None:
+        device = next(model.parameters()).device
+    else:
+        device = resolve_device(device)
+        model.to(device)
     accs = {m.name: _Accumulator() for m in methods}
     was_training = model.training
     model.eval()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_rank, check_same_length
+
 REDUCTIONS = ("mean", "none")
 
 
@@ -27,23 +29,10 @@ def _reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
     return values.nanmean() if reduction == "mean" else values
 
 
-def _check_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have shape {layout}, got {tuple(t.shape)}")
-
-
-def _check_same_length(**tensors: torch.Tensor) -> None:
-    sizes = {name: int(t.shape[0]) for name, t in tensors.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"all inputs need the same number of examples, got {sizes}")
-
-
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
-    _check_rank("logits", logits, 2, "[N, C]")
-    _check_rank("labels", labels, 1, "[N]")
-    _check_same_length(logits=logits, labels=labels)
+    check_rank("logits", logits, 2, "[N, C]")
+    check_rank("labels", labels, 1, "[N]")
+    check_same_length(logits=logits, labels=labels)
 
 
 # -- performance ----------------------------------------------------------------------------
@@ -72,7 +61,7 @@ def _as_targets(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
 
 def mse(predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Mean squared error over outputs, per example; ``predictions [N, C]``, ``targets [N, C]`` or ``[N]``."""
-    _check_rank("predictions", predictions, 2, "[N, C]")
+    check_rank("predictions", predictions, 2, "[N, C]")
     targets = _as_targets(predictions, targets)
     return _reduce((predictions.float() - targets).pow(2).mean(dim=-1), reduction)
 
@@ -92,8 +81,8 @@ def fidelity(logits: torch.Tensor, attributions: torch.Tensor, reduction: str = 
     contributions ``α``.  Zero (to float error) for any self-attributing model, SOP included.
     Regression outputs are softmaxed too, as the paper does for CosmoGrid.
     """
-    _check_rank("logits", logits, 2, "[N, C]")
-    _check_rank("attributions", attributions, 3, "[N, C, m]")
+    check_rank("logits", logits, 2, "[N, C]")
+    check_rank("attributions", attributions, 3, "[N, C, m]")
     if attributions.shape[:2] != logits.shape:
         raise ValueError(
             f"attributions must have shape [N, C, m] with [N, C] = {tuple(logits.shape)}, "
@@ -115,7 +104,7 @@ def probability_curve(step_logits: torch.Tensor, penalize_switch: bool = False) 
     of that point to 1"; we read "wrong" as "no longer the model's own full-input answer", which
     needs no labels.
     """
-    _check_rank("step_logits", step_logits, 3, "[N, S, C]")
+    check_rank("step_logits", step_logits, 3, "[N, S, C]")
     probs = step_logits.float().softmax(dim=-1)
     top, pred = probs.max(dim=-1)
     if penalize_switch:
@@ -125,20 +114,20 @@ def probability_curve(step_logits: torch.Tensor, penalize_switch: bool = False) 
 
 def mse_curve(step_predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Regression insertion/deletion curve ``[N, S]``: the MSE at each step of ``step_predictions [N, S, C]``."""
-    _check_rank("step_predictions", step_predictions, 3, "[N, S, C]")
+    check_rank("step_predictions", step_predictions, 3, "[N, S, C]")
     flat_targets = _as_targets(step_predictions[:, 0], targets)
     return (step_predictions.float() - flat_targets.unsqueeze(1)).pow(2).mean(dim=-1)
 
 
 def curve_auc(curve: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Area under an equally spaced curve ``[N, S]`` as the mean of its points (the authors' rule)."""
-    _check_rank("curve", curve, 2, "[N, S]")
+    check_rank("curve", curve, 2, "[N, S]")
     return _reduce(curve.mean(dim=-1), reduction)
 
 
 def relative_auc(curve: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """AUC as a fraction of the full-input score ``curve[:, -1]`` (1.0 = 100 %; can exceed 1)."""
-    _check_rank("curve", curve, 2, "[N, S]")
+    check_rank("curve", curve, 2, "[N, S]")
     return _reduce(curve.mean(dim=-1) / curve[:, -1], reduction)
 
 
@@ -166,7 +155,7 @@ def sparsity_curve(
     step_outputs: torch.Tensor, targets: torch.Tensor, taus: list[float], task: str = "classification"
 ) -> dict[float, float]:
     """Accuracy (or MSE) at each sparsity: ``step_outputs [N, S, C]`` with ``S = len(taus)`` → ``{τ: score}``."""
-    _check_rank("step_outputs", step_outputs, 3, "[N, S, C]")
+    check_rank("step_outputs", step_outputs, 3, "[N, S, C]")
     if step_outputs.shape[1] != len(taus):
         raise ValueError(f"step_outputs has {step_outputs.shape[1]} steps but taus has {len(taus)} values")
     return {float(t): task_score(step_outputs[:, s], targets, task) for s, t in enumerate(taus)}
@@ -174,8 +163,8 @@ def sparsity_curve(
 
 # -- semantic coherence ---------------------------------------------------------------------
 def _check_masks(masks: torch.Tensor, ground_truth: torch.Tensor, used: torch.Tensor | None) -> torch.Tensor:
-    _check_rank("masks", masks, 3, "[N, m, d]")
-    _check_rank("ground_truth", ground_truth, 2, "[N, d]")
+    check_rank("masks", masks, 3, "[N, m, d]")
+    check_rank("ground_truth", ground_truth, 2, "[N, d]")
     n, m, d = masks.shape
     if ground_truth.shape != (n, d):
         raise ValueError(
@@ -242,9 +231,9 @@ def object_ratio_by_correctness(ratios: torch.Tensor, correct: torch.Tensor) -> 
     ``ratios [N]`` from :func:`object_ratio` with ``reduction="none"``; ``correct [N]`` bool.
     A side with no (defined) example is NaN.
     """
-    _check_rank("ratios", ratios, 1, "[N]")
-    _check_rank("correct", correct, 1, "[N]")
-    _check_same_length(ratios=ratios, correct=correct)
+    check_rank("ratios", ratios, 1, "[N]")
+    check_rank("correct", correct, 1, "[N]")
+    check_same_length(ratios=ratios, correct=correct)
     correct = correct.bool().to(ratios.device)
     return {
         "correct": float(ratios[correct].nanmean()) if bool(correct.any()) else float("nan"),
@@ -262,8 +251,8 @@ def cosmogrid_alignment(pixel_masks: torch.Tensor, maps: torch.Tensor) -> tuple[
     ``Align_cluster = |g ⊙ x > 3σ(x)| / |g|`` with ``σ(x)`` the map's standard deviation
     (unbiased, as ``torch.std``).
     """
-    _check_rank("pixel_masks", pixel_masks, 3, "[N, m, P]")
-    _check_rank("maps", maps, 2, "[N, P]")
+    check_rank("pixel_masks", pixel_masks, 3, "[N, m, P]")
+    check_rank("maps", maps, 2, "[N, P]")
     if pixel_masks.shape[0] != maps.shape[0] or pixel_masks.shape[2] != maps.shape[1]:
         raise ValueError(
             f"pixel_masks [N, m, P] and maps [N, P] must agree on N and P, got {tuple(pixel_masks.shape)} "
@@ -319,7 +308,7 @@ def _check_group_masks(
     masks: torch.Tensor, valid: torch.Tensor | None, used: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(masks [N, m, d] bool, valid [N, d] bool, used [N, m] bool)`` with defaults filled in."""
-    _check_rank("masks", masks, 3, "[N, m, d]")
+    check_rank("masks", masks, 3, "[N, m, d]")
     n, m, d = masks.shape
     if valid is None:
         valid = torch.ones(n, d, dtype=torch.bool, device=masks.device)
@@ -396,7 +385,7 @@ def union_coverage(
 
 def groups_used(used: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """How many groups the selector gives a non-zero weight: ``used [N, m]`` bool summed per example."""
-    _check_rank("used", used, 2, "[N, m]")
+    check_rank("used", used, 2, "[N, m]")
     return _reduce(used.bool().sum(dim=-1).float(), reduction)
 
 
@@ -412,7 +401,7 @@ def group_diversity(
     ``groups_used`` (the selector's non-zero weights ``used [N, m]``, default all) and
     ``distinct_used_groups`` (distinct groups among those).
     """
-    _check_rank("masks", masks, 3, "[N, m, d]")
+    check_rank("masks", masks, 3, "[N, m, d]")
     if used is None:
         used = torch.ones(masks.shape[:2], dtype=torch.bool, device=masks.device)
     return {
@@ -445,8 +434,8 @@ def leakage_probe(
     if not isinstance(masks, torch.Tensor) or masks.dim() < 2:
         shape = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
         raise ValueError(f"masks must be a tensor [N, ...] with one mask set per example, got {shape}")
-    _check_rank("labels", labels, 1, "[N]")
-    _check_same_length(masks=masks, labels=labels)
+    check_rank("labels", labels, 1, "[N]")
+    check_same_length(masks=masks, labels=labels)
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction}")
     n = int(labels.shape[0])

@@ -10,16 +10,19 @@ found by one regular name (:data:`IMPLEMENTATIONS`, the one place that maps them
 
 All four take the same arguments.  :func:`select_backend` picks one for a tensor: CUDA tensors →
 ``triton`` (else ``cuda``), CPU tensors → ``cpp``, anything else → ``torch``.
-``SOPFAST_BACKEND=torch|cpp|triton|cuda`` overrides the choice (an unavailable backend is an
-error, never a silent fallback).
+:func:`use_backend` (a context manager) or the environment variable
+``SOPFAST_BACKEND=torch|cpp|triton|cuda`` overrides the choice, the context manager first (an
+unavailable backend is an error, never a silent fallback).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -28,6 +31,7 @@ import torch
 
 BACKENDS = ("torch", "cpp", "triton", "cuda")
 _warned = False
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("sopfast_backend", default=None)
 
 
 @cache
@@ -86,14 +90,36 @@ def _warn_missing_extension() -> None:
         )
 
 
+def _check_backend_name(name: str, where: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"{where}={name!r} is not a backend; allowed: {', '.join(BACKENDS)}")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the ops inside the ``with`` block on backend ``name`` (``"torch"``, ``"cpp"``, ``"triton"`` or
+    ``"cuda"``), restoring the previous choice after; it wins over ``SOPFAST_BACKEND``.
+
+    >>> with sopfast.ops.use_backend("torch"):
+    ...     p = sopfast.ops.sparsemax(x)
+    """
+    token = _forced.set(_check_backend_name(name, "backend"))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
 def requested_backend() -> str | None:
-    """The backend forced through ``SOPFAST_BACKEND``, if any (validated)."""
+    """The backend forced by :func:`use_backend` or ``SOPFAST_BACKEND``, if any (validated)."""
+    forced = _forced.get()
+    if forced is not None:
+        return forced
     name = os.environ.get("SOPFAST_BACKEND", "").strip().lower()
     if not name:
         return None
-    if name not in BACKENDS:
-        raise ValueError(f"SOPFAST_BACKEND={name!r} is not a backend; allowed: {', '.join(BACKENDS)}")
-    return name
+    return _check_backend_name(name, "SOPFAST_BACKEND")
 
 
 def select_backend(tensor: torch.Tensor) -> str:
@@ -102,7 +128,7 @@ def select_backend(tensor: torch.Tensor) -> str:
     if forced is not None:
         if not available_backends()[forced]:
             raise RuntimeError(
-                f"SOPFAST_BACKEND={forced!r} was requested but is not available here "
+                f"backend {forced!r} was requested but is not available here "
                 f"(available: {[k for k, v in available_backends().items() if v]})"
             )
         if (
@@ -110,9 +136,9 @@ def select_backend(tensor: torch.Tensor) -> str:
             and tensor.device.type != "cuda"
             and not (forced == "triton" and _triton_interpreting())
         ):
-            raise RuntimeError(f"SOPFAST_BACKEND={forced!r} needs CUDA tensors, got {tensor.device}")
+            raise RuntimeError(f"backend {forced!r} needs CUDA tensors, got {tensor.device}")
         if forced == "cpp" and tensor.device.type != "cpu":
-            raise RuntimeError(f"SOPFAST_BACKEND='cpp' needs CPU tensors, got {tensor.device}")
+            raise RuntimeError(f"backend 'cpp' needs CPU tensors, got {tensor.device}")
         return forced
     if tensor.device.type == "cuda":
         if triton_kernels() is not None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_float, check_int, check_rank, check_same_device, check_tensor
 from . import _backends
-from ._validate import check_float, check_rank, check_same_device, check_tensor
 
 
 def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:

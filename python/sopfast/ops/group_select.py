@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_rank
+from ..checks import check_rank
 from .sparsemax import sparsemax, sparsemax_reference
 
 

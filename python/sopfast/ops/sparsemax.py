@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_float, check_int, check_tensor
 from . import _backends
-from ._validate import check_float, check_tensor, rows_without_result
+from .counts import rows_without_result
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

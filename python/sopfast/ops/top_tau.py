@@ -41,20 +41,19 @@ from typing import NamedTuple
 
 import torch
 
-from ..checks import check_int, check_number
-from . import _backends
-from ._validate import (
+from ..checks import (
     check_float,
     check_grid,
+    check_int,
+    check_number,
     check_rank,
     check_same_device,
     check_tau,
     check_tensor,
-    num_kept,
-    num_kept_table,
-    rows_without_result,
 )
+from . import _backends
 from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
+from .counts import num_kept, num_kept_table, rows_without_result
 
 
 class TopTauResult(NamedTuple):

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_choice, check_int, check_number, finite_float
 from ..data.batches import FORMATS, parse_batch
+from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
     atomic_save,
@@ -42,7 +43,6 @@ from ..model.checkpoint import (
 from ..model.output import SOPOutput
 from ..model.sop import SOP
 from .distributed import (
-    DistInfo,
     ResumableSampler,
     all_reduce_sum,
     barrier,
@@ -229,16 +229,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def resolve_device(device: str | torch.device | None, info: DistInfo) -> torch.device:
-    """``device`` as a ``torch.device``; CUDA without an index means this process's GPU."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", info.local_rank if info.enabled else torch.cuda.current_device())
-    return device
-
-
 def resolve_metric(metric: str | None, task: str) -> str:
     """The validation metric to select checkpoints by (checked against the model's task)."""
     if metric is None:
@@ -407,7 +397,7 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, info = self.config, self.info
-        self.device = resolve_device(cfg.device, info)
+        self.device = resolve_device(cfg.device, local_rank=info.local_rank if info.enabled else None)
         if info.is_main and cfg.output_dir is not None:
             remove_stale_temp_files(cfg.output_dir)
         self.model.to(self.device)

@@ -1,0 +1,36 @@
+"""One device resolver for every part of sopfast (Python API and command line)."""
+
+from __future__ import annotations
+
+import torch
+
+ALLOWED = "cpu, cuda, cuda:N, mps"
+
+
+def resolve_device(device: str | torch.device | None = None, *, local_rank: int | None = None) -> torch.device:
+    """``device`` as a ``torch.device`` that exists on this machine.
+
+    ``None`` picks CUDA when available, else the CPU; CUDA without an index is this process's GPU
+    (``local_rank`` under torchrun, else the current one).  A device that is not a device, or that
+    this machine lacks, is a ValueError naming it and what is allowed.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device; allowed: {ALLOWED}") from err
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r}: CUDA is not available on this machine; use 'cpu'")
+        if resolved.index is None:
+            index = local_rank if local_rank is not None else torch.cuda.current_device()
+            return torch.device("cuda", index)
+        if resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif resolved.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {str(device)!r}: MPS is not available on this machine; use 'cpu'")
+    elif resolved.type != "cpu":
+        raise ValueError(f"device {str(device)!r} is not supported; allowed: {ALLOWED}")
+    return resolved

@@ -1,0 +1,35 @@
+"""How many features a group keeps, and which rows have no result: rules every op backend shares."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from functools import lru_cache
+
+import torch
+
+
+def num_kept(tau: float, d: int) -> int:
+    """``k = max(1, floor(tau · d))``: how many of ``d`` features a group keeps, computed exactly with
+    ``tau`` read as the decimal it prints as (``0.29 · 100`` keeps 29, where floating point gives
+    28.999999999999996 and would keep 28)."""
+    return max(1, math.floor(Fraction(repr(float(tau))) * d))
+
+
+@lru_cache(maxsize=64)
+def num_kept_table(tau: float, d: int) -> tuple[int, ...]:
+    """``num_kept(tau, c)`` for every count ``c`` in ``[0, d]`` (per-row ``k`` from valid counts)."""
+    return tuple(num_kept(tau, c) for c in range(d + 1))
+
+
+def rows_without_result(logits: torch.Tensor, valid: torch.Tensor | None = None, blurred: bool = False) -> torch.Tensor:
+    """``[N]`` bool: rows of ``logits [N, d]`` with no softmax, sparsemax or top-τ — a NaN among the
+    ``valid`` entries, or every valid entry ``−inf``.  With ``blurred`` (a blur mixes each entry with
+    its neighbours, valid or not) any NaN or infinity in the row counts."""
+    if blurred:
+        return ~torch.isfinite(logits).all(dim=-1)
+    nan = torch.isnan(logits)
+    above = logits > float("-inf")
+    if valid is not None:
+        nan, above = nan & valid, above & valid
+    return nan.any(dim=-1) | ~above.any(dim=-1)
