@@ -54,8 +54,8 @@ def _cuda_paths() -> tuple[list[str], list[str]]:
 
 
 def _version() -> str:
-    """The one version string, ``__version__`` in ``python/sopfast/__init__.py``."""
-    with open(os.path.join(ROOT, "python", "sopfast", "__init__.py"), encoding="utf-8") as f:
+    """The one version string, ``__version__`` in ``python/sopfast/version.py``."""
+    with open(os.path.join(ROOT, "python", "sopfast", "version.py"), encoding="utf-8") as f:
         return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 

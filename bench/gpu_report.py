@@ -16,7 +16,7 @@ Sections (each check runs in isolation: a failure is recorded and the next check
    each backend and the PyTorch reference; plus Triton launch-shape alternatives;
 3. **end to end** — ViT-B/16 at 224 (random-init HF ``ViTForImageClassification``, 1000 classes) and
    BERT-base at 512 tokens, m = 20, τ = 0.2, bf16 autocast: the authors' algorithm
-   (``sopfast.reference.reference_forward``) vs ``mode="exact"`` vs ``mode="drop"``, forward and a
+   (``sopfast.model.reference.reference_forward``) vs ``mode="exact"`` vs ``mode="drop"``, forward and a
    training step (loss backward + AdamW on ``model.trainable_parameters()``), samples/s;
 4. **CPU = CUDA** — the same SOP weights on the CPU and on the GPU (fp32): identical groups, logits
    within 1e-3.

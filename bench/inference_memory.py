@@ -1,7 +1,7 @@
 """Peak memory of SOP inference vs batch size (issue #14.8): does it stop growing with the batch?
 
 Runs ``model(x)`` under ``torch.no_grad()`` for each mode and batch size and reports the process's
-extra peak memory during the call (``sopfast.bench.peak_memory_mib``: RSS high-water mark above
+extra peak memory during the call (``sopfast.benchmark.peak_memory_mib``: RSS high-water mark above
 the level before the call, heap trimmed first; ``torch.cuda.max_memory_allocated`` on CUDA), with
 the inputs already allocated.  Memory is not affected by other load on the machine, unlike time.
 
@@ -16,20 +16,14 @@ import argparse
 import torch
 
 import sopfast
+from sopfast import testing
 from sopfast.benchmark import peak_memory_mib
 
-MODELS = {
-    "vit-s16": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536},
-    "vit-b16": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-}
+MODELS = {"vit-s16": "small", "vit-b16": "b16"}
 
 
 def vit(name: str) -> torch.nn.Module:
-    from transformers import ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(0)
-    config = ViTConfig(image_size=224, patch_size=16, num_labels=1000, **MODELS[name])
-    return ViTForImageClassification(config).eval()
+    return testing.vit(MODELS[name])
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import sopfast
+from sopfast import testing
 from sopfast.evaluation import metrics as M
 from sopfast.evaluation.evaluate import evaluate
 
@@ -20,19 +21,8 @@ STEPS = [s / 10 for s in range(1, 11)]
 
 
 def _model(mode: str) -> sopfast.SOP:
-    from transformers import ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        image_size=64,
-        patch_size=8,
-        num_labels=10,
-    )
-    return sopfast.SOP(ViTForImageClassification(cfg), num_groups=8, tau=0.2, mode=mode).to(DEVICE).eval()
+    backbone = testing.vit((64, 4, 4), image_size=64, patch_size=8, num_labels=10, mlp=128)
+    return sopfast.SOP(backbone, num_groups=8, tau=0.2, mode=mode).to(DEVICE).eval()
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""SOP end to end: the authors' algorithm (sopfast.reference) vs ``exact`` vs ``drop``.
+"""SOP end to end: the authors' algorithm (sopfast.model.reference) vs ``exact`` vs ``drop``.
 
 Randomly initialised weights (fine for timing).  Sizes default to ones that finish in a few
 minutes on 2 CPU cores; ``SOPFAST_BENCH_FULL=1`` runs the issue's sizes (ViT-B/16 at 224 with
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import sopfast
+from sopfast import testing
 from sopfast.benchmark import ideal_drop_ratio, peak_memory_mib, step_functions
 from sopfast.ops import num_kept
 
@@ -23,47 +24,15 @@ FULL = os.environ.get("SOPFAST_BENCH_FULL") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _vit(width: int, layers: int, heads: int):
-    from transformers import ViTConfig, ViTForImageClassification
-
-    cfg = ViTConfig(
-        hidden_size=width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * width,
-        num_labels=10,
-    )
-    return ViTForImageClassification(cfg).eval()
-
-
-def _bert(width: int, layers: int, heads: int):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    cfg = BertConfig(
-        hidden_size=width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * width,
-        num_labels=2,
-    )
-    return BertForSequenceClassification(cfg).eval()
-
-
-def _cnn():
-    from torchvision.models import resnet18
-
-    return resnet18(num_classes=10).eval()
-
-
 def _cases():
     vit_b = (768, 12, 12) if FULL else (384, 6, 6)
     bert_b = (768, 12, 12) if FULL else (256, 4, 4)
     return {
-        "vit-b16" if FULL else "vit-small": (lambda: _vit(*vit_b), 8 if FULL else 2, "image", {}),
-        "vit-tiny": (lambda: _vit(192, 4, 3), 2, "image", {}),
-        "bert-512": (lambda: _bert(*bert_b), 4 if FULL else 1, "text", {}),
-        "bert-512-pair": (lambda: _bert(*bert_b), 4 if FULL else 1, "pair", {}),
-        "cnn-resnet18": (_cnn, 2, "image", {"feature_layer": "layer3"}),
+        "vit-b16" if FULL else "vit-small": (lambda: testing.vit(vit_b, num_labels=10), 8 if FULL else 2, "image", {}),
+        "vit-tiny": (lambda: testing.vit("tiny", num_labels=10), 2, "image", {}),
+        "bert-512": (lambda: testing.bert(bert_b), 4 if FULL else 1, "text", {}),
+        "bert-512-pair": (lambda: testing.bert(bert_b), 4 if FULL else 1, "pair", {}),
+        "cnn-resnet18": (testing.resnet18, 2, "image", {"feature_layer": "layer3"}),
     }
 
 

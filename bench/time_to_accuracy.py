@@ -3,7 +3,7 @@
 The demo task (Fashion-MNIST, or scikit-learn's digits when it is absent): one small ViT backbone is
 trained with random patch masking and token dropping, as the demo does, then frozen. The same SOP
 (same initial weights, authors' defaults) is trained three times with the same data order, seed and
-optimiser (AdamW, constant learning rate): once with ``sopfast.reference.reference_forward`` (the
+optimiser (AdamW, constant learning rate): once with ``sopfast.model.reference.reference_forward`` (the
 authors' algorithm: all candidate rows, full-resolution masks, masked full forwards with autograd
 on), once in ``mode="exact"`` (the same function, computed without the waste) and once in
 ``mode="drop"`` (only the kept tokens run; an approximation for a ViT).  Each gets the same wall-clock

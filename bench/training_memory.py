@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 import sopfast
+from sopfast import testing
 from sopfast.benchmark import measure_interleaved
 from sopfast.model.reference import reference_forward
 
@@ -30,14 +31,7 @@ MODELS = ("vit-b16", "bert-base-512")
 
 
 def backbone(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if name == "vit-b16":
-        from transformers import ViTConfig, ViTForImageClassification
-
-        return ViTForImageClassification(ViTConfig(image_size=224, patch_size=16, num_labels=1000)).eval()
-    from transformers import BertConfig, BertForSequenceClassification
-
-    return BertForSequenceClassification(BertConfig(num_labels=2)).eval()
+    return testing.vit("b16") if name == "vit-b16" else testing.bert("base")
 
 
 def batch_of(name: str, size: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 import pytest
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 import sopfast
-from backbones import make_hf_vit
 from sopfast.model.checkpoint import trainable_state_dict
+from sopfast.testing import make_hf_vit
 from sopfast.training.trainer import train
 
 RUN = dict(epochs=2, lr=1e-3, warmup_steps=1, log_every=1, eval_every=2, progress=False, device="cpu", seed=3)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, text_batch
 from sopfast.explain import SOPAttribution, SOPClassifier, attribute, quantus_explain_func, to_input_space
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
 
 
 @pytest.fixture

@@ -18,10 +18,9 @@ from safetensors.torch import save_file
 
 import sopfast
 from authors_format import save_as_authors
-from backbones import make_hf_vit
 from sopfast.cli.app import main
 from sopfast.model.authors import AuthorsCheckpointError
-from sopfast.model.checkpoint import load_pretrained
+from sopfast.testing import make_hf_vit
 
 # transformers 5.x name → the 4.x name the authors' checkpoints hold (one layer's worth, written out)
 LEGACY = [
@@ -151,7 +150,7 @@ def test_convert_command_reads_save_pretrained(tmp_path):
     model.backbone.save_pretrained(tmp_path / "backbone")
     args = ["convert", "--authors", str(tmp_path / "authors"), "--backbone", str(tmp_path / "backbone")]
     assert main([*args, "--out", str(tmp_path / "converted"), "--tau", "0.25"]) == 0
-    assert_same_model(model, load_pretrained(tmp_path / "converted", make_hf_vit(2)))
+    assert_same_model(model, sopfast.SOP.from_pretrained(tmp_path / "converted", make_hf_vit(2)))
 
 
 def test_their_save_and_training_checkpoint_files(tmp_path):
@@ -246,7 +245,7 @@ def test_convert_command_writes_sopfast_format(tmp_path, capsys):
         ]
     )
     assert code == 0
-    converted = load_pretrained(tmp_path / "converted", make_hf_vit())
+    converted = sopfast.SOP.from_pretrained(tmp_path / "converted", make_hf_vit())
     assert_same_model(model, converted)
 
 

@@ -1,7 +1,7 @@
 """``mode="exact"`` follows the authors' code where it is fragile: saturated softmax and tie
 order, H full-width heads, images whose side is not a multiple of the patch size.
 
-``sopfast.reference.reference_forward`` is an independent, plain implementation of the
+``sopfast.model.reference.reference_forward`` is an independent, plain implementation of the
 authors' algorithm (all candidate rows, torchvision blur, their ranking — softmax values,
 stable ascending sort, flipped — full-resolution pixel masks, masked full forwards)."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_hf_vit, make_timm_vit
 from sopfast.model.reference import reference_forward
+from sopfast.testing import make_hf_vit, make_timm_vit
 
 ATOL = 1e-5
 FACTORIES = {"hf_vit": make_hf_vit, "timm_vit": make_timm_vit}

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 from sopfast.evaluation import baselines as B
 from sopfast.evaluation import metrics as M
 from sopfast.evaluation.evaluate import evaluate
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 
 
 @pytest.fixture(scope="module")

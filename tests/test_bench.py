@@ -1,4 +1,4 @@
-"""sopfast.bench: the ``sopfast bench`` helpers (moved there from sopfast.demo)."""
+"""sopfast.benchmark: the ``sopfast bench`` helpers (moved there from sopfast.demo)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_hf_vit
 from sopfast.benchmark import _ideal_ratio, ideal_drop_ratio
 from sopfast.ops import num_kept
+from sopfast.testing import make_hf_vit
 
 
 @pytest.mark.parametrize("tau", [0.2, 0.29, 0.5])

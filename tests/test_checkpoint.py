@@ -1,4 +1,4 @@
-"""save_pretrained / load_pretrained and atomic training-state files."""
+"""save_pretrained / SOP.from_pretrained and atomic training-state files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 import sopfast
-from backbones import make_cnn, make_hf_vit
 from sopfast.model import checkpoint
 from sopfast.model.checkpoint import (
     CONFIG_NAME,
@@ -18,10 +17,10 @@ from sopfast.model.checkpoint import (
     atomic_save,
     atomic_write,
     hash_backbone,
-    load_pretrained,
     load_training_state,
     save_pretrained,
 )
+from sopfast.testing import make_cnn, make_hf_vit
 
 
 def perturbed(model: sopfast.SOP) -> sopfast.SOP:
@@ -53,7 +52,7 @@ def test_round_trip_gives_identical_outputs(tmp_path):
     assert meta["adapter"] == "HFViTAdapter" and meta["sopfast_version"] == sopfast.__version__
     assert meta["backbone_sha256"] == hash_backbone(model.backbone) and meta["config"]["tau"] == 0.25
 
-    loaded = load_pretrained(tmp_path, make_hf_vit())
+    loaded = sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     assert (loaded.tau, loaded.mode, loaded.num_groups) == (0.25, "drop", 4)
     same_outputs(model, loaded, torch.randn(2, 3, 32, 32))
 
@@ -61,7 +60,7 @@ def test_round_trip_gives_identical_outputs(tmp_path):
 def test_round_trip_keeps_adapter_options_and_overrides(tmp_path):
     model = perturbed(sopfast.SOP(make_cnn(), num_groups=3, feature_layer="features"))
     save_pretrained(model, tmp_path)
-    loaded = load_pretrained(tmp_path, make_cnn(), group_batch_size=2)
+    loaded = sopfast.SOP.from_pretrained(tmp_path, make_cnn(), group_batch_size=2)
     assert loaded.config["feature_layer"] == "features" and loaded.group_batch_size == 2
     same_outputs(model, loaded, torch.randn(2, 3, 16, 16), atol=1e-6)
 
@@ -69,9 +68,9 @@ def test_round_trip_keeps_adapter_options_and_overrides(tmp_path):
 def test_backbone_mismatch(tmp_path):
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
     with pytest.raises(ValueError, match="backbone differs"):
-        load_pretrained(tmp_path, make_hf_vit(seed=1))
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit(seed=1))
     with pytest.warns(RuntimeWarning, match="backbone differs"):
-        load_pretrained(tmp_path, make_hf_vit(seed=1), strict_backbone=False)
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit(seed=1), strict_backbone=False)
 
 
 def test_hash_depends_on_weights_only():
@@ -81,11 +80,11 @@ def test_hash_depends_on_weights_only():
 
 def test_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match=CONFIG_NAME):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
     (tmp_path / WEIGHTS_NAME).unlink()
     with pytest.raises(FileNotFoundError, match=WEIGHTS_NAME):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     with pytest.raises(FileNotFoundError, match="no training state"):
         load_training_state(tmp_path)
 
@@ -132,7 +131,7 @@ def test_backbone_keys_in_the_weights_file_are_refused(tmp_path):
     save_file(weights, tmp_path / WEIGHTS_NAME)
     backbone = make_hf_vit()
     with pytest.raises(ValueError, match=r"unexpected \['backbone.classifier.bias'\]"):
-        load_pretrained(tmp_path, backbone)
+        sopfast.SOP.from_pretrained(tmp_path, backbone)
     assert torch.equal(backbone.classifier.bias, make_hf_vit().classifier.bias)
 
 
@@ -145,7 +144,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, value):
     weights["generator.heads.0"][3, 1] = value
     save_file(weights, tmp_path / WEIGHTS_NAME)
     with pytest.raises(ValueError, match=r"NaN or infinite weights in \['generator.heads.0'\]"):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
 
 
 def _vit_with(**changes):
@@ -172,8 +171,8 @@ def test_same_weights_under_another_architecture_are_refused(tmp_path, changes, 
     other = _vit_with(**changes)
     assert hash_backbone(other) == hash_backbone(make_hf_vit())
     with pytest.raises(ValueError, match=f"same weights, another architecture .*{match}"):
-        load_pretrained(tmp_path, other)
-    load_pretrained(tmp_path, make_hf_vit())  # the saved backbone itself still loads
+        sopfast.SOP.from_pretrained(tmp_path, other)
+    sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())  # the saved backbone itself still loads
 
 
 def test_corrupt_files_name_the_file(tmp_path):
@@ -181,15 +180,15 @@ def test_corrupt_files_name_the_file(tmp_path):
     weights = (tmp_path / WEIGHTS_NAME).read_bytes()
     (tmp_path / WEIGHTS_NAME).write_bytes(weights[: len(weights) // 2])
     with pytest.raises(ValueError, match=f"{WEIGHTS_NAME} is not a readable safetensors file"):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     config = tmp_path / CONFIG_NAME
     meta = json.loads(config.read_text())
     config.write_text(json.dumps({k: v for k, v in meta.items() if k != "backbone_sha256"}))
     with pytest.raises(ValueError, match=rf"{CONFIG_NAME} is not a valid SOP config: it lacks \['backbone_sha256'\]"):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     config.write_text("{not json")
     with pytest.raises(ValueError, match=rf"{CONFIG_NAME} is not a valid SOP config \(JSON"):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     state = atomic_save({"step": 1, "w": torch.arange(1000)}, tmp_path / "state.pt")
     state.write_bytes(state.read_bytes()[:300])
     with pytest.raises(ValueError, match=r"state\.pt is not a readable training state"):
@@ -218,14 +217,14 @@ def test_checkpoints_of_sopfast_0_1_load_with_their_tie_rule(tmp_path):
     meta = json.loads((tmp_path / CONFIG_NAME).read_text())
     del meta["config"]["ties"], meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
-    loaded = load_pretrained(tmp_path, make_hf_vit())
+    loaded = sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     assert loaded.generator.ties == "logits"
     same_outputs(model, loaded, torch.randn(2, 3, 32, 32))
 
     meta["config"]["num_heads"] = 2
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="splits one generator weight into E/H-wide heads"):
-        load_pretrained(tmp_path, make_hf_vit())
+        sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
 
 
 def test_checkpoints_of_late_0_1_builds_with_stacked_full_width_heads_load(tmp_path):
@@ -240,7 +239,7 @@ def test_checkpoints_of_late_0_1_builds_with_stacked_full_width_heads_load(tmp_p
     meta = json.loads((tmp_path / CONFIG_NAME).read_text())
     del meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
-    loaded = load_pretrained(tmp_path, make_hf_vit())
+    loaded = sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
     assert loaded.generator.ties == "authors" and len(loaded.generator.heads) == 2
     for h in range(2):
         torch.testing.assert_close(loaded.generator.heads[h], model.generator.heads[h], rtol=0, atol=0)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 from sopfast.adapters import base as adapter_base
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 
 FAMILIES = {
     "hf_vit": (make_hf_vit, lambda: (torch.randn(2, 3, 32, 32),), torch.tensor([0, 2])),

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import user_data as U
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sopfast
-from backbones import make_hf_vit
+import user_data as U
 from sopfast.cli.app import CLIError, main
+from sopfast.testing import make_hf_vit
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "convert", "theory")
 OPTIONAL = ("scipy", "sklearn", "transformers", "timm", "torchvision", "datasets", "captum", "quantus", "pandas")
@@ -29,7 +29,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     """A tiny ViT directory, a SOP checkpoint over it, data, config files and a plain file."""
     root = tmp_path_factory.mktemp("cli")
     vit = U.vit_dir(root)
-    sop = sopfast.SOP(sopfast.cli.load_backbone(str(vit)).model, num_groups=3, tau=0.25)
+    sop = sopfast.SOP(sopfast.adapters.load_backbone(str(vit)).model, num_groups=3, tau=0.25)
     sop.save_pretrained(str(root / "ckpt"))
     (root / "plain.txt").write_text("not a directory")
     (root / "broken.yaml").write_text("data: [digits\nlimit: 3\n")
@@ -170,7 +170,7 @@ def test_bench_batch_zero():
 def test_backbone_and_checkpoint_come_from_config_and_output_folders_are_made_first(files, monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(
-        sys.modules["sopfast.evaluation.evaluate"], "run_cli", lambda args, model, loader: seen.append(args.output)
+        "sopfast.cli.commands.evaluate.evaluate", lambda model, loader, **kw: seen.append(1) or {"SOP": {"examples": 2}}
     )
     config = _config(
         files,
@@ -179,7 +179,7 @@ def test_backbone_and_checkpoint_come_from_config_and_output_folders_are_made_fi
     )
     out = Path(files["root"]) / "new" / "folder" / "res.json"
     assert main(["evaluate", "--config", config, "--output", str(out)]) == 0
-    assert seen == [str(out)] and out.parent.is_dir()
+    assert seen == [1] and out.parent.is_dir() and json.loads(out.read_text()) == {"SOP": {"examples": 2}}
     assert_one_line_error(["evaluate", "--config", config, "--output", files["file"] + "/x/res.json"])
     assert len(seen) == 1  # the bad output path failed before any evaluation
 
@@ -194,7 +194,7 @@ def test_config_is_read_after_root_options(files):
 def test_command_line_flags_win_over_the_config(files, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        "sopfast.demo.run.write_explanations", lambda model, dataset, out, **kw: seen.append(len(dataset)) or []
+        "sopfast.explain.write_explanations", lambda model, dataset, out, **kw: seen.append(len(dataset)) or []
     )
     config = _config(
         files,
@@ -257,7 +257,7 @@ def test_unsupported_models(files, tmp_path):
         ["train", "--backbone", "timm:test_vti", "--backbone-weights", files["file"]], "no such timm model", "test_vit"
     )
     assert_one_line_error(
-        ["train", "--backbone", files["vit"], "--feature-layer", "layer3"], "applies to CNN backbones only"
+        ["train", "--backbone", files["vit"], "--feature-layer", "layer3"], "is an option of other backbone families"
     )
 
 
@@ -267,7 +267,7 @@ def test_cnn_without_feature_layer(tmp_path):
     weights = tmp_path / "r.pth"
     torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), weights)
     source = ["train", "--backbone", "torchvision:resnet18", "--backbone-weights", str(weights)]
-    assert_one_line_error(source, "CNN backbones need --feature-layer")
+    assert_one_line_error(source, "CNN backbones need feature_layer=NAME (--feature-layer)")
     assert_one_line_error([*source, "--feature-layer", "layer9"], "'layer9' is not a module")
     assert_one_line_error(
         [
@@ -397,13 +397,13 @@ FILE_KEYS = ["vit", "ckpt", "images", "bert", "texts", "file", "broken", "list",
 def _fuzz_stubs(monkeypatch) -> None:
     """Stop every valid command before its real work: the fuzz is about parsing, checking and loading."""
     done = sopfast.TrainResult(0, 0, None, None)
-    monkeypatch.setattr(sys.modules["sopfast.training.trainer"], "run_cli", lambda *a, **k: done)
-    monkeypatch.setattr(sys.modules["sopfast.evaluation.evaluate"], "run_cli", lambda *a, **k: {})
+    monkeypatch.setattr("sopfast.training.train", lambda *a, **k: done)
+    monkeypatch.setattr("sopfast.cli.commands.evaluate.evaluate", lambda *a, **k: {"SOP": {"examples": 1}})
     monkeypatch.setattr("sopfast.demo.run.run_demo", lambda **k: {})
     monkeypatch.setattr("sopfast.benchmark.run_bench", lambda *a, **k: "")
-    monkeypatch.setattr("sopfast.demo.run.write_explanations", lambda *a, **k: [])
-    monkeypatch.setattr("sopfast.theory.run_cli", lambda args: 0)
-    monkeypatch.setattr("sopfast.model.authors.from_authors", lambda *a, **k: sopfast.SOP(make_hf_vit(), num_groups=2))
+    monkeypatch.setattr("sopfast.explain.write_explanations", lambda *a, **k: [])
+    monkeypatch.setattr("sopfast.cli.commands.theory.run", lambda args: 0)
+    monkeypatch.setattr(sopfast.SOP, "from_authors", lambda *a, **k: sopfast.SOP(make_hf_vit(), num_groups=2))
 
 
 def _check_run(argv: list[str]) -> None:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.cli.app import CLIError, build_parser, main
 from sopfast.explain import explain_image, explain_text, used_groups
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "theory")
 

@@ -15,8 +15,8 @@ from ddp_worker import RUN, make_data, make_model
 from torch.utils.data import DataLoader, TensorDataset
 
 import sopfast
-from backbones import make_cnn
 from sopfast.model.checkpoint import trainable_state_dict
+from sopfast.testing import make_cnn
 from sopfast.training.distributed import DistInfo, ResumableSampler, make_eval_loader, make_train_loader
 from sopfast.training.trainer import Trainer, train
 

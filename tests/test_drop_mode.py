@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_hf_vit, make_timm_vit, text_batch
+from sopfast.testing import make_bert, make_hf_vit, make_timm_vit, text_batch
 
 
 @pytest.mark.parametrize("pairs", [True, False])

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import sopfast
-from backbones import make_cnn, make_hf_vit, text_batch
+from sopfast.testing import make_cnn, make_hf_vit, text_batch
 
 
 @pytest.mark.parametrize("tau", [0.0, -0.1, 1.5])

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, text_batch
 from sopfast.evaluation import metrics as M
 from sopfast.evaluation.evaluate import (
     SOPMethod,
-    add_cli_arguments,
     evaluate,
     feature_ground_truth,
     format_table,
-    run_cli,
 )
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
 
 LABELS = torch.tensor([0, 1, 2, 0, 1, 2])
 
@@ -206,13 +203,21 @@ def test_training_state_is_restored(vit_model, images):
     vit_model.eval()
 
 
-def test_cli_runs_and_writes_json(vit_model, images, tmp_path):
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
+def test_cli_runs_and_writes_json(tmp_path):
+    """``sopfast evaluate``: its flags are sopfast.evaluate's keywords; the JSON holds the results."""
+    import user_data as U
+    from sopfast.cli import main
+
+    backbone = U.vit_dir(tmp_path)
+    model = sopfast.SOP(sopfast.adapters.load_backbone(str(backbone)).model, num_groups=3, tau=0.25)
+    model.save_pretrained(str(tmp_path / "ckpt"))
     out = tmp_path / "res.json"
-    args = parser.parse_args(["--metrics", "accuracy", "fidelity", "--no-progress", "--output", str(out)])
-    res = run_cli(args, vit_model, _loader(images))
-    assert json.loads(out.read_text())["SOP"]["accuracy"] == pytest.approx(res["SOP"]["accuracy"])
+    source = ["--backbone", str(backbone), "--checkpoint", str(tmp_path / "ckpt")]
+    data = ["--data", str(U.image_folder(tmp_path, per_class=2)), "--holdout", "0.5"]
+    flags = ["--metrics", "accuracy", "sparsity", "--taus", "0.5", "1.0", "--no-progress", "--output", str(out)]
+    assert main(["evaluate", *source, *data, *flags]) == 0
+    results = json.loads(out.read_text())["SOP"]
+    assert 0.0 <= results["accuracy"] <= 1.0 and list(results["sparsity"]) == ["0.5", "1.0"]
 
 
 @pytest.mark.parametrize(
@@ -270,7 +275,7 @@ def test_unsupported_batch_type_raises_type_error(vit_model):
     ids=["tuple", "list", "pixel_values-labels", "x-label", "images-y"],
 )
 def test_every_batch_form_of_sopfast_batches_gives_the_same_results(vit_model, images, form):
-    """evaluate parses loader items with sopfast.batches.parse_batch, so every form it accepts works."""
+    """evaluate parses loader items with sopfast.data.batches.parse_batch, so every form it accepts works."""
     x = images[0]
     expected = evaluate(vit_model, [(x, LABELS)], metrics=["accuracy", "fidelity"], progress=False)["SOP"]
     assert evaluate(vit_model, [form(x, LABELS)], metrics=["accuracy", "fidelity"], progress=False)["SOP"] == expected

@@ -1,4 +1,4 @@
-"""``mode="exact"`` equals the authors' algorithm (sopfast.reference) on every backbone family."""
+"""``mode="exact"`` equals the authors' algorithm (sopfast.model.reference) on every backbone family."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 from sopfast.model.reference import reference_forward
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
+
+
+def make_torchvision_vit():
+    from torchvision.models import VisionTransformer
+
+    vit = VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=3).eval()
+    torch.nn.init.normal_(vit.heads.head.weight)  # torchvision starts the head at zero: all logits 0
+    return vit
+
 
 ATOL = 1e-5
 
@@ -16,6 +25,7 @@ FAMILIES = {
     "timm_vit": (make_timm_vit, {}, lambda: (torch.randn(2, 3, 32, 32),)),
     "cnn": (make_cnn, {"feature_layer": "features"}, lambda: (torch.randn(2, 3, 16, 16),)),
     "bert": (make_bert, {}, lambda: text_batch()),
+    "torchvision_vit": (make_torchvision_vit, {}, lambda: (torch.randn(2, 3, 32, 32),)),
 }
 
 CONFIGS = [

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sopfast
-from backbones import make_bert, make_hf_vit
+from sopfast.testing import make_bert, make_hf_vit
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 VIT = make_hf_vit()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.model import sop as model_module
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 
 def _compare(model, args, monkeypatch):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.model.checkpoint import load_pretrained, save_pretrained
+from sopfast.model.checkpoint import save_pretrained
 from sopfast.model.generator import GroupGenerator, diverse_positions
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 
 def test_defaults_keep_the_authors_algorithm():
@@ -87,7 +87,7 @@ def test_text_model_with_options_trains_and_round_trips(tmp_path):
     out.loss(torch.tensor([0, 1, 1])).backward()
     assert model.generator.heads[0].grad is not None and model.generator.heads[0].grad.abs().sum() > 0
     save_pretrained(model, tmp_path)
-    loaded = load_pretrained(tmp_path, model.backbone).eval()
+    loaded = sopfast.SOP.from_pretrained(tmp_path, model.backbone).eval()
     assert (loaded.generator.center, loaded.generator.queries) == (True, "diverse")
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, mask, types).logits, model.eval()(ids, mask, types).logits)
@@ -128,14 +128,14 @@ def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, diversity_weight=0.5)
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     out = model(x)
-    plain = sopfast.output.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty"})
+    plain = sopfast.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty"})
     from sopfast.model.losses import attention_overlap
 
     overlap = attention_overlap(out.attention)
     torch.testing.assert_close(out.loss(y), plain.loss(y) + 0.5 * overlap)
     out.loss(y).backward()
     assert model.generator.heads[0].grad.abs().sum() > 0
-    assert type(model.eval()(x)) is sopfast.output.SOPOutput
+    assert type(model.eval()(x)) is sopfast.SOPOutput
     with pytest.raises(ValueError, match=r"diversity_weight must be a finite number ≥ 0\.0, got -1"):
         sopfast.SOP(make_hf_vit(), diversity_weight=-1)
 

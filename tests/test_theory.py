@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sopfast.cli import CLIError, build_parser, main
+from sopfast.cli.commands import theory as theory_command
 from sopfast.theory import (
     GroupModel,
     Polynomial,
-    add_cli_arguments,
     binomial_blocks,
     binomial_insertion_closed_form,
     binomial_insertion_mse,
@@ -35,7 +36,6 @@ from sopfast.theory import (
     per_feature_min_error,
     per_feature_model,
     per_feature_targets,
-    run_cli,
     total_deletion_error,
     total_insertion_error,
 )
@@ -358,9 +358,11 @@ def test_bad_inputs_raise_clear_errors(call, error, pattern):
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
-    return parser.parse_args(argv)
+    return build_parser().subcommands["theory"].parse_args(argv)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    return theory_command.run(args)
 
 
 def table_rows(text: str) -> dict[int, list[str]]:
@@ -389,17 +391,17 @@ def test_cli_mse_single_kind(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_ranges(tmp_path, capsys):
-    assert run_cli(parse(["--min-d", "9", "--max-d", "4", "--out", str(tmp_path / "x.png")])) == 2
+    assert main(["theory", "--min-d", "9", "--max-d", "4", "--out", str(tmp_path / "x.png")]) == 2
     assert "--min-d (9) must be <= --max-d (4)" in capsys.readouterr().err
     for argv in (["--max-d", "0"], ["--max-d", "2.5"], ["--verify-max-d", "25"]):
-        with pytest.raises(SystemExit):
+        with pytest.raises(CLIError):
             parse(argv)
 
 
 def test_module_entry_point(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     proc = subprocess.run(
-        [sys.executable, "-m", "sopfast.theory", "--max-d", "6", "--out", str(tmp_path / "t.png")],
+        [sys.executable, "-m", "sopfast.cli", "theory", "--max-d", "6", "--out", str(tmp_path / "t.png")],
         capture_output=True,
         text=True,
         env=env,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -12,16 +11,10 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
-from sopfast.model.checkpoint import STATE_NAME, load_pretrained, load_training_state, trainable_state_dict
-from sopfast.training.trainer import (
-    NonFiniteLossError,
-    TrainConfig,
-    add_cli_arguments,
-    lr_factor,
-    options_from_args,
-    train,
-)
+from sopfast.model.checkpoint import STATE_NAME, load_training_state, trainable_state_dict
+from sopfast.testing import make_bert, make_hf_vit, text_batch
+from sopfast.training import NonFiniteLossError, TrainConfig, train
+from sopfast.training.config import lr_factor
 
 
 def image_data(n: int, seed: int = 0, backbone: nn.Module | None = None) -> TensorDataset:
@@ -163,7 +156,7 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
     best = max(evals, key=lambda r: (r["val_accuracy"], -r["step"]))
     assert (result.best_metric, result.best_step) == (best["val_accuracy"], best["step"])
     assert records[-1]["event"] == "end"
-    reloaded = load_pretrained(tmp_path / "last", model.backbone)
+    reloaded = sopfast.SOP.from_pretrained(tmp_path / "last", model.backbone)
     assert all(
         torch.equal(a, b) for a, b in zip(trainable_state_dict(reloaded).values(), trainable_state_dict(model).values())
     )
@@ -279,7 +272,7 @@ def test_non_finite_loss_stops_training_and_keeps_best(tmp_path, eval_every):
     state = load_training_state(tmp_path / STATE_NAME)
     assert state["step"] == 2 and all(torch.isfinite(t).all() for t in state["model"].values())
     if eval_every == 1:
-        best = load_pretrained(tmp_path / "best", model.backbone)
+        best = sopfast.SOP.from_pretrained(tmp_path / "best", model.backbone)
         assert all(torch.isfinite(t).all() for t in trainable_state_dict(best).values())
     assert not (tmp_path / "last").exists()
 
@@ -305,26 +298,14 @@ def test_resume_with_other_settings_is_refused(tmp_path):
 
 
 def test_cli_options_round_trip():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", type=int, default=7)  # a flag the CLI already has is reused
-    add_cli_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--epochs",
-            "3",
-            "--lr",
-            "1e-4",
-            "--grad-clip",
-            "0",
-            "--no-resume",
-            "--amp",
-            "bf16",
-            "--output-dir",
-            "runs/x",
-            "--no-progress",
-        ]
-    )
-    config = TrainConfig(**options_from_args(args))
+    """The train command's flags give exactly the keyword arguments of sopfast.train."""
+    from sopfast.cli import build_parser
+    from sopfast.cli.commands.train import training_options
+
+    parser = build_parser().subcommands["train"]
+    flags = ["--epochs", "3", "--lr", "1e-4", "--grad-clip", "none", "--no-resume", "--amp", "bf16"]
+    args = parser.parse_args(["--backbone", "x", *flags, "--output-dir", "runs/x", "--no-progress", "--seed", "7"])
+    config = TrainConfig(**training_options(args))
     assert (config.epochs, config.lr, config.grad_clip, config.resume, config.amp, config.progress, config.seed) == (
         3,
         1e-4,
@@ -334,7 +315,9 @@ def test_cli_options_round_trip():
         False,
         7,
     )
-    assert options_from_args(parser.parse_args(["--resume-from", "state.pt"]))["resume"] == "state.pt"
+    assert config.batch_size == 32 and config.schedule == TrainConfig.schedule  # unset flags: the API's defaults
+    resumed = parser.parse_args(["--backbone", "x", "--resume-from", "state.pt"])
+    assert training_options(resumed)["resume"] == "state.pt"
 
 
 def test_callback_can_stop_training(tmp_path):

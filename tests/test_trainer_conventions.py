@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.data.batches import Batch, parse_batch
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 from sopfast.training.trainer import forward_batch
 
 

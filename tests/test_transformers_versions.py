@@ -12,9 +12,9 @@ import transformers
 from torch import nn
 
 import sopfast
-from backbones import make_bert, make_hf_vit, text_batch
 from sopfast.adapters.hf_vit import vit_layers
 from sopfast.model.reference import reference_forward
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 MAJOR = int(transformers.__version__.split(".")[0])
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import user_data as U
 
 import sopfast
-from backbones import TinyCNN, make_bert, make_hf_vit
+import user_data as U
 from sopfast.cli.app import main
 from sopfast.data import user_data as D
+from sopfast.testing import TinyCNN, make_bert, make_hf_vit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-groups", "4", "--lr", "1e-3", "--no-progress"]
@@ -121,7 +121,7 @@ def test_text_csv_with_pairs_and_bert(tmp_path, capsys):
     out = _train(train, capsys)
     assert "split train[:11], 11 examples" in out and "(held out), 1 examples" in out
     model = sopfast.SOP.from_pretrained(
-        str(tmp_path / "run-csv" / "last"), sopfast.cli.load_backbone(names["my-bert"]).model
+        str(tmp_path / "run-csv" / "last"), sopfast.adapters.load_backbone(names["my-bert"]).model
     )
     assert model.num_classes == 2
 
@@ -187,7 +187,7 @@ def test_pickled_module_needs_trust_and_torchscript_is_refused(tmp_path, capsys)
 
 # -- the data layer ---------------------------------------------------------------------------------
 def _vit_prep(tmp_path, **kwargs) -> D.Preprocessing:
-    model = sopfast.SOP(sopfast.cli.load_backbone(str(U.vit_dir(tmp_path))).model, num_groups=2)
+    model = sopfast.SOP(sopfast.adapters.load_backbone(str(U.vit_dir(tmp_path))).model, num_groups=2)
     return D.preprocessing_for(model, "hf", str(tmp_path / "vit"), **kwargs)
 
 
@@ -238,7 +238,7 @@ def test_labels_by_name_follow_the_backbone_label2id(tmp_path):
 
 
 def test_named_splits_and_their_errors(tmp_path):
-    bert = sopfast.SOP(sopfast.cli.load_backbone(str(U.bert_dir(tmp_path))).model, num_groups=2)
+    bert = sopfast.SOP(sopfast.adapters.load_backbone(str(U.bert_dir(tmp_path))).model, num_groups=2)
     prep = D.preprocessing_for(bert, "hf", str(tmp_path / "bert"))
     saved = str(U.saved_text_dataset(tmp_path, column="text"))
     train, name = D.load_split(saved, "val", prep, split="train")

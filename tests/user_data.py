@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from backbones import make_bert, make_hf_vit
+from sopfast.testing import make_bert, make_hf_vit
 
 CLASSES = ("cat", "dog", "owl")
 WORDS = "the a good bad movie film great awful love hate plot actor boring fun not very".split()

@@ -56,17 +56,12 @@ def sop_outputs(model: SOP, x: torch.Tensor, mode: str, batch: int = 100):
 def text_data(seed: int = 0):
     """The text demo's tweets (12,000 drawn, ≥ 12 tokens kept): ``(train, test)`` TextDatasets, the
     last 1,000 for testing, as ``run_text_demo`` splits them."""
-    from sopfast.demo.run import TextDataset, tokenize_tweets
-
     texts, labels = data.load_tweets(limit=12000, seed=seed)
-    full = tokenize_tweets(texts, labels)
+    full = data.tokenize_tweets(texts, labels)
     n_test = min(1000, len(full) // 4)
     idx = torch.arange(len(full))
 
-    def subset(sel: torch.Tensor) -> TextDataset:
-        return TextDataset({k: v[sel] for k, v in full.encoded.items()}, full.labels[sel], full.tokenizer)
-
-    return subset(idx[:-n_test]), subset(idx[-n_test:])
+    return full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
 
 
 def text_backbone(seed: int = 0):

@@ -5,8 +5,7 @@ from .adapters import BackboneAdapter, get_adapter, register_adapter
 from .evaluation import baselines, evaluate, format_table, metrics
 from .model import SOP, SOPOutput
 from .training import Trainer, TrainResult, train
-
-__version__ = "0.2.0"
+from .version import __version__
 
 __all__ = [
     "SOP",

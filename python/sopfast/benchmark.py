@@ -1,4 +1,4 @@
-"""Side-by-side timing of the authors' algorithm (``sopfast.reference``) vs ``exact`` vs ``drop``.
+"""Side-by-side timing of the authors' algorithm (``sopfast.model.reference``) vs ``exact`` vs ``drop``.
 
 Used by ``sopfast bench``, the demo and ``bench/``.  Times are medians of repeated runs in
 one process; compare the ratios, not the absolute numbers.  Peak memory is the process's
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import testing
 from .model.output import SOPOutput
 from .model.reference import reference_forward
 from .model.sop import SOP
@@ -210,24 +211,10 @@ def _bench_backbone(name: str) -> tuple[nn.Module, str]:
     """A randomly initialised backbone for ``sopfast bench --model name`` and its input kind
     (``image``, ``cnn``, ``text`` or ``pair``)."""
     if name.startswith("bert-base"):
-        from transformers import BertConfig, BertForSequenceClassification
-
-        kind = "pair" if name.endswith("pair") else "text"
-        bert_cfg = BertConfig()
-        bert_cfg.num_labels = 2  # a config property; transformers 5.x's typed __init__ leaves it out
-        return BertForSequenceClassification(bert_cfg).eval(), kind
+        return testing.bert("base", seed=None), "pair" if name.endswith("pair") else "text"
     if name == "cnn":
-        from torchvision.models import resnet18
-
-        return resnet18(num_classes=10).eval(), "cnn"
-    from transformers import ViTConfig, ViTForImageClassification
-
-    if name == "vit-b16":
-        cfg = ViTConfig()
-    else:
-        cfg = ViTConfig(hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768)
-    cfg.num_labels = 10
-    return ViTForImageClassification(cfg).eval(), "image"
+        return testing.resnet18(seed=None), "cnn"
+    return testing.vit("b16" if name == "vit-b16" else "bench-small", num_labels=10, seed=None), "image"
 
 
 def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:

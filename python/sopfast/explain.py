@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .adapters.images import upsample_mask
+from .data.batches import parse_batch
 from .model.output import SOPOutput
 
 if TYPE_CHECKING:
@@ -263,3 +264,39 @@ def explain_text(
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return spans
+
+
+def write_explanations(
+    model: SOP, dataset, out_dir: str, count: int, device: torch.device, class_names=None
+) -> list[str]:
+    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text).
+
+    Each example is read by :func:`sopfast.data.batches.parse_batch` (as a batch of one), so any form
+    it accepts works: ``(x, y)`` pairs, dicts with ``pixel_values`` / ``x`` / ``images``, or
+    ``input_ids`` + ``attention_mask`` (a ``tokenizer`` attribute of ``dataset`` names the tokens).
+    """
+    model.eval().to(device)
+    paths = []
+    for i in range(min(count, len(dataset))):
+        batch = parse_batch(torch.utils.data.default_collate([dataset[i]])).to(device)
+        with torch.no_grad():
+            out = model(**batch.model_inputs())
+        labels = batch.labels
+        label = int(labels[0]) if labels is not None and labels[0].numel() == 1 else None
+        if batch.input_ids is not None:
+            ids = batch.input_ids[0]
+            tokenizer = getattr(dataset, "tokenizer", None)
+            tokens = tokenizer.convert_ids_to_tokens(ids) if tokenizer else [str(t) for t in ids.tolist()]
+            path = os.path.join(out_dir, f"text_{i}.html")
+            shown = None if batch.attention_mask is None else batch.attention_mask[0]
+            explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown)
+        else:
+            grid = model.adapter.feature_grid(model.prepare(**batch.model_inputs()))
+            if grid is None or batch.x is None:
+                raise ValueError(
+                    f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
+                )
+            path = os.path.join(out_dir, f"image_{i}.png")
+            explain_image(batch.x[0], out, 0, grid, path, class_names, label)
+        paths.append(path)
+    return paths

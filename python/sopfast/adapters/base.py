@@ -5,14 +5,14 @@ model family sopfast does not know, subclass it and implement the abstract metho
 pass ``adapter=MyAdapter(backbone)`` to :class:`sopfast.SOP` (or register it with
 :func:`sopfast.adapters.register_adapter`).
 
-The four duties (SPEC §2):
+The four duties (docs/method.md):
 
 * **generator embedding** – :meth:`make_projection` returns the trainable copy and
   :meth:`embed` runs it on the *unmasked* input, returning ``[B, d, E]`` feature embeddings
   (no CLS) read at the second-to-last hidden layer;
 * **run groups** – :meth:`run_groups` runs the frozen backbone once per group in a mode
   (``"exact"`` or ``"drop"``) and returns logits ``y [B, m, C]`` and keys ``z [B, m, H]``;
-  :meth:`full_forward` is the plain masked full forward used by :mod:`sopfast.reference`;
+  :meth:`full_forward` is the plain masked full forward used by :mod:`sopfast.model.reference`;
 * **classifier weights** – :meth:`classifier_weight` ``[C, H]`` initialises the selector's queries;
 * **feature grid** – :meth:`feature_grid` gives ``(h, w)`` for grid-shaped features (blur, pictures)
   or ``None`` for sequences; :meth:`candidates` marks which of the ``d`` features may join a group.
@@ -26,7 +26,7 @@ that lacks one raises :class:`AdapterHookMissing` naming it:
 * :meth:`cls_attention` – last-layer attention from the CLS token (FRESH), with
   :attr:`has_cls_attention`;
 * :meth:`reference_embed` – the generator embedding computed the authors' way (a full forward of
-  the projection with ``output_hidden_states``), for :mod:`sopfast.reference`; defaults to :meth:`embed`.
+  the projection with ``output_hidden_states``), for :mod:`sopfast.model.reference`; defaults to :meth:`embed`.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class AdapterHookMissing(NotImplementedError):
 class BackboneAdapter(ABC):
     """Connects one backbone family to SOP (see the module docstring)."""
 
+    #: The backbone family in words (for messages listing what is supported).
+    family: str = "custom backbone"
     modality: str = "image"
     supported_modes: tuple[str, ...] = ("exact",)
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
@@ -69,10 +71,36 @@ class BackboneAdapter(ABC):
     supports_checkpointing: bool = False
     #: Activation checkpointing of the projection, set by ``SOP(checkpoint_projection=...)``.
     checkpoint_layers: bool = False
+    #: Image backbones: input channels and the fixed input size ``(H, W)`` when there is one.
+    channels: int | None = None
+    image_size: tuple[int, int] | None = None
+    #: Text backbones: the longest input (position table) and the id of the padding token.
+    max_tokens: int | None = None
+    pad_token_id: int | None = None
 
     def __init__(self, backbone: nn.Module):
         # A third-party model whose submodules and config the adapter reads by name: typed ``Any``.
         self.backbone: Any = backbone
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def constructor_options(cls, probe: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Constructor arguments of a ``timm:`` / ``torchvision:`` model that its weights ``state`` fix
+        (read off a default-built ``probe``), beyond the class count; e.g. a ViT's image size."""
+        return {}
+
+    @classmethod
+    def adapter_options(cls, backbone: nn.Module, **given: Any) -> dict[str, Any]:
+        """The keyword arguments this adapter takes from ``given`` (``None`` values: not given),
+        checked; options that only other families take are a ValueError naming them."""
+        extra = sorted(k for k, v in given.items() if v is not None)
+        if extra:
+            flags = ", ".join(f"{k} (--{k.replace('_', '-')})" for k in extra)
+            raise ValueError(
+                f"{flags} {'is an option' if len(extra) == 1 else 'are options'} of other backbone families, "
+                f"not of {type(backbone).__name__} ({cls.family})"
+            )
+        return {}
 
     # -- inputs ---------------------------------------------------------------------------
     @abstractmethod
@@ -145,6 +173,14 @@ class BackboneAdapter(ABC):
             return int(self.classifier_weight().shape[1])
         except (AttributeError, ValueError):
             return self.embed_dim
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """Class names → ids when the backbone names its classes (a Hugging Face ``label2id`` that is not
+        the default ``LABEL_i``), else empty."""
+        config = getattr(self.backbone, "config", None)
+        names = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
+        return {} if list(names) == [f"LABEL_{i}" for i in range(len(names))] else names
 
     @property
     def num_classes(self) -> int | None:

@@ -18,6 +18,7 @@ from torch import nn
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, freeze_, run_chunked
 from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
+from .registry import builtin_adapter
 
 
 class _Stop(Exception):
@@ -38,9 +39,36 @@ def _channels_of(module: nn.Module) -> int | None:
     return None
 
 
+@builtin_adapter(lambda model: any(isinstance(m, nn.Conv2d) for m in model.modules()), order=100)
 class CNNAdapter(BackboneAdapter):
+    """Any CNN classifier: the feature grid is ``feature_layer``'s output grid (module docstring).
+
+    Args:
+        feature_layer: the module (a ``named_modules`` name) whose ``[B, E, h, w]`` output is the
+            feature grid, e.g. ``layer3`` for a ResNet (required).
+        classifier: the final ``nn.Linear`` whose weight starts the selector's queries and whose
+            input is the group key (default: the last ``nn.Linear``).
+        embed_dim: the channel count of ``feature_layer``'s output, when it cannot be read off it.
+    """
+
+    family = "CNNs (Conv2d features, give feature_layer=)"
     modality = "image"
     supported_modes = ("exact",)
+
+    @classmethod
+    def adapter_options(cls, backbone: nn.Module, **given: Any) -> dict[str, Any]:
+        """``feature_layer`` (required), ``classifier``, ``embed_dim`` (see the class docstring)."""
+        feature_layer = given.pop("feature_layer", None)
+        options = {k: given.pop(k) for k in ("classifier", "embed_dim") if given.get(k) is not None}
+        super().adapter_options(backbone, **given)
+        if feature_layer is None:
+            raise ValueError(
+                "CNN backbones need feature_layer=NAME (--feature-layer): the module whose [B, E, h, w] output is "
+                "the feature grid (e.g. layer3 for a ResNet)"
+            )
+        if feature_layer not in dict(backbone.named_modules()):
+            raise ValueError(f"feature_layer (--feature-layer) {feature_layer!r} is not a module of the backbone")
+        return {"feature_layer": feature_layer, **options}
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from torch import nn
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, freeze_, run_chunked, trainable_copy
 from .hf_common import eager_attention
+from .registry import builtin_adapter, class_names
 
 
 def _layer_attention_mask(model: Any, h: torch.Tensor, attention_mask: torch.Tensor) -> Any:
@@ -32,7 +33,13 @@ def _layer_attention_mask(model: Any, h: torch.Tensor, attention_mask: torch.Ten
     return create_bidirectional_mask(config=model.config, inputs_embeds=h, attention_mask=attention_mask)
 
 
+def _is_hf_bert(model: nn.Module) -> bool:
+    return hasattr(model, "bert") and hasattr(model, "classifier") and "PreTrainedModel" in class_names(model)
+
+
+@builtin_adapter(_is_hf_bert)
 class HFBertAdapter(BackboneAdapter):
+    family = "Hugging Face BertForSequenceClassification (BERT-style encoders under .bert)"
     modality = "text"
     supported_modes = ("exact", "drop")
     supports_checkpointing = True
@@ -43,6 +50,7 @@ class HFBertAdapter(BackboneAdapter):
         self.encoder_model: Any = self.backbone.bert
         pad = self.backbone.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
+        self.max_tokens = int(getattr(self.backbone.config, "max_position_embeddings", 512) or 512)
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
         if not isinstance(x, torch.Tensor) or x.dim() != 2:

@@ -10,6 +10,7 @@ from torch import nn
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import freeze_, trainable_copy
 from .hf_common import eager_attention
+from .registry import builtin_adapter, class_names
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
@@ -24,8 +25,11 @@ def vit_layers(vit: Any) -> nn.ModuleList:
     return layers if layers is not None else vit.encoder.layer
 
 
+@builtin_adapter(lambda model: "ViTForImageClassification" in class_names(model))
 class HFViTAdapter(PatchGridAdapter):
     """HF ViT: features are the ``(H/p)·(W/p)`` patches; keys are the pre-LayerNorm CLS state."""
+
+    family = "Hugging Face ViTForImageClassification"
 
     projection_source = "vit"
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import AdapterHookMissing, freeze_
+from .registry import builtin_adapter, class_names
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
 
@@ -18,9 +19,16 @@ def _pair(values: Any) -> tuple[int, int]:
     return int(first), int(second)
 
 
+def _is_timm_vit(model: nn.Module) -> bool:
+    return "VisionTransformer" in class_names(model) and type(model).__module__.startswith("timm")
+
+
+@builtin_adapter(_is_timm_vit)
 class TimmViTAdapter(PatchGridAdapter):
     """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
     for average-pooled models without a class token)."""
+
+    family = "timm VisionTransformer"
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
@@ -34,6 +42,18 @@ class TimmViTAdapter(PatchGridAdapter):
         self.patch_size = _pair(pe.patch_size)
         self.channels = int(pe.proj.in_channels)
         self.prefix = int(self.backbone.num_prefix_tokens)
+
+    @classmethod
+    def constructor_options(cls, probe: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A fixed image size (no ``dynamic_img_size``), the one the weights' position table was made for."""
+        options: dict[str, Any] = {"dynamic_img_size": False}
+        vit: Any = probe
+        if "pos_embed" in state:
+            tokens = int(state["pos_embed"].shape[1]) - (0 if vit.no_embed_class else vit.num_prefix_tokens)
+            side = round(tokens**0.5)
+            if side * side == tokens:
+                options["img_size"] = side * int(vit.patch_embed.patch_size[0])
+        return options
 
     @property
     def embed_dim(self) -> int:

@@ -1,5 +1,6 @@
 """The ``sopfast`` command line (see :mod:`sopfast.cli.app`)."""
 
-from .app import main
+from .app import build_parser, main
+from .parser import CLIError
 
-__all__ = ["main"]
+__all__ = ["CLIError", "build_parser", "main"]

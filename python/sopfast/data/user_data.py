@@ -18,28 +18,26 @@ part (``holdout``, shuffled with a fixed seed so that ``train`` and ``evaluate``
 Labels: integers are class ids; strings are class names, mapped with the backbone's ``label2id``
 when it names them all, else in sorted order (for image folders: torchvision's sorted folder order).
 
-Preprocessing (:func:`preprocessing_for`) comes from the backbone: a Hugging Face directory's
-``preprocessor_config.json`` (size, mean, std, resampling) and tokenizer, timm's ``pretrained_cfg``
-(mean, std, interpolation, crop_pct), the model's own input size; flags override size, mean and std.
+Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
+:func:`sopfast.adapters.preprocessing.preprocessing_for`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from ..adapters.preprocessing import Preprocessing
+from .datasets import ImageDataset, TextDataset
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
-
-    from ..model.sop import SOP
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 TABLE_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
@@ -47,193 +45,13 @@ IMAGE_COLUMNS = ("image", "img", "pixel_values", "image_path", "path", "file")
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "content", "review", "question", "premise")
 PAIR_COLUMNS = {"sentence1": "sentence2", "question": "context", "premise": "hypothesis"}
 LABEL_COLUMNS = ("label", "labels", "y", "target", "class")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 VALIDATION_SPLITS = ("validation", "val", "valid", "dev")
 ROLES = ("train", "val", "test")
 HOLDOUT_SEED = 0
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class DataError(ValueError):
     """Data that cannot be read as asked: the message names the path, column or split."""
-
-
-# -- preprocessing ---------------------------------------------------------------------------------
-@dataclass
-class Preprocessing:
-    """How raw examples become model inputs.
-
-    Images: converted to ``channels`` (1: grey, 3: RGB), resized (``resize_to`` the shorter side
-    then centre-cropped to ``size``, or straight to ``size``), scaled by ``rescale``, normalised with
-    ``mean`` / ``std`` → ``[C, H, W]`` float32.  Text: ``tokenizer`` with ``max_length`` tokens.
-    """
-
-    modality: str
-    size: tuple[int, int] | None = None
-    channels: int = 3
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    rescale: float = 1 / 255
-    resize_to: int | None = None
-    resample: str = "bilinear"
-    tokenizer: Any = None
-    max_length: int = 128
-    label2id: dict[str, int] = field(default_factory=dict)
-    num_classes: int | None = None
-
-    def image(self, image: PILImage.Image) -> torch.Tensor:
-        """One PIL image → ``[C, H, W]`` float32."""
-        from PIL import Image
-
-        # Pillow >= 9.1 names the filters in ``Image.Resampling`` (its type hints omit the module-level
-        # aliases); older Pillow has the module-level constants only.
-        filters: Any = getattr(Image, "Resampling", Image)
-        resample = {"bilinear": filters.BILINEAR, "bicubic": filters.BICUBIC, "nearest": filters.NEAREST}[self.resample]
-        image = image.convert("L" if self.channels == 1 else "RGB")
-        h, w = self.size if self.size is not None else (image.height, image.width)
-        if self.resize_to is not None:
-            scale = self.resize_to / min(image.width, image.height)
-            image = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), resample)
-            left, top = (image.width - w) // 2, (image.height - h) // 2
-            image = image.crop((left, top, left + w, top + h))
-        elif (image.height, image.width) != (h, w):
-            image = image.resize((w, h), resample)
-        array = np.asarray(image, dtype=np.float32) * self.rescale
-        x = torch.from_numpy(array.reshape(h, w, -1)).permute(2, 0, 1)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
-        return ((x - mean) / std).contiguous()
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    """``N`` or ``[N]`` → ``(N, N)``; ``[H, W]`` (or ``[C, H, W]``) → ``(H, W)``."""
-    if isinstance(value, (tuple, list)):
-        return (int(value[0]), int(value[0])) if len(value) == 1 else (int(value[-2]), int(value[-1]))
-    return int(value), int(value)
-
-
-def _height_width(value: Any) -> tuple[int, int] | None:
-    """``size`` / ``crop_size`` of a preprocessor config (int, ``[h, w]`` or ``{"height", "width"}``)."""
-    if isinstance(value, dict):
-        return (int(value["height"]), int(value["width"])) if "height" in value and "width" in value else None
-    return _pair(value) if isinstance(value, (int, list, tuple)) else None
-
-
-def _stats(name: str, value: Any, channels: int) -> tuple[float, ...]:
-    """``value``: a number or per-channel numbers, from a flag or a preprocessor config."""
-    values = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-    if len(values) == 1:
-        values = values * channels
-    if len(values) != channels:
-        raise DataError(f"image {name} {list(values)} must have 1 or {channels} values (one per channel)")
-    if name == "std" and any(v <= 0 for v in values):
-        raise DataError(f"image std {list(values)} must be > 0")
-    return values
-
-
-def _hf_image(directory: str, prep: Preprocessing) -> Preprocessing:
-    """``preprocessor_config.json`` of a Hugging Face directory (its size when the model has none)."""
-    path = os.path.join(directory, "preprocessor_config.json")
-    if not os.path.isfile(path):
-        return prep
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise DataError(f"cannot read {path}: {err}") from err
-    size, crop = cfg.get("size"), cfg.get("crop_size")
-    shortest = size.get("shortest_edge") if isinstance(size, dict) else None
-    if shortest is not None:
-        final = prep.size or _height_width(crop) or (int(shortest), int(shortest))
-        resize_to = int(int(shortest) / float(cfg.get("crop_pct") or 1.0))
-        prep = replace(prep, size=final, resize_to=resize_to if cfg.get("do_resize", True) else None)
-    else:
-        prep = replace(prep, size=prep.size or _height_width(size))
-    if cfg.get("do_normalize", True):
-        prep = replace(prep, mean=cfg.get("image_mean", prep.mean), std=cfg.get("image_std", prep.std))
-    else:
-        prep = replace(prep, mean=(0.0,), std=(1.0,))
-    rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
-    resample = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(cfg.get("resample", 2), "bilinear")
-    return replace(prep, rescale=rescale, resample=resample)
-
-
-def _timm_image(backbone: torch.nn.Module, prep: Preprocessing) -> Preprocessing:
-    """timm's ``pretrained_cfg``: mean, std, interpolation, centre crop (``crop_pct``)."""
-    cfg = getattr(backbone, "pretrained_cfg", None) or {}
-    size = prep.size or (_pair(cfg["input_size"]) if "input_size" in cfg else None)
-    crop_pct = float(cfg.get("crop_pct") or 1.0)
-    resize_to = math.floor(min(size) / crop_pct) if size is not None and crop_pct < 1.0 else None
-    resample = cfg.get("interpolation", "bilinear")
-    return replace(
-        prep,
-        size=size,
-        mean=cfg.get("mean", prep.mean),
-        std=cfg.get("std", prep.std),
-        resize_to=resize_to,
-        resample=resample if resample in ("bilinear", "bicubic", "nearest") else "bilinear",
-    )
-
-
-def preprocessing_for(
-    model: SOP,
-    kind: str,
-    directory: str | None = None,
-    *,
-    image_size: Sequence[int] | None = None,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-    max_length: int | None = None,
-) -> Preprocessing:
-    """The preprocessing of ``model``'s backbone, loaded from a source of ``kind``
-    (``"hf"``: a Hugging Face ``directory``; ``"timm"``; ``"torchvision"`` or ``"module"``: ImageNet
-    statistics), with ``image_size`` / ``mean`` / ``std`` / ``max_length`` overriding it."""
-    adapter, backbone = model.adapter, model.backbone
-    config = getattr(backbone, "config", None)
-    label2id = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
-    if list(label2id) == [f"LABEL_{i}" for i in range(len(label2id))]:
-        label2id = {}
-    common: dict[str, Any] = {"label2id": label2id, "num_classes": model.num_classes}
-    if adapter.modality == "text":
-        return _text_preprocessing(model, directory, max_length, common)
-    channels = int(getattr(adapter, "channels", None) or 3)
-    fixed = getattr(adapter, "image_size", None)
-    prep = Preprocessing("image", size=tuple(fixed) if fixed else None, channels=channels, **common)
-    if kind == "hf" and directory is not None:
-        prep = _hf_image(directory, prep)
-    elif kind == "timm":
-        prep = _timm_image(backbone, prep)
-    else:
-        prep = replace(prep, mean=IMAGENET_MEAN, std=IMAGENET_STD, size=prep.size or (224, 224))
-    if image_size is not None:
-        if len(image_size) not in (1, 2):
-            raise DataError(f"--image-size takes N or H W, got {list(image_size)}")
-        if fixed and tuple(_pair(list(image_size))) != tuple(fixed):
-            raise DataError(f"--image-size {list(image_size)} differs from the backbone's input size {list(fixed)}")
-        prep = replace(prep, size=_pair(list(image_size)), resize_to=None)
-    if prep.size is None:
-        prep = replace(prep, size=(224, 224))
-    prep = replace(prep, mean=_stats("mean", mean or prep.mean, channels), std=_stats("std", std or prep.std, channels))
-    return prep
-
-
-def _text_preprocessing(model: SOP, directory: str | None, max_length: int | None, common: dict) -> Preprocessing:
-    if directory is None:
-        raise DataError("text data needs the backbone's tokenizer: give --backbone as a Hugging Face directory")
-    from transformers import AutoTokenizer
-
-    if not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
-        raise DataError(
-            f"no tokenizer in the backbone directory {directory} (none of {', '.join(TOKENIZER_FILES)}); "
-            "save it there with tokenizer.save_pretrained"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise DataError(f"no tokenizer in the backbone directory {directory}: {err}") from err
-    limit = int(getattr(model.backbone.config, "max_position_embeddings", 512) or 512)
-    return Preprocessing("text", tokenizer=tokenizer, max_length=min(max_length or 128, limit), **common)
 
 
 # -- sources and splits ----------------------------------------------------------------------------
@@ -596,49 +414,6 @@ def load_image(source: Any, base_dir: str = "") -> PILImage.Image:
     return Image.fromarray(array)
 
 
-class ImageDataset(torch.utils.data.Dataset):
-    """``(x [C, H, W], y)`` pairs decoded and preprocessed on access; ``classes`` names the class ids."""
-
-    def __init__(
-        self, split: Split, label_of: Callable[[Any], int], prep: Preprocessing, base_dir: str, classes: Sequence[str]
-    ):
-        self.split, self.label_of, self.prep, self.base_dir = split, label_of, prep, base_dir
-        self.classes = list(classes)
-
-    def __len__(self) -> int:
-        return len(self.split.labels)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.prep.image(load_image(self.split.inputs[i], self.base_dir))
-        return x, torch.tensor(self.label_of(self.split.labels[i]), dtype=torch.long)
-
-
-class TextDataset(torch.utils.data.Dataset):
-    """Tokenised texts as dict items ``{"input_ids", "attention_mask", "token_type_ids", "labels"}``
-    (padded to the longest text, at most ``max_length`` tokens); ``tokenizer`` and ``classes`` kept."""
-
-    def __init__(self, split: Split, label_of: Callable[[Any], int], prep: Preprocessing, classes: Sequence[str]):
-        texts = list(split.inputs)
-        pairs = list(split.pairs) if split.pairs is not None else None
-        enc = prep.tokenizer(
-            texts, pairs, padding="longest", truncation=True, max_length=prep.max_length, return_tensors="pt"
-        )
-        self.encoded = {
-            "input_ids": enc["input_ids"],
-            "attention_mask": enc["attention_mask"],
-            "token_type_ids": enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
-        }
-        self.labels = torch.tensor([label_of(v) for v in split.labels], dtype=torch.long)
-        self.tokenizer = prep.tokenizer
-        self.classes = list(classes)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {**{k: v[i] for k, v in self.encoded.items()}, "labels": self.labels[i]}
-
-
 def load_split(
     path: str,
     role: str,
@@ -664,15 +439,26 @@ def load_split(
     if limit is not None:
         chosen = chosen.take(range(min(limit, len(chosen.labels))))
     if prep.modality == "text":
-        return TextDataset(chosen, label_of, prep, classes), name
-    return ImageDataset(chosen, label_of, prep, source.base_dir, classes), name
+        labels = [label_of(v) for v in chosen.labels]
+        pairs = list(chosen.pairs) if chosen.pairs is not None else None
+        texts = TextDataset.tokenize(
+            prep.tokenizer, list(chosen.inputs), labels, pairs, prep.max_length, classes=classes
+        )
+        return texts, name
+    images = ImageDataset(
+        len(chosen.labels),
+        lambda i: load_image(chosen.inputs[i], source.base_dir),
+        prep.image,
+        lambda i: label_of(chosen.labels[i]),
+        classes,
+    )
+    return images, name
 
 
 __all__ = [
     "Columns",
     "DataError",
     "ImageDataset",
-    "Preprocessing",
     "Source",
     "Split",
     "TextDataset",
@@ -680,5 +466,4 @@ __all__ = [
     "load_image",
     "load_split",
     "open_source",
-    "preprocessing_for",
 ]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import testing
 from ..adapters.hf_vit import vit_layers
 from ..adapters.images import pixel_grid_mask
 
@@ -21,24 +22,16 @@ from ..adapters.images import pixel_grid_mask
 def small_vit(
     image_size: int, patch_size: int, channels: int, num_labels: int, hidden: int = 64, layers: int = 4, heads: int = 4
 ) -> nn.Module:
-    """A randomly initialised HF ``ViTForImageClassification`` of a few layers."""
-    from transformers import ViTConfig, ViTForImageClassification
-
-    cfg = ViTConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden,
+    """The demo's randomly initialised HF ``ViTForImageClassification`` of a few layers (MLP 2× wide)."""
+    return testing.vit(
+        (hidden, layers, heads),
         image_size=image_size,
         patch_size=patch_size,
-        num_channels=channels,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    # ``num_labels`` is a property of every config (it sets ``id2label``); transformers 5.x's typed
-    # config signatures leave it out of ``__init__``, so it is set here, the same on 4.x and 5.x.
-    cfg.num_labels = num_labels
-    return ViTForImageClassification(cfg)
+        channels=channels,
+        num_labels=num_labels,
+        mlp=2 * hidden,
+        seed=None,
+    ).train()
 
 
 def random_patch_masks(batch: int, grid: tuple[int, int], generator: torch.Generator) -> torch.Tensor:

@@ -21,7 +21,8 @@ import torch
 from ..benchmark import compare_modes, format_table, ideal_drop_ratio
 from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
-from ..explain import explain_image, explain_text
+from ..data.datasets import TextDataset
+from ..explain import write_explanations
 from ..model.sop import SOP
 from ..ops import num_kept
 
@@ -97,34 +98,6 @@ def format_comparison(comparison: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-class TextDataset(torch.utils.data.Dataset):
-    """Tokenised texts as dict items ``{"input_ids", "attention_mask", "token_type_ids", "labels"}``."""
-
-    def __init__(self, encoded: dict[str, torch.Tensor], labels: torch.Tensor, tokenizer=None):
-        self.encoded = encoded
-        self.labels = labels
-        self.tokenizer = tokenizer
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        item = {k: v[i] for k, v in self.encoded.items()}
-        item["labels"] = self.labels[i]
-        return item
-
-
-def tokenize_tweets(texts, labels, backbone_path: str | None = None, max_length: int = 48, min_candidates: int = 12):
-    """Tokenise tweets with the MiniLM tokenizer, keeping those with ≥ ``min_candidates`` tokens."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(backbone_path or data.minilm_path(), local_files_only=True)
-    enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
-    keep = enc["attention_mask"].sum(dim=1) >= min_candidates
-    encoded = {k: enc[k][keep] for k in ("input_ids", "attention_mask", "token_type_ids")}
-    return TextDataset(encoded, torch.as_tensor(labels)[keep], tokenizer)
-
-
 def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, seed: int):
     from .backbones import accuracy, small_vit, train_masked_backbone
 
@@ -149,7 +122,7 @@ def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
 
 
 def _parsed_batches(dataset: torch.utils.data.Dataset, device: torch.device, batch_size: int = 64) -> list[Batch]:
-    """Every batch of ``dataset`` (in order) as :func:`sopfast.batches.parse_batch` reads it, on ``device``."""
+    """Every batch of ``dataset`` (in order) as :func:`sopfast.data.batches.parse_batch` reads it, on ``device``."""
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
     return [parse_batch(raw).to(device) for raw in loader]
 
@@ -271,42 +244,6 @@ def _record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
     results["exact_drop_group_agreement"] = float(torch.stack(group).mean())
 
 
-def write_explanations(
-    model: SOP, dataset, out_dir: str, count: int, device: torch.device, class_names=None
-) -> list[str]:
-    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text).
-
-    Each example is read by :func:`sopfast.batches.parse_batch` (as a batch of one), so any form
-    it accepts works: ``(x, y)`` pairs, dicts with ``pixel_values`` / ``x`` / ``images``, or
-    ``input_ids`` + ``attention_mask`` (a ``tokenizer`` attribute of ``dataset`` names the tokens).
-    """
-    model.eval().to(device)
-    paths = []
-    for i in range(min(count, len(dataset))):
-        batch = parse_batch(torch.utils.data.default_collate([dataset[i]])).to(device)
-        with torch.no_grad():
-            out = model(**batch.model_inputs())
-        labels = batch.labels
-        label = int(labels[0]) if labels is not None and labels[0].numel() == 1 else None
-        if batch.input_ids is not None:
-            ids = batch.input_ids[0]
-            tokenizer = getattr(dataset, "tokenizer", None)
-            tokens = tokenizer.convert_ids_to_tokens(ids) if tokenizer else [str(t) for t in ids.tolist()]
-            path = os.path.join(out_dir, f"text_{i}.html")
-            shown = None if batch.attention_mask is None else batch.attention_mask[0]
-            explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown)
-        else:
-            grid = model.adapter.feature_grid(model.prepare(**batch.model_inputs()))
-            if grid is None or batch.x is None:
-                raise ValueError(
-                    f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
-                )
-            path = os.path.join(out_dir, f"image_{i}.png")
-            explain_image(batch.x[0], out, 0, grid, path, class_names, label)
-        paths.append(path)
-    return paths
-
-
 def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: int):
     """MiniLM (frozen) with a pooler + classifier head trained on its features."""
     from transformers import BertForSequenceClassification
@@ -357,22 +294,23 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     from ..model.checkpoint import save_pretrained
 
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
-    full = tokenize_tweets(texts, labels)
+    full = data.tokenize_tweets(texts, labels)
     n = len(full)
     n_test = min(300 if quick else 1000, n // 4)
     idx = torch.arange(n)
-    subset = lambda sel: TextDataset({k: v[sel] for k, v in full.encoded.items()}, full.labels[sel], full.tokenizer)
-    train_set, test_set = subset(idx[:-n_test]), subset(idx[-n_test:])
+    train_set, test_set = full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
     backbone = _text_backbone(train_set, device, quick, seed)
     results: dict = {"dataset": "tweets", "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device)}
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop", **TEXT_RECIPE).to(device)
     results.update(recipe=TEXT_RECIPE, mode=model.mode)
     n_sop = 400 if quick else 3000
     results["sop_train_seconds"] = _train_sop(
-        model, subset(idx[:n_sop]), out_dir, device, seed, epochs=1, lr=5e-4, batch_size=16
+        model, full.subset(idx[:n_sop]), out_dir, device, seed, epochs=1, lr=5e-4, batch_size=16
     )
     _record_accuracy(results, model, _parsed_batches(test_set, device))
-    loader = torch.utils.data.DataLoader(subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50)
+    loader = torch.utils.data.DataLoader(
+        full.subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50
+    )
     start = time.perf_counter()
     results["comparison"] = compare_methods(model, loader, device)
     results["comparison_seconds"] = time.perf_counter() - start

@@ -22,8 +22,9 @@ entry.  Their ``SOP.save`` (``save_to_json`` + ``model.pt``) and training checkp
 
 Names written by transformers 4.x (``vit.encoder.layer.N.attention.attention.query`` …) are
 mapped to the installed layout.  ``projected_input_scale`` ``s`` multiplies both keys and queries
-in the authors' generator, so it is folded into γ as ``γ·s²``.  :func:`from_authors` builds the
-equivalent :class:`sopfast.SOP` (``ties="authors"``, ``mode="exact"`` unless overridden);
+in the authors' generator, so it is folded into γ as ``γ·s²``.  :class:`AuthorsCheckpoint` reads it and
+:meth:`sopfast.SOP.from_authors` builds the equivalent :class:`sopfast.SOP` (``ties="authors"``,
+``mode="exact"`` unless overridden);
 ``sopfast convert`` writes it in sopfast's own format.
 """
 
@@ -34,13 +35,12 @@ import math
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from .sop import SOP
+from .checkpoint import load_trainable_state_dict
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "checkpoint.pth")
@@ -307,7 +307,7 @@ def _config_value(config: dict[str, Any], key: str) -> str:
     return f"config {key}={config[key]!r}{note}"
 
 
-def _check_geometry(model: SOP, config: dict[str, Any]) -> None:
+def _check_geometry(model: nn.Module, config: dict[str, Any]) -> None:
     adapter = model.adapter
     if config["hidden_size"] != adapter.embed_dim:
         raise AuthorsCheckpointError(
@@ -327,37 +327,40 @@ def _check_geometry(model: SOP, config: dict[str, Any]) -> None:
         )
 
 
-def from_authors(directory: str | Path, backbone: nn.Module, **overrides: Any) -> SOP:
-    """The :class:`sopfast.SOP` equal to the authors' checkpoint in ``directory`` over ``backbone``.
+class AuthorsCheckpoint:
+    """An authors' checkpoint directory, read and checked against the frozen ``backbone`` it is to be
+    loaded over: :attr:`options` build the equivalent :class:`sopfast.SOP`, :meth:`load_into` fills it.
 
-    ``overrides`` go to ``SOP`` (``tau`` — the authors' ``k``, not saved in their config,
-    default 0.2 —, ``mode``, ``group_batch_size`` …).  Raises :class:`AuthorsCheckpointError`
-    (a ValueError) naming what does not fit: missing keys, wrong shapes, another backbone.
+    Raises :class:`AuthorsCheckpointError` (a ValueError) naming what does not fit: missing keys,
+    wrong shapes, another backbone.
     """
-    from .checkpoint import load_trainable_state_dict
-    from .sop import SOP
 
-    directory = Path(directory)
-    config = read_authors_config(directory)
-    weights = read_authors_weights(directory)
-    _check_blackbox(weights, backbone)
-    options = {**sop_options(config), "mode": "exact", **overrides}
-    model = SOP(backbone, **options)
-    _check_geometry(model, config)
-    if "SOPTextCls" in config["architectures"]:
-        warnings.warn(
-            "SOPTextCls: the authors' public text code does not run as published; the weights load into "
-            "sopfast's BERT semantics (top-τ groups, masked tokens → [PAD]), see docs/method.md",
-            UserWarning,
-            stacklevel=2,
-        )
-    embed_dim = model.adapter.embed_dim
-    state = {
-        **_projection_state(weights, backbone, model.adapter.projection_source),
-        **_head_weights(weights, model.generator.num_heads, embed_dim),
-        **_selector_weights(weights, embed_dim, resolve_num_labels(config, weights, directory)),
-    }
-    owned = model.state_dict()
-    state = {k: v.to(owned[k].dtype) if k in owned else v for k, v in state.items()}
-    load_trainable_state_dict(model, state, source=f"authors' checkpoint {directory}")
-    return model.to(next(backbone.parameters()).device)
+    def __init__(self, directory: str | Path, backbone: nn.Module):
+        self.directory = Path(directory)
+        self.config = read_authors_config(self.directory)
+        self.weights = read_authors_weights(self.directory)
+        self.backbone = backbone
+        _check_blackbox(self.weights, backbone)
+        self.options = sop_options(self.config)
+
+    def load_into(self, model: nn.Module) -> None:
+        """Load the weights into ``model``, a :class:`sopfast.SOP` over the backbone built from
+        :attr:`options` (with any overrides)."""
+        _check_geometry(model, self.config)
+        if "SOPTextCls" in self.config["architectures"]:
+            warnings.warn(
+                "SOPTextCls: the authors' public text code does not run as published; the weights load into "
+                "sopfast's BERT semantics (top-τ groups, masked tokens → [PAD]), see docs/method.md",
+                UserWarning,
+                stacklevel=3,
+            )
+        embed_dim = model.adapter.embed_dim
+        num_labels = resolve_num_labels(self.config, self.weights, self.directory)
+        state = {
+            **_projection_state(self.weights, self.backbone, model.adapter.projection_source),
+            **_head_weights(self.weights, model.generator.num_heads, embed_dim),
+            **_selector_weights(self.weights, embed_dim, num_labels),
+        }
+        owned = model.state_dict()
+        state = {k: v.to(owned[k].dtype) if k in owned else v for k, v in state.items()}
+        load_trainable_state_dict(model, state, source=f"authors' checkpoint {self.directory}")

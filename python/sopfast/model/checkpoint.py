@@ -24,16 +24,16 @@ import re
 import uuid
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
-if TYPE_CHECKING:
-    from .sop import SOP
+from ..version import __version__
 
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
@@ -241,10 +241,8 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
         state["generator.heads.0"] = weight
 
 
-def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, Any]:
-    """The JSON config saved beside the weights."""
-    from .. import __version__
-
+def model_config(model: nn.Module, backbone_sha256: str | None = None) -> dict[str, Any]:
+    """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
     config = dict(model.config)
     config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
     return {
@@ -256,7 +254,7 @@ def model_config(model: SOP, backbone_sha256: str | None = None) -> dict[str, An
     }
 
 
-def save_pretrained(model: SOP, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
+def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
     """Save the trainable parts of ``model`` and its config to ``directory`` (created if needed).
 
     ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.
@@ -322,16 +320,33 @@ def _device_of(module: nn.Module) -> torch.device:
     return next((p.device for p in module.parameters()), torch.device("cpu"))
 
 
-def load_pretrained(
-    directory: str | os.PathLike, backbone: nn.Module, *, strict_backbone: bool = True, **overrides: Any
-) -> SOP:
-    """Rebuild ``SOP(backbone, **config, **overrides)`` from ``directory`` and load its weights.
+@dataclass
+class Pretrained:
+    """A pretrained directory, read and checked against the backbone it is to be loaded over:
+    ``options`` for the model's constructor, the trainable ``state``, the ``adapter`` class name."""
+
+    options: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    adapter: str
+    weights_path: Path
+
+    def load_into(self, model: nn.Module, adapter_given: bool = False) -> None:
+        """Load :attr:`state` into ``model`` (built from :attr:`options`), checking its adapter."""
+        adapter = type(model.adapter).__name__
+        if not adapter_given and adapter != self.adapter:
+            raise ValueError(
+                f"the checkpoint was saved with adapter {self.adapter}, but this backbone gets {adapter}; "
+                "pass adapter=... to from_pretrained"
+            )
+        load_trainable_state_dict(model, self.state, source=str(self.weights_path))
+
+
+def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict_backbone: bool = True) -> Pretrained:
+    """Read ``directory`` (written by :func:`save_pretrained`) for loading over ``backbone``.
 
     Raises ValueError when ``backbone`` is not the backbone the checkpoint was saved with
     (``strict_backbone=False`` only warns).
     """
-    from .sop import SOP
-
     directory = Path(directory)
     meta = read_config(directory)
     weights_path = directory / WEIGHTS_NAME
@@ -344,20 +359,12 @@ def load_pretrained(
         state = safetensors_load(weights_path.read_bytes())
     except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
         raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from err
-    config = dict(meta["config"])
-    upgrade_legacy_state(state, config)
-    kwargs = {**config, **overrides}
-    if "class_weights" not in kwargs and "selector.class_queries" in state:
+    options = dict(meta["config"])
+    upgrade_legacy_state(state, options)
+    if "selector.class_queries" in state:
         # The saved queries stand in for a classifier the backbone may not have.
-        kwargs["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
-    model = SOP(backbone, **kwargs)
-    if "adapter" not in overrides and type(model.adapter).__name__ != meta["adapter"]:
-        raise ValueError(
-            f"the checkpoint was saved with adapter {meta['adapter']}, but this backbone gets "
-            f"{type(model.adapter).__name__}; pass adapter=... to load_pretrained"
-        )
-    load_trainable_state_dict(model, state, source=str(weights_path))
-    return model
+        options["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
+    return Pretrained(options, state, meta["adapter"], weights_path)
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:

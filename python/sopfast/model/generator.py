@@ -1,4 +1,4 @@
-"""The group generator (SPEC §2.1–2.7): attention over features, binarised to top-τ groups."""
+"""The group generator (docs/method.md, steps 1–7): attention over features, binarised to top-τ groups."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def candidate_positions(valid: torch.Tensor) -> torch.Tensor:
 def query_rows(
     counts: torch.Tensor, num_groups: int, num_heads: int, head: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which attention rows become groups (SPEC §2.5).
+    """Which attention rows become groups (docs/method.md, step 5).
 
     ``counts [B]`` candidate features per example.  Training (``head`` given): rows
     ``floor(j·d/m)`` of that head.  Evaluation (``head=None``): the heads' rows stacked,

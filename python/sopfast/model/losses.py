@@ -62,18 +62,18 @@ def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None
 
 def feature_saliency(model, inputs, level: float) -> torch.Tensor:
     """``[B, d]``: how much each feature raises the frozen backbone's logit for its own full-input
-    prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (:func:`sopfast.baselines.soft_forward`:
+    prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (the adapter's ``soft_forward``:
     pixels scaled by ``z``, or token embeddings blended with [PAD]).  One forward and one backward
     of the backbone; no gradient flows back.  With ``level = τ`` it ranks features about as well as
     Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost of gradient × input.
     """
-    from ..evaluation.baselines import backbone_logits, soft_forward
-
-    target = backbone_logits(model, inputs).argmax(dim=-1)
-    d = model.adapter.num_features(inputs)
-    z = torch.full((inputs.batch_size, d), float(level), device=inputs.device, requires_grad=True)
+    adapter = model.adapter
+    with torch.no_grad():
+        target = adapter.full_forward(inputs)[0].argmax(dim=-1)
+    z = torch.full((inputs.batch_size, adapter.num_features(inputs)), float(level), device=inputs.device)
+    z.requires_grad_(True)
     with torch.enable_grad():
-        logits = soft_forward(model, inputs, z).float()
+        logits = adapter.soft_forward(inputs, z).float()
         (grad,) = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), z)
     return grad.detach()
 

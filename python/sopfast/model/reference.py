@@ -62,7 +62,7 @@ def _all_logits(model: SOP, emb: torch.Tensor, valid: torch.Tensor, grid) -> tor
 
 
 def _select_rows(model: SOP, attn: torch.Tensor, valid: torch.Tensor, m: int) -> torch.Tensor:
-    """The ``m`` kept rows ``[B, m, d]`` of ``attn [B, H, d, d]`` per example (SPEC §2.5)."""
+    """The ``m`` kept rows ``[B, m, d]`` of ``attn [B, H, d, d]`` per example (docs/method.md, step 5)."""
     rows = []
     for b in range(attn.shape[0]):
         cand = valid[b].nonzero().flatten()

@@ -1,4 +1,4 @@
-"""The group selector (SPEC §2.9): sparse cross-attention from class queries to group keys."""
+"""The group selector (docs/method.md, step 9): sparse cross-attention from class queries to group keys."""
 
 from __future__ import annotations
 

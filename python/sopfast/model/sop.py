@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,8 @@ from ..adapters.base import check_mode
 from ..checks import check_bool, check_choice, check_int, check_number, check_tau
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
+from .authors import AuthorsCheckpoint
+from .checkpoint import read_pretrained, save_pretrained
 from .generator import GroupGenerator
 from .losses import attention_overlap, feature_saliency, saliency_alignment
 from .output import SOPOutput
@@ -43,7 +47,7 @@ class RegularisedOutput(SOPOutput):
 
 
 class SOP(nn.Module):
-    """Sum-of-Parts wrapper around a frozen ``backbone`` (SPEC §1–§3).
+    """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md).
 
     Args:
         backbone: HF ``ViTForImageClassification`` / ``BertForSequenceClassification``, timm
@@ -64,16 +68,16 @@ class SOP(nn.Module):
         center_embeddings, queries: opt-in generator changes beyond the authors' algorithm
             (default off: ``False``, ``"fixed"``): subtract each example's mean feature embedding
             before the attention; pick the query rows by farthest-point sampling (``"diverse"``)
-            instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.generator.GroupGenerator`
+            instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.model.generator.GroupGenerator`
             and ``docs/quality.md``.
         normalize_logits: standardise each generator logit row before ``γ`` (opt-in, beyond the
             paper): ``γ`` then fixes the attention's sharpness (see ``docs/quality.md``).
         freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
             option ``freeze_projection``); only the generator weight and the selector train.
-        diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.losses.attention_overlap`
+        diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.model.losses.attention_overlap`
             of the generator's attention rows to ``out.loss`` (default 0: the paper's loss).
-        saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.losses.saliency_alignment`
-            with the backbone's :func:`sopfast.losses.feature_saliency` at ``z = τ``: a teacher
+        saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.model.losses.saliency_alignment`
+            with the backbone's :func:`sopfast.model.losses.feature_saliency` at ``z = τ``: a teacher
             signal towards features that move the backbone (default 0: the paper's loss).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
@@ -92,16 +96,16 @@ class SOP(nn.Module):
         backbone: nn.Module,
         num_groups: int = 20,
         tau: float = 0.2,
-        mode: str = "exact",
+        mode: Literal["exact", "drop"] = "exact",
         *,
         num_heads: int = 1,
-        ties: str = "authors",
+        ties: Literal["authors", "logits"] = "authors",
         group_gen_scale: float = 1.0,
         group_sel_scale: float = 1.0,
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
         center_embeddings: bool = False,
-        queries: str = "fixed",
+        queries: Literal["fixed", "diverse"] = "fixed",
         normalize_logits: bool = False,
         freeze_projection: bool = False,
         diversity_weight: float = 0.0,
@@ -109,7 +113,7 @@ class SOP(nn.Module):
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
-        task: str = "classification",
+        task: Literal["classification", "regression"] = "classification",
         class_weights: torch.Tensor | None = None,
         adapter: BackboneAdapter | None = None,
         **adapter_kwargs,
@@ -362,26 +366,38 @@ class SOP(nn.Module):
             task=self.task,
         )
 
-    def save_pretrained(self, directory: str) -> str:
+    def save_pretrained(self, directory: str | os.PathLike) -> str:
         """Write the trainable weights (safetensors), the config and the backbone's hash to ``directory``."""
-        from .checkpoint import save_pretrained
-
         return str(save_pretrained(self, directory))
 
     @classmethod
-    def from_pretrained(cls, directory: str, backbone: nn.Module, **overrides) -> SOP:
-        """Rebuild a model saved with :meth:`save_pretrained` over the same ``backbone``."""
-        from .checkpoint import load_pretrained
+    def from_pretrained(
+        cls, directory: str | os.PathLike, backbone: nn.Module, *, strict_backbone: bool = True, **overrides
+    ) -> SOP:
+        """Rebuild a model saved with :meth:`save_pretrained` over the same ``backbone``.
 
-        return load_pretrained(directory, backbone, **overrides)
+        A ValueError names what does not fit: another backbone, another adapter, missing or reshaped
+        weights.
+
+        Args:
+            strict_backbone: refuse a backbone other than the one the model was saved with (``False``:
+                warn and load anyway).
+            overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
+        """
+        saved = read_pretrained(directory, backbone, strict_backbone=strict_backbone)
+        model = cls(backbone, **{**saved.options, **overrides})
+        saved.load_into(model, adapter_given="adapter" in overrides)
+        return model
 
     @classmethod
-    def from_authors(cls, directory: str, backbone: nn.Module, **overrides) -> SOP:
+    def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:
         """The model of an authors' checkpoint (``exlib`` ``SOPImageCls``/``SOPTextCls`` directory) over
-        ``backbone``, which must be the checkpoint's frozen backbone; see :mod:`sopfast.authors`."""
-        from .authors import from_authors
-
-        return from_authors(directory, backbone, **overrides)
+        ``backbone``, which must be the checkpoint's frozen backbone (:mod:`sopfast.model.authors`);
+        ``overrides`` go to the constructor (``tau``, the authors' ``k``, is not in their config)."""
+        checkpoint = AuthorsCheckpoint(directory, backbone)
+        model = cls(backbone, **{**checkpoint.options, "mode": "exact", **overrides})
+        checkpoint.load_into(model)
+        return model.to(next(backbone.parameters()).device)
 
     def group_chunk_size(self, tokens_per_group: int) -> int:
         """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens."""

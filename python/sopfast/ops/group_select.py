@@ -1,4 +1,4 @@
-"""Group selector and aggregation (SPEC §2.9–2.10).
+"""Group selector and aggregation (docs/method.md, steps 9–10).
 
 ``c[b, :, :] = sparsemax_i(β · (C W_Qᵀ) (z[b] W_Kᵀ)ᵀ)`` over the ``m`` groups, per class, in
 fp32; ``ŷ[b, c] = Σ_i c[b, c, i] · λ[b, i] · y[b, i, c]``.

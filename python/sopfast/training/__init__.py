@@ -1,5 +1,6 @@
 """Training: :func:`train` / :class:`Trainer` (AMP, checkpoints, exact resume, DDP under torchrun)."""
 
-from .trainer import NonFiniteLossError, Trainer, TrainResult, train
+from .config import TrainConfig, TrainResult
+from .trainer import NonFiniteLossError, Trainer, train
 
-__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "train"]
+__all__ = ["NonFiniteLossError", "TrainConfig", "TrainResult", "Trainer", "train"]

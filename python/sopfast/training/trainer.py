@@ -9,26 +9,18 @@ was never interrupted.  See ``docs/training.md``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
 from itertools import islice
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..checks import check_choice, check_int, check_number, finite_float
-from ..data.batches import FORMATS, parse_batch
+from ..data.batches import FORMATS, parse_batch, to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
@@ -42,6 +34,7 @@ from ..model.checkpoint import (
 )
 from ..model.output import SOPOutput
 from ..model.sop import SOP
+from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
 from .distributed import (
     ResumableSampler,
     all_reduce_sum,
@@ -53,12 +46,8 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
-
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
-HEAD_SCHEDULES = ("phases", "epochs")
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
-STATE_FORMAT = 1
+from .resume import check_resumable, fingerprint, resume_path
+from .state import JsonLinesLog, capture_rng, restore_rng, seed_everything
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
 
@@ -68,213 +57,12 @@ class NonFiniteLossError(ValueError):
     infinite; nothing computed after that step was saved."""
 
 
-@dataclass
-class TrainConfig:
-    """Options of :func:`train` (all keyword-only there).
-
-    Args:
-        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.
-        lr, weight_decay: AdamW settings (paper: ``lr=5e-6``).
-        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
-        warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
-            of all steps (give at most one).
-        schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
-        grad_clip: max global gradient norm (``None``: no clipping).
-        grad_accum: micro-batches per optimizer step.
-        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
-        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch).
-        save_every: write the training state every N steps (also at each epoch end and at the end).
-        log_every: one JSON-lines ``train`` record per N steps.
-        metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
-            (``None``: accuracy for classification, mse for regression).
-        output_dir: where checkpoints and ``log.jsonl`` go (``None``: nothing is written).
-        resume: ``True`` continues from ``output_dir``'s training state if there is one;
-            ``False`` starts afresh; a path names a state file (or its directory) that must exist.
-        seed: seeds python/numpy/torch and the data order.
-        progress: show a tqdm bar (rank 0 only).
-        log_file: JSON-lines log (default ``output_dir/log.jsonl``).
-        device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
-        max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
-        find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
-            whether some trainable parameter gets no gradient (CNN projections have such layers).
-        head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
-            authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
-            ``h``, and warm-up and decay of the learning rate restart in every phase) or
-            ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
-    """
-
-    epochs: int = 1
-    lr: float = 5e-6
-    weight_decay: float = 0.01
-    batch_size: int | None = None
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.0
-    schedule: str = "cosine"
-    grad_clip: float | None = 1.0
-    grad_accum: int = 1
-    amp: str | None = None
-    eval_every: int | None = None
-    save_every: int | None = 500
-    log_every: int = 10
-    metric: str | None = None
-    output_dir: str | os.PathLike | None = None
-    resume: bool | str | os.PathLike = True
-    seed: int = 0
-    progress: bool = True
-    log_file: str | os.PathLike | None = None
-    device: str | torch.device | None = None
-    max_steps: int | None = None
-    find_unused_parameters: bool | None = None
-    head_schedule: str = "phases"
-
-    def __post_init__(self) -> None:
-        check_int("epochs", self.epochs, 1)
-        check_number("lr", self.lr, 0.0, above=True)
-        check_number("weight_decay", self.weight_decay, 0.0)
-        check_number("warmup_ratio", self.warmup_ratio, 0.0)
-        if not self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if self.warmup_steps is not None and self.warmup_ratio:
-            raise ValueError("give warmup_steps or warmup_ratio, not both")
-        check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
-        for name in ("progress",):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        check_int("batch_size", self.batch_size, 1, optional=True)
-        check_int("warmup_steps", self.warmup_steps, 0, optional=True)
-        check_int("grad_accum", self.grad_accum, 1)
-        check_int("eval_every", self.eval_every, 1, optional=True)
-        check_int("save_every", self.save_every, 1, optional=True)
-        check_int("log_every", self.log_every, 1)
-        check_int("max_steps", self.max_steps, 1, optional=True)
-        check_int("seed", self.seed, 0)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
-        check_choice("amp", self.amp, (None, *AMP_DTYPES))
-        check_choice("metric", self.metric, (None, *METRICS))
-        if self.output_dir is not None:
-            self.output_dir = output_dir = Path(self.output_dir)
-            if self.log_file is None:
-                self.log_file = output_dir / "log.jsonl"
-
-    @property
-    def _output_path(self) -> Path | None:
-        """``output_dir`` typed as the Path ``__post_init__`` made of it."""
-        return None if self.output_dir is None else Path(self.output_dir)
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` returns: where training stopped and the best validation metric."""
-
-    step: int
-    epoch: int
-    best_metric: float | None
-    best_step: int | None
-    metrics: dict[str, float] = field(default_factory=dict)
-    output_dir: Path | None = None
-
-
-def lr_factor(schedule: str, warmup: int, total: int, period: int | None = None) -> Callable[[int], float]:
-    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``.
-
-    With ``period`` the schedule restarts every ``period`` steps (``total`` is then one period).
-    """
-
-    def factor(step: int) -> float:
-        if period is not None:
-            step %= period
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if schedule == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "inverse_sqrt":
-            base = max(1, warmup)
-            return math.sqrt(base / (step - warmup + base))
-        return 1.0
-
-    return factor
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python's ``random``, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def capture_rng() -> dict[str, Any]:
-    """The python/numpy/torch(/CUDA) RNG states, as plain types ``torch.load(weights_only=True)`` accepts."""
-    numpy_state = np.random.get_state()
-    if not isinstance(numpy_state, tuple):  # the legacy form: a tuple for the global MT19937 generator
-        raise TypeError(f"numpy's global random state is not MT19937's tuple: {type(numpy_state).__name__}")
-    kind, keys, pos, has_gauss, cached = numpy_state
-    return {
-        "python": random.getstate(),
-        "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng`."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def resolve_metric(metric: str | None, task: str) -> str:
-    """The validation metric to select checkpoints by (checked against the model's task)."""
-    if metric is None:
-        return "accuracy" if task == "classification" else "mse"
-    if (metric, task) in (("accuracy", "regression"), ("mse", "classification")):
-        raise ValueError(f"metric={metric!r} does not apply to a {task} model")
-    return metric
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of a batch (tensor, tuple/list or dict) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
 def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
-    """Run ``model`` on one batch of any form :func:`sopfast.batches.parse_batch` accepts; it must hold labels."""
+    """Run ``model`` on one batch of any form :func:`sopfast.data.batches.parse_batch` accepts; it must hold labels."""
     parsed = parse_batch(batch)
     if parsed.labels is None:
         raise ValueError(f"training batches need labels ('labels' | 'label' | 'y', or (x, y) tuples); {FORMATS}")
     return model(**parsed.model_inputs()), parsed.labels
-
-
-class JsonLinesLog:
-    """Append-only JSON-lines log (one record per line, flushed at once)."""
-
-    def __init__(self, path: str | os.PathLike | None):
-        self._file: IO[str] | None = None
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 class Trainer:
@@ -470,52 +258,21 @@ class Trainer:
         return n
 
     def _fingerprint(self) -> dict[str, Any]:
-        """Settings a resumed run must share with the saved one to continue it exactly."""
-        cfg = self.config
-        return {
-            "seed": cfg.seed,
-            "world_size": self.info.world_size,
-            "batch_size": self.train_loader.batch_size,
-            "grad_accum": cfg.grad_accum,
-            "batches_per_epoch": self.batches_per_epoch,
-            "epochs": cfg.epochs,
-            "lr": cfg.lr,
-            "schedule": cfg.schedule,
-            "warmup_steps": self.warmup_steps,
-        } | ({"head_schedule": cfg.head_schedule} if self.model.generator.num_heads > 1 else {})
-
-    def _resume_path(self) -> Path | None:
-        resume, output_dir = self.config.resume, self.config._output_path
-        if resume is False:
-            return None
-        if resume is True:
-            path = None if output_dir is None else output_dir / STATE_NAME
-            return path if path is not None and path.is_file() else None
-        return Path(resume)
+        return fingerprint(
+            self.config,
+            world_size=self.info.world_size,
+            batch_size=self.train_loader.batch_size,
+            batches_per_epoch=self.batches_per_epoch,
+            warmup_steps=self.warmup_steps,
+            num_heads=self.model.generator.num_heads,
+        )
 
     def _resume(self) -> None:
-        path = self._resume_path()
+        path = resume_path(self.config)
         if path is None:
             return
         state = load_training_state(path)
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path} is not a sopfast training state (format {state.get('format')!r})")
-        saved, now = state["fingerprint"], self._fingerprint()
-        changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
-        if changed:
-            raise ValueError(
-                f"cannot resume from {path}: settings differ from the saved run ({changed}, saved → now); "
-                "use the same settings, resume=False or another output_dir"
-            )
-        counters: dict[str, Any] = {k: state.get(k) for k in ("step", "epoch", "batches_done")}  # checked next
-        if (
-            not all(isinstance(v, int) and v >= 0 for v in counters.values())
-            or counters["batches_done"] >= self.batches_per_epoch
-        ):
-            raise ValueError(
-                f"cannot resume from {path}: its position {counters} is not inside an epoch of "
-                f"{self.batches_per_epoch} batches"
-            )
+        check_resumable(path, state, self._fingerprint(), self.batches_per_epoch)
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
         load_trainable_state_dict(self.model, state["model"])
@@ -731,68 +488,3 @@ def train(
     same call trains with DistributedDataParallel; only rank 0 writes files.
     """
     return Trainer(model, train_data, val_data, callbacks=callbacks, **options).fit()
-
-
-# -- command line ---------------------------------------------------------------------------------
-def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the training options to ``parser`` (``sopfast train``); read them back with :func:`options_from_args`.
-
-    Flags the parser already has (``--device``, ``--seed``, ...) are kept as they are.
-    """
-    d = TrainConfig()
-    group = parser.add_argument_group("training")
-    arguments: list[tuple[str, dict[str, Any]]] = [
-        ("--epochs", {"type": int, "default": d.epochs}),
-        ("--lr", {"type": finite_float, "default": d.lr}),
-        ("--weight-decay", {"type": finite_float, "default": d.weight_decay}),
-        ("--batch-size", {"type": int, "default": None, "help": "per process (required for datasets)"}),
-        ("--warmup-steps", {"type": int, "default": None}),
-        ("--warmup-ratio", {"type": finite_float, "default": d.warmup_ratio}),
-        ("--schedule", {"choices": SCHEDULES, "default": d.schedule}),
-        ("--grad-clip", {"type": finite_float, "default": d.grad_clip, "help": "0 disables clipping"}),
-        ("--grad-accum", {"type": int, "default": d.grad_accum}),
-        ("--amp", {"choices": tuple(AMP_DTYPES), "default": None}),
-        ("--eval-every", {"type": int, "default": None, "help": "steps (default: each epoch end)"}),
-        ("--save-every", {"type": int, "default": d.save_every}),
-        ("--log-every", {"type": int, "default": d.log_every}),
-        ("--metric", {"choices": tuple(METRICS), "default": None}),
-        ("--output-dir", {"default": None}),
-        ("--no-resume", {"dest": "resume", "action": "store_false", "help": "start afresh in output-dir"}),
-        ("--resume-from", {"default": None, "help": "training state file or directory to resume from"}),
-        ("--seed", {"type": int, "default": d.seed}),
-        ("--no-progress", {"dest": "progress", "action": "store_false"}),
-        ("--log-file", {"default": None}),
-        ("--device", {"default": None}),
-        ("--max-steps", {"type": int, "default": None}),
-        (
-            "--head-schedule",
-            {
-                "choices": HEAD_SCHEDULES,
-                "default": d.head_schedule,
-                "help": "which generator head trains when num_heads > 1",
-            },
-        ),
-    ]
-    for flag, kwargs in arguments:
-        if flag not in parser._option_string_actions:
-            group.add_argument(flag, **kwargs)
-    return parser
-
-
-def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The :func:`train` options from a namespace parsed with :func:`add_cli_arguments`."""
-    names = set(asdict(TrainConfig())) - {"resume", "grad_clip", "find_unused_parameters"}
-    options = {name: getattr(args, name) for name in names}
-    options["resume"] = args.resume_from if args.resume_from else args.resume
-    options["grad_clip"] = args.grad_clip or None
-    return options
-
-
-def run_cli(
-    args: argparse.Namespace,
-    model: SOP,
-    train_data: Dataset | DataLoader,
-    val_data: Dataset | DataLoader | None = None,
-) -> TrainResult:
-    """``sopfast train``: train with the options parsed by :func:`add_cli_arguments`."""
-    return train(model, train_data, val_data, **options_from_args(args))

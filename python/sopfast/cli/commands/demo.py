@@ -1,0 +1,25 @@
+"""``sopfast demo``: the end-to-end run on offline data (:mod:`sopfast.demo.run`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..common import add_common, check_output_dir, device
+
+NAME = "demo"
+HELP = "End-to-end run on offline data: train a backbone, train SOP, evaluate, draw."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--task", choices=("image", "text"), default="image", help="which demo (default: image)")
+    p.add_argument("--out", default="sopfast-demo", help="output directory (pictures, checkpoints, results.json)")
+    p.add_argument("--quick", action="store_true", help="a much smaller run (about a minute), for smoke tests")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...demo.run import run_demo
+
+    check_output_dir("--out", args.out)
+    run_demo(task=args.task, out_dir=args.out, quick=args.quick, device=device(args.device), seed=args.seed)
+    return 0

@@ -1,0 +1,84 @@
+"""``sopfast evaluate``: the paper's evaluation of a trained SOP model (and baselines), as a table
+and JSON.  Every keyword of ``sopfast.evaluate`` is a flag, generated from its signature."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ...evaluation.evaluate import METRICS, evaluate, format_table
+from ..common import (
+    add_common,
+    add_data,
+    add_load_overrides,
+    add_model_source,
+    check_output_file,
+    device,
+    load_backbone,
+    load_model,
+    load_split,
+    report,
+)
+from ..options import add_api_options, api_values
+from ..parser import int_at_least
+
+NAME = "evaluate"
+HELP = "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_model_source(p, need_checkpoint=True)
+    add_load_overrides(p)
+    add_data(p)
+    p.add_argument("--split", default=None, help="the data's split to evaluate (default: test, validation)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=32, help="examples per batch (default: 32)")
+    g = p.add_argument_group("evaluation (sopfast.evaluate)")
+    g.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=METRICS,
+        default=None,
+        help="metrics to compute (default: accuracy or mse, fidelity, insertion, deletion, sparsity)",
+    )
+    g.add_argument(
+        "--baselines",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="baselines to compare with: 'all' or names of sopfast.baselines.available_baselines()",
+    )
+    g.add_argument(
+        "--ground-truth-key",
+        default=None,
+        help="dict key (or tuple position) of the ground-truth masks for iou / coverage / object_ratio",
+    )
+    names = add_api_options(g, evaluate, skip=("device", "print_table"), given_only=True)
+    g.add_argument("--output", default=None, help="write the results as JSON to this path")
+    p.set_defaults(evaluate_names=names)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    check_output_file("--output", args.output)
+    run_device = device(args.device)
+    backbone = load_backbone(args)
+    model = load_model(args, backbone)
+    dataset, info = load_split(args, model, backbone, "test", args.limit)
+    report(info)
+    key = args.ground_truth_key
+    if isinstance(key, str) and key.isdigit():
+        key = int(key)
+    results = evaluate(
+        model,
+        torch.utils.data.DataLoader(dataset, batch_size=args.batch_size),
+        ground_truth_key=key,
+        device=run_device,
+        **api_values(args, args.evaluate_names),
+    )
+    print(format_table(results))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 0

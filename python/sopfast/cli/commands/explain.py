@@ -1,0 +1,49 @@
+"""``sopfast explain``: explanation pictures of a trained SOP model (a PNG per image, an HTML page
+per text)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..common import (
+    add_common,
+    add_data,
+    add_load_overrides,
+    add_model_source,
+    check_output_dir,
+    device,
+    load_backbone,
+    load_model,
+    load_split,
+    report,
+)
+from ..parser import int_at_least
+
+NAME = "explain"
+HELP = "Write explanation pictures (PNG per image, HTML per text)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_model_source(p, need_checkpoint=True)
+    add_load_overrides(p)
+    add_data(p)
+    p.add_argument("--split", default=None, help="the data's split to explain (default: test, validation)")
+    p.add_argument("--count", type=int_at_least(1), default=8, help="how many test examples to explain")
+    p.add_argument("--out", default="explanations", help="output directory (default: explanations)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...explain import write_explanations
+
+    check_output_dir("--out", args.out)
+    run_device = device(args.device)
+    backbone = load_backbone(args)
+    model = load_model(args, backbone)
+    dataset, info = load_split(args, model, backbone, "test", args.count)
+    report(info)
+    paths = write_explanations(
+        model, dataset, args.out, count=args.count, device=run_device, class_names=getattr(dataset, "classes", None)
+    )
+    print("\n".join(paths))
+    return 0

@@ -1,0 +1,120 @@
+"""``sopfast train``: train an SOP model over a backbone on a built-in dataset or your own data.
+
+Every ``sopfast.SOP`` option, every adapter option (``--feature-layer`` for CNNs) and every
+``sopfast.train`` option is a flag, generated from the Python API; a flag that is not given takes
+the API's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from ...adapters.registry import builtin_adapter_classes
+from ...model.sop import SOP
+from ...training.config import TrainConfig
+from ..common import (
+    add_common,
+    add_data,
+    add_model_source,
+    check_output_dir,
+    check_output_file,
+    device,
+    load_backbone,
+    load_model,
+    load_split,
+    present,
+    report,
+)
+from ..options import add_api_options, api_values, parameters
+from ..parser import int_at_least
+
+if TYPE_CHECKING:
+    from ...adapters.sources import Backbone
+
+NAME = "train"
+HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
+# sopfast.SOP parameters without a command-line form (tensors, adapter objects)
+SOP_SKIP = ("class_weights", "adapter")
+# TrainConfig fields with flags of their own below (or none: set from --device / --seed)
+TRAIN_SKIP = ("resume", "device", "seed")
+SOP_OPTIONS = frozenset(name for name in parameters(SOP) if name not in SOP_SKIP)
+
+
+def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags of every ``sopfast.SOP`` option (and of the adapters' options)."""
+    g = parser.add_argument_group("model options (sopfast.SOP)")
+    shown = {"mode": "drop where the backbone supports it, else exact"}
+    names = add_api_options(g, SOP, skip=SOP_SKIP, given_only=True, shown_defaults=shown)
+    for adapter_cls in builtin_adapter_classes():
+        names += add_api_options(
+            g, adapter_cls, skip=("backbone",), given_only=True, help_prefix=f"{adapter_cls.family}: "
+        )
+    return names
+
+
+def train_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags of every ``sopfast.train`` option (:class:`~sopfast.training.config.TrainConfig`)."""
+    g = parser.add_argument_group("training (sopfast.train)")
+    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": 32})
+    g.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh in --output-dir")
+    g.add_argument("--resume-from", default=None, help="training state file or directory to resume from")
+    return names
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_model_source(p, need_checkpoint=False)
+    add_data(p)
+    p.add_argument("--train-split", default=None, help="the data's split to train on (default: train)")
+    p.add_argument("--val-split", default=None, help="the data's validation split (default: validation, val, test)")
+    p.add_argument("--val-limit", type=int_at_least(1), default=None, help="use only the first N validation examples")
+    p.set_defaults(sop_names=sop_flags(p), train_names=train_flags(p))
+
+
+def training_options(args: argparse.Namespace) -> dict:
+    """The :func:`sopfast.train` keyword arguments the flags give (unset ones: the API's defaults)."""
+    options = api_values(args, args.train_names)
+    options.update(device=args.device, seed=args.seed, resume=args.resume_from or args.resume)
+    return options
+
+
+def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
+    """The ``--checkpoint`` model (the given SOP flags override what it saved), or a new SOP over
+    ``backbone`` from the given flags (``mode``: ``drop`` where the backbone supports it)."""
+    from ...adapters import find_adapter_class
+
+    sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
+    if args.checkpoint:
+        return load_model(args, backbone, sop_options)
+    adapter_cls = find_adapter_class(backbone.model)
+    given = {n: getattr(args, n, None) for n in args.sop_names if n not in SOP_OPTIONS}
+    adapter_options = adapter_cls.adapter_options(backbone.model, **given)
+    sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
+    return SOP(backbone.model, **sop_options, **adapter_options)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...training import train
+    from ...training.state import seed_everything
+
+    check_output_dir("--output-dir", getattr(args, "output_dir", None))
+    check_output_file("--log-file", getattr(args, "log_file", None))
+    device(args.device)
+    options = training_options(args)
+    TrainConfig(**options)  # every training option checked before any loading
+    seed_everything(args.seed)  # before the model is built: its generator and selector start from the seed
+    backbone = load_backbone(args)
+    model = build_model(args, backbone)
+    train_data, train_info = load_split(args, model, backbone, "train", args.limit)
+    val_data, val_info = load_split(args, model, backbone, "val", args.val_limit)
+    report(train_info, val_info)
+    result = train(model, train_data, val_data, **options)
+    output_dir = options.get("output_dir")
+    if output_dir:
+        print(
+            f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
+            f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
+        )
+    return 0

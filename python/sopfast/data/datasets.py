@@ -1,0 +1,89 @@
+"""The torch datasets sopfast reads: tokenised texts (dict items) and images decoded on access."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+class TextDataset(torch.utils.data.Dataset):
+    """Tokenised texts as dict items ``{"input_ids", "attention_mask", "token_type_ids", "labels"}``
+    (each ``encoded`` tensor ``[N, T]``, ``labels [N]``); the ``tokenizer`` and class names kept."""
+
+    def __init__(
+        self,
+        encoded: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        tokenizer: Any = None,
+        classes: Sequence[str] | None = None,
+    ):
+        self.encoded = encoded
+        self.labels = labels
+        self.tokenizer = tokenizer
+        self.classes = list(classes) if classes is not None else None
+
+    @classmethod
+    def tokenize(
+        cls,
+        tokenizer: Any,
+        texts: Sequence[str],
+        labels: Sequence[int] | torch.Tensor,
+        pairs: Sequence[str] | None = None,
+        max_length: int = 128,
+        padding: str = "longest",
+        classes: Sequence[str] | None = None,
+    ) -> TextDataset:
+        """``texts`` (and second segments ``pairs``) tokenised, truncated to ``max_length`` tokens."""
+        enc = tokenizer(
+            list(texts),
+            None if pairs is None else list(pairs),
+            padding=padding,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        encoded = {
+            "input_ids": enc["input_ids"],
+            "attention_mask": enc["attention_mask"],
+            "token_type_ids": enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
+        }
+        return cls(encoded, torch.as_tensor(labels, dtype=torch.long), tokenizer, classes)
+
+    def subset(self, index: torch.Tensor | Sequence[int]) -> TextDataset:
+        """The examples at ``index`` (a bool mask or positions), as a new dataset."""
+        index = torch.as_tensor(index)
+        return TextDataset(
+            {k: v[index] for k, v in self.encoded.items()}, self.labels[index], self.tokenizer, self.classes
+        )
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {**{k: v[i] for k, v in self.encoded.items()}, "labels": self.labels[i]}
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """``(x [C, H, W], y)`` pairs: ``load(i)`` gives example ``i``'s image, ``preprocess`` turns it into
+    a tensor, ``label(i)`` its class id; ``classes`` names the class ids."""
+
+    def __init__(
+        self,
+        size: int,
+        load: Callable[[int], Any],
+        preprocess: Callable[[Any], torch.Tensor],
+        label: Callable[[int], int],
+        classes: Sequence[str],
+    ):
+        self.size, self.load, self.preprocess, self.label = size, load, preprocess, label
+        self.classes = list(classes)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < self.size:
+            raise IndexError(f"index {i} is out of range for {self.size} examples")
+        return self.preprocess(self.load(i)), torch.tensor(self.label(i), dtype=torch.long)

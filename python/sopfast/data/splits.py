@@ -1,0 +1,103 @@
+"""One split of ``--data`` for a model: a built-in dataset or your own files, preprocessed for the
+backbone, its first example checked to make a batch the model takes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..adapters.base import BackboneAdapter
+from ..adapters.preprocessing import preprocessing_for
+from ..adapters.sources import Backbone
+from .batches import parse_batch
+from .builtin import BUILTIN
+from .user_data import Columns, DataError
+from .user_data import load_split as load_user_split
+
+
+@dataclass
+class DataOptions:
+    """How to read your own data: columns, the split names, the held-out fraction, and preprocessing
+    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)."""
+
+    columns: Columns | None = None
+    train_split: str | None = None
+    val_split: str | None = None
+    split: str | None = None
+    holdout: float = 0.1
+    image_size: Sequence[int] | None = None
+    image_mean: Sequence[float] | None = None
+    image_std: Sequence[float] | None = None
+    max_length: int | None = None
+
+    def split_for(self, role: str) -> str | None:
+        """The split name asked for ``role`` (``"train"``, ``"val"``, ``"test"``)."""
+        return {"train": self.train_split, "val": self.val_split}.get(role, self.split)
+
+
+def load_split(
+    data: str,
+    role: str,
+    adapter: BackboneAdapter,
+    source: Backbone,
+    options: DataOptions | None = None,
+    limit: int | None = None,
+) -> tuple[torch.utils.data.Dataset, str]:
+    """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of ``data`` — a name in
+    :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL)
+    — for the backbone ``adapter`` wraps, loaded from ``source``; and a line saying which split it is.
+
+    Raises :class:`sopfast.data.user_data.DataError` (a ValueError) naming the data and the role when
+    the split is empty, has no labels or does not fit the backbone.
+    """
+    options = options or DataOptions()
+    dataset, description = _read(data, role, adapter, source, options, limit)
+    if len(dataset) == 0:
+        raise DataError(f"--data {data}: the {role} split is empty")
+    batch = parse_batch(torch.utils.data.default_collate([dataset[0]]))
+    if batch.labels is None:
+        raise DataError(f"--data {data}: the {role} examples have no labels")
+    try:
+        adapter.prepare(**batch.adapter_inputs())
+    except (ValueError, TypeError) as err:
+        raise DataError(f"--data {data} ({role}) does not fit the backbone: {err}") from err
+    return dataset, description
+
+
+def _read(
+    data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
+) -> tuple[torch.utils.data.Dataset, str]:
+    modality = adapter.modality
+    if data in BUILTIN:
+        builtin = BUILTIN[data]
+        if builtin.modality != modality:
+            article = "an" if modality == "image" else "a"
+            raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
+        dataset = builtin.read(role, limit, source.directory)
+        return dataset, f"{role} data: {data}, {len(dataset)} examples"
+    if not os.path.exists(data):
+        raise DataError(
+            f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
+            "existing image folder, saved Hugging Face dataset or CSV/JSONL file"
+        )
+    prep = preprocessing_for(
+        adapter,
+        source,
+        image_size=options.image_size,
+        mean=options.image_mean,
+        std=options.image_std,
+        max_length=options.max_length,
+    )
+    dataset, name = load_user_split(
+        data,
+        role,
+        prep,
+        columns=options.columns,
+        split=options.split_for(role),
+        holdout=options.holdout,
+        limit=limit,
+    )
+    return dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples"

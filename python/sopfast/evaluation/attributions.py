@@ -1,0 +1,196 @@
+"""Per-feature attributions of the frozen backbone, for the "-F" baselines: gradient × input,
+Grad-CAM, Captum's Integrated Gradients / Occlusion / LIME / KernelSHAP, and the CLS attention
+FRESH reads.  Each is an :data:`AttributionFn` ``(model, inputs, target [B]) → [B, d]``."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..checks import check_int
+from ..types import FeatureInputs
+from .methods import candidate_mask, run_masks
+
+if TYPE_CHECKING:
+    from ..model.sop import SOP
+
+AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor], torch.Tensor]
+FORWARD_BUDGET = 20
+INPUT_FIELDS = ("pixels", "input_ids", "attention_mask", "token_type_ids")
+
+
+def _fields(inputs: FeatureInputs) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
+    names = tuple(n for n in INPUT_FIELDS if getattr(inputs, n) is not None)
+    return names, tuple(getattr(inputs, n) for n in names)
+
+
+def soft_forward(model: SOP, inputs: FeatureInputs, z: torch.Tensor) -> torch.Tensor:
+    """Backbone logits ``[N, C]`` with each feature scaled by its presence ``z [N, d] ∈ [0, 1]``
+    (differentiable in ``z``): the adapter's :meth:`~sopfast.adapters.BackboneAdapter.soft_forward`."""
+    return model.adapter.soft_forward(inputs, z)
+
+
+def _pick(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return logits.float().gather(1, target.view(-1, 1).to(logits.device)).sum()
+
+
+def gradient_x_input(model: SOP, inputs: FeatureInputs, target: torch.Tensor) -> torch.Tensor:
+    """Gradient × input per feature ``[B, d]``: ``∂f_t/∂z`` at ``z = 1`` (:func:`soft_forward`), i.e.
+    ``Σ_{pixels of the feature} x · ∂f_t/∂x`` for images.  One forward and one backward pass."""
+    z = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device, requires_grad=True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(_pick(soft_forward(model, inputs, z), target), z)
+    return grad
+
+
+@contextmanager
+def _captured(module: nn.Module, pre: bool) -> Iterator[list[torch.Tensor]]:
+    """Replace ``module``'s input (``pre``) or output by a leaf that requires grad; yield it."""
+    store: list[torch.Tensor] = []
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        store.append(t.detach().requires_grad_(True))
+        return store[-1]
+
+    def pre_hook(_m, args, kwargs):
+        if args:
+            return (leaf(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": leaf(kwargs["hidden_states"])}
+
+    if pre:
+        handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+        handle = module.register_forward_hook(lambda _m, _a, out: leaf(out))
+    try:
+        yield store
+    finally:
+        handle.remove()
+
+
+def grad_cam(model: SOP, inputs: FeatureInputs, target: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM per feature ``[B, d]``: ``ReLU(Σ_e w_e A_e)`` with ``w`` the feature-averaged gradient.
+
+    ``A`` is the CNN's ``feature_layer`` map, or the tokens entering the last Transformer block.
+    """
+    module, pre, prefix = model.adapter.cam_layer()
+    with _captured(module, pre) as store, torch.enable_grad():
+        logits = model.adapter.full_forward(inputs)[0]
+        (grad,) = torch.autograd.grad(_pick(logits, target), store[-1])
+    act = store[-1].detach()
+    if act.dim() == 4:
+        act, grad = act.flatten(2).transpose(1, 2), grad.flatten(2).transpose(1, 2)
+    act, grad = act[:, prefix:], grad[:, prefix:]
+    return torch.relu((act * grad.mean(dim=1, keepdim=True)).sum(-1)).float()
+
+
+CAPTUM_METHODS = ("ig", "occlusion", "lime", "kernelshap")
+
+
+def captum_available(method: str = "ig") -> bool:
+    """Whether Captum (and scikit-learn for LIME / KernelSHAP) can be imported."""
+    needed = ["captum"] + (["sklearn"] if method in ("lime", "kernelshap") else [])
+    return all(importlib.util.find_spec(n) is not None for n in needed)
+
+
+def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 1) -> AttributionFn:
+    """A Captum attribution over the ``d`` features, as an :data:`AttributionFn`.
+
+    ``"ig"``: Integrated Gradients from the blank input along :func:`soft_forward`, ``budget``
+    steps.  ``"lime"`` / ``"kernelshap"``: ``budget`` binary feature masks per example, each run
+    on the masked path (exact).  ``"occlusion"``: blanks ``window`` consecutive features at a
+    time — ``d / window`` passes, not matchable to the budget.  Needs ``pip install captum``
+    (LIME and KernelSHAP also scikit-learn).
+    """
+    if method not in CAPTUM_METHODS:
+        raise ValueError(f"method must be one of {CAPTUM_METHODS}, got {method!r}")
+    check_int("budget", budget, 1)
+    check_int("window", window, 1)
+    if not captum_available(method):
+        raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
+    return lambda model, inputs, target: _captum(method, budget, window, model, inputs, target)
+
+
+def _hard_forward(model: SOP, names: tuple[str, ...]) -> Callable[..., torch.Tensor]:
+    def forward(z: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+        batch = FeatureInputs(**dict(zip(names, tensors)))
+        return run_masks(model, batch, (z > 0.5).unsqueeze(1), "exact").logits[:, 0]
+
+    return forward
+
+
+def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor):
+    import captum.attr as ca
+
+    names, tensors = _fields(inputs)
+    ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
+    if method == "ig":
+
+        def forward(z, *t):
+            return soft_forward(model, FeatureInputs(**dict(zip(names, t))), z)
+
+        with torch.enable_grad():
+            return (
+                ca.IntegratedGradients(forward)
+                .attribute(
+                    ones,
+                    baselines=0.0,
+                    target=target,
+                    additional_forward_args=tensors,
+                    n_steps=budget,
+                    internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
+                )
+                .detach()
+                .float()
+            )
+    hard = _hard_forward(model, names)
+    if method == "occlusion":
+        return (
+            ca.Occlusion(hard)
+            .attribute(
+                ones,
+                sliding_window_shapes=(window,),
+                strides=window,
+                baselines=0.0,
+                target=target,
+                additional_forward_args=tensors,
+                perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
+            )
+            .float()
+        )
+    explainer = ca.Lime(hard) if method == "lime" else ca.KernelShap(hard)
+    valid = candidate_mask(model, inputs)
+    rows = []
+    for b in range(inputs.batch_size):
+        ids = torch.where(valid[b], valid[b].long().cumsum(0) - 1, valid[b].sum()).unsqueeze(0)
+        rows.append(
+            explainer.attribute(
+                ones[b : b + 1],
+                baselines=0.0,
+                target=target[b : b + 1],
+                feature_mask=ids,
+                additional_forward_args=tuple(t[b : b + 1] for t in tensors),
+                n_samples=budget,
+                perturbations_per_eval=budget,
+            )
+        )
+    return torch.cat(rows).float()
+
+
+def has_cls_attention(model: SOP) -> bool:
+    """Whether :func:`cls_attention` supports ``model``'s backbone."""
+    return model.adapter.has_cls_attention
+
+
+def cls_attention(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    """``[B, d]``: last-layer attention from the CLS token to each feature, averaged over heads."""
+    if not has_cls_attention(model):
+        raise ValueError(
+            f"FRESH(source='cls') needs a Transformer with a CLS token, got {type(model.adapter).__name__} "
+            "(its adapter has no cls_attention); use Fresh(source='generator')"
+        )
+    return model.adapter.cls_attention(inputs)

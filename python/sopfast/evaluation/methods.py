@@ -1,0 +1,198 @@
+"""What :func:`sopfast.evaluate` scores: a :class:`Method` makes groups for a batch and predicts from
+them on SOP's masked-inference path (``model.adapter.run_groups``, exact or drop).  SOP itself is
+one (:class:`SOPMethod`); the baselines (:mod:`sopfast.evaluation.baselines`) are the others.
+
+A :class:`Method` does the per-batch work that does not depend on the sparsity in
+:meth:`Method.prepare` and returns a :class:`Prediction` at a sparsity τ from :meth:`Method.predict`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
+
+import torch
+
+from ..ops import aggregate, top_tau
+from ..types import FeatureInputs, GroupPredictions, Groups
+
+if TYPE_CHECKING:
+    from ..model.sop import SOP
+
+COMBINES = ("mean", "selector", "per_output")
+#: What a :class:`Method`'s :meth:`~Method.prepare` hands to its :meth:`~Method.predict`.
+StateT = TypeVar("StateT")
+
+
+@dataclass
+class Prediction:
+    """A self-attributing prediction: ``logits [B, C]``, ``attributions [B, C, m]`` (summing to the
+    logits), ``group_masks [B, m, d]`` bool and ``used [B, C, m]`` (the groups each class uses)."""
+
+    logits: torch.Tensor
+    attributions: torch.Tensor
+    group_masks: torch.Tensor
+    used: torch.Tensor
+
+
+class Method(ABC, Generic[StateT]):
+    """Something :func:`sopfast.evaluate` can score: it makes groups and predicts from them.
+
+    ``StateT`` is the type of the per-batch state :meth:`prepare` returns and :meth:`predict` takes.
+    """
+
+    name: str = "method"
+
+    def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> StateT:
+        """Per-batch work independent of the sparsity (attributions, attention); passed to :meth:`predict`.
+
+        The default does no work and returns ``None`` (a subclass keeping it is a ``Method[None]``)."""
+        # The type system cannot tie "StateT is None" to "prepare is not overridden".
+        return cast(StateT, None)
+
+    @abstractmethod
+    def predict(
+        self, model: SOP, inputs: FeatureInputs, state: StateT, tau: float | None, largest: bool | None, mode: str
+    ) -> Prediction:
+        """Predict with groups of sparsity ``tau`` (``None``: the model's τ) holding the highest-ranked
+        features (``largest=False``: the lowest; ``None``: the method's own choice)."""
+
+
+# -- shared group execution -----------------------------------------------------------------
+def candidate_mask(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    """``[B, d]`` bool: the features that may join a group."""
+    return model.adapter.candidate_mask(inputs)
+
+
+def top_tau_masks(scores: torch.Tensor, valid: torch.Tensor, tau: float, largest: bool = True) -> torch.Tensor:
+    """``[B, m, d]`` bool: per row of ``scores [B, m, d]`` the top-τ valid features (SOP's rule:
+    ``k = max(1, floor(τ·d_valid))``, ties to the lower index)."""
+    b, m, d = scores.shape
+    rows_valid = None if bool(valid.all()) else valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d)
+    flat = torch.nan_to_num(scores.detach().float(), nan=0.0).reshape(b * m, d)
+    return top_tau(flat, tau, valid=rows_valid, largest=largest, ties="logits").mask.view(b, m, d)
+
+
+def masks_to_groups(masks: torch.Tensor) -> Groups:
+    """Wrap bool ``masks [B, P, d]`` as :class:`Groups` (ascending ``-1``-padded indices, ``λ = 1``)."""
+    b, p, d = masks.shape
+    k_max = max(1, int(masks.sum(dim=-1).max())) if masks.numel() else 1
+    pos = torch.arange(d, device=masks.device).expand_as(masks)
+    idx = torch.sort(torch.where(masks, pos, pos + d), dim=-1).values[..., :k_max]
+    idx = torch.where(idx < d, idx, torch.full_like(idx, -1))
+    return Groups(mask=masks, indices=idx, lam=masks.new_ones(b, p, dtype=torch.float32), attention=masks.float())
+
+
+def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str) -> GroupPredictions:
+    """The frozen backbone on every mask of ``masks [B, P, d]`` → logits ``[B, P, C]``, keys ``[B, P, H]``.
+
+    ``drop`` on an image backbone needs equal-size groups (``-1`` padding would add zero tokens
+    that attend); masks of different sizes therefore run ``exact`` there.
+    """
+    sizes = masks.sum(dim=-1)
+    if mode == "drop" and model.adapter.modality == "image" and bool((sizes != sizes.flatten()[:1]).any()):
+        mode = "exact"
+    with torch.no_grad():
+        groups = masks_to_groups(masks)
+        chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode))
+        return model.adapter.run_groups(inputs, groups, mode, chunk)
+
+
+def combine_groups(model: SOP, preds: GroupPredictions, masks: torch.Tensor, how: str) -> Prediction:
+    """Turn group predictions into a :class:`Prediction`.
+
+    ``"mean"``: average of the group logits (BagNet); ``"selector"``: SOP's trained selector
+    with ``λ = 1``; ``"per_output"``: group ``c`` alone predicts output ``c`` (needs ``m = C``).
+    """
+    y = preds.logits.float()
+    b, m, c = y.shape
+    if how == "mean":
+        alpha = y.transpose(1, 2) / m
+        return Prediction(alpha.sum(-1), alpha, masks, torch.ones_like(alpha, dtype=torch.bool))
+    if how == "selector":
+        with torch.no_grad():
+            scores = model.selector(preds.keys)
+            logits = aggregate(scores, masks.new_ones(b, m, dtype=torch.float32), preds.logits)
+        return Prediction(logits.float(), scores * y.transpose(1, 2), masks, scores > 0)
+    if how == "per_output":
+        if m != c:
+            raise ValueError(f"combine='per_output' needs one group per output (m = C = {c}), got m={m}")
+        eye = torch.eye(c, dtype=torch.bool, device=y.device).expand(b, c, c)
+        alpha = y.transpose(1, 2) * eye
+        return Prediction(alpha.sum(-1), alpha, masks, eye.clone())
+    raise ValueError(f"combine must be one of {COMBINES}, got {how!r}")
+
+
+def backbone_logits(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    """``[B, C]``: the plain backbone on the full input."""
+    with torch.no_grad():
+        return model.adapter.full_forward(inputs)[0].float()
+
+
+# -- score-based methods ------------------------------------------------------------------
+class ScoreBaseline(Method[torch.Tensor]):
+    """Groups are the top-τ features of per-group scores ``[B, m, d]``; the backbone predicts on each."""
+
+    combine: str = "mean"
+
+    @abstractmethod
+    def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, m, d]`` feature scores, one row per group (higher = kept first)."""
+
+    def combine_mode(self, model: SOP) -> str:
+        return self.combine
+
+    def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> torch.Tensor:
+        return self.scores(model, inputs).detach()
+
+    def predict(
+        self, model: SOP, inputs: FeatureInputs, state: torch.Tensor, tau: float | None, largest: bool | None, mode: str
+    ) -> Prediction:
+        tau = model.tau if tau is None else tau
+        masks = top_tau_masks(state, candidate_mask(model, inputs), tau, largest is not False)
+        return combine_groups(model, run_masks(model, inputs, masks, mode), masks, self.combine_mode(model))
+
+
+# -- SOP as a method ------------------------------------------------------------------------
+@dataclass
+class _SOPState:
+    emb: torch.Tensor
+    valid: torch.Tensor
+    grid: tuple[int, int] | None
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class SOPMethod(Method[_SOPState]):
+    """The SOP model itself: the generator embedding runs once per batch (:meth:`prepare`), and
+    groups at any τ / group count come from the same attention logits (:meth:`groups`)."""
+
+    name = "SOP"
+
+    def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> _SOPState:
+        with torch.no_grad():
+            emb = model.adapter.embed(model.projection, inputs)
+        return _SOPState(emb, candidate_mask(model, inputs), model.adapter.feature_grid(inputs))
+
+    def groups(self, model: SOP, state: _SOPState, tau: float, largest: bool, num_groups: int | None = None) -> Groups:
+        """What ``model.make_groups`` returns for this τ (eval mode; ``largest=False`` = ``deletion=True``)."""
+        m = model.num_groups if num_groups is None else num_groups
+        if m not in state.logits:
+            with torch.no_grad(), torch.autocast(device_type=state.emb.device.type, enabled=False):
+                state.logits[m] = model.generator.logits(state.emb, state.valid, m, None)
+        return model.generator.binarise(state.logits[m], state.valid, tau, deletion=not largest, grid=state.grid)
+
+    def predict(
+        self,
+        model: SOP,
+        inputs: FeatureInputs,
+        state: _SOPState,
+        tau: float | None,
+        largest: bool | None,
+        mode: str,
+        num_groups: int | None = None,
+    ) -> Prediction:
+        tau = model.tau if tau is None else tau
+        largest = (not model.deletion) if largest is None else largest
+        out = model.predict_groups(inputs, self.groups(model, state, tau, largest, num_groups), mode)
+        return Prediction(out.logits.float(), out.attributions.float(), out.group_masks, out.group_scores > 0)

@@ -1,0 +1,348 @@
+"""The metrics :func:`sopfast.evaluate` computes, one registered :class:`Metric` each.
+
+A metric takes one method's :class:`Step` on one batch — its base prediction, its predictions at
+other sparsities or group counts, the labels and ground truth — and returns per-example values
+to keep (:meth:`Metric.collect`); after the last batch it turns the kept values into results
+(:meth:`Metric.finalize`).  A new metric is one registered :class:`Metric`: the runner has no
+per-metric code.  Steps cache what several metrics share (the insertion curve is the sparsity
+curve when their sparsities agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from ..adapters.images import upsample_mask
+from ..types import FeatureInputs
+from . import metrics as M
+from .methods import Method, Prediction, SOPMethod, candidate_mask
+
+if TYPE_CHECKING:
+    from ..model.sop import SOP
+
+Values = dict[str, torch.Tensor]
+TASKS = ("classification", "regression")
+
+
+@dataclass
+class Plan:
+    """What one :func:`sopfast.evaluate` call computes: metric names, the group execution mode, the
+    sparsities of the sparsity curve, of the insertion/deletion steps, the group counts, and the
+    CosmoGrid thresholds."""
+
+    metrics: list[str]
+    mode: str
+    taus: list[float]
+    steps: list[float]
+    group_counts: list[int]
+    tau_v: float
+    tau_c: float
+
+
+@dataclass
+class Step:
+    """One method on one batch: what the metrics read, computed once and shared."""
+
+    method: Method
+    model: SOP
+    inputs: FeatureInputs
+    labels: torch.Tensor | None
+    ground_truth: torch.Tensor | None
+    plan: Plan
+    state: Any = None
+    _curves: dict[tuple[tuple[float, ...], bool], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return self.model.task
+
+    @cached_property
+    def base(self) -> Prediction:
+        """The method's prediction at the model's own τ."""
+        return self.method.predict(self.model, self.inputs, self.state, None, None, self.plan.mode)
+
+    @cached_property
+    def used(self) -> torch.Tensor:
+        """``[B, m]``: the groups used for the predicted class (any output, for regression)."""
+        used = self.base.used
+        if self.task == "regression":
+            return used.any(dim=1)
+        top = self.base.logits.argmax(dim=-1).view(-1, 1, 1).expand(-1, 1, used.shape[-1])
+        return used.gather(1, top).squeeze(1)
+
+    def need_labels(self) -> torch.Tensor:
+        if self.labels is None:
+            raise ValueError("this metric needs labels, but the batch has none")
+        return self.labels
+
+    def need_ground_truth(self) -> torch.Tensor:
+        if self.ground_truth is None:
+            raise ValueError("this metric needs ground-truth masks, but the batch has none")
+        return self.ground_truth
+
+    def at(self, taus: list[float], largest: bool) -> torch.Tensor:
+        """``[B, S, C]`` logits with groups of each sparsity of ``taus`` (the highest-ranked features,
+        or the lowest when not ``largest``)."""
+        key = (tuple(taus), largest)
+        if key not in self._curves:
+            logits = [
+                self.method.predict(self.model, self.inputs, self.state, t, largest, self.plan.mode).logits
+                for t in taus
+            ]
+            self._curves[key] = torch.stack(logits, dim=1)
+        return self._curves[key]
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Per-example accuracy (0/1) or MSE of ``logits [B, C]``."""
+        if self.task == "regression":
+            return M.mse(logits, self.need_labels(), reduction="none")
+        return M.accuracy(logits, self.need_labels(), reduction="none")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: ``collect(step) → {key: per-example values}`` on every batch, ``finalize(kept, plan,
+    model) → {result name: value}`` at the end (``kept``: each key's values concatenated).
+
+    ``needs_labels``: the model tasks for which batches must hold labels; ``needs_ground_truth``:
+    batches must hold ground-truth masks; ``tasks``: the model tasks it applies to; ``sop_only``: the
+    baselines skip it; ``default``: computed when no metrics are named.  Values whose last dimension
+    differs between batches (text lengths) are zero-padded when kept.
+    """
+
+    name: str
+    collect: Callable[[Step], Values]
+    finalize: Callable[[dict[str, torch.Tensor], Plan, SOP], dict[str, Any]]
+    needs_labels: tuple[str, ...] = ()
+    needs_ground_truth: bool = False
+    tasks: tuple[str, ...] = TASKS
+    sop_only: bool = False
+    default: bool = False
+
+
+REGISTRY: dict[str, Metric] = {}
+
+
+def register_metric(metric: Metric) -> Metric:
+    """Make ``metric`` available to :func:`sopfast.evaluate` under ``metric.name``."""
+    if metric.name in REGISTRY:
+        raise ValueError(f"metric {metric.name!r} is already registered")
+    REGISTRY[metric.name] = metric
+    return metric
+
+
+def _mean(name: str) -> Callable[[dict[str, torch.Tensor], Plan, Any], dict[str, Any]]:
+    return lambda kept, plan, model: {name: float(kept[name].nanmean())}
+
+
+# -- prediction quality ---------------------------------------------------------------------------
+register_metric(
+    Metric(
+        "accuracy",
+        lambda s: {"accuracy": s.scores(s.base.logits)},
+        _mean("accuracy"),
+        needs_labels=TASKS,
+        tasks=("classification",),
+        default=True,
+    )
+)
+register_metric(
+    Metric(
+        "error",
+        lambda s: {"error": 1.0 - s.scores(s.base.logits)},
+        _mean("error"),
+        needs_labels=TASKS,
+        tasks=("classification",),
+    )
+)
+register_metric(
+    Metric(
+        "mse",
+        lambda s: {"mse": s.scores(s.base.logits)},
+        _mean("mse"),
+        needs_labels=TASKS,
+        tasks=("regression",),
+        default=True,
+    )
+)
+register_metric(
+    Metric(
+        "fidelity",
+        lambda s: {"fidelity": M.fidelity(s.base.logits, s.base.attributions, reduction="none")},
+        _mean("fidelity"),
+        default=True,
+    )
+)
+
+
+# -- insertion, deletion, sparsity, group counts ----------------------------------------------------
+def _curve(step: Step, deletion: bool) -> torch.Tensor:
+    logits = step.at(step.plan.steps, largest=not deletion)
+    if step.task == "regression":
+        return M.mse_curve(logits, step.need_labels())
+    return M.probability_curve(logits, penalize_switch=deletion)
+
+
+def _auc(name: str) -> Callable[[dict[str, torch.Tensor], Plan, Any], dict[str, Any]]:
+    def finalize(kept: dict[str, torch.Tensor], plan: Plan, model: Any) -> dict[str, Any]:
+        curve = kept[name]
+        score = M.curve_auc(curve) if model.task == "regression" else M.relative_auc(curve)
+        return {
+            name: float(score),
+            f"{name}_auc": float(M.curve_auc(curve)),
+            f"{name}_curve": {t: float(v) for t, v in zip(plan.steps, curve.mean(dim=0))},
+        }
+
+    return finalize
+
+
+def _sparsity(step: Step) -> Values:
+    logits = step.at(step.plan.taus, largest=True)
+    return {"sparsity": torch.stack([step.scores(logits[:, i]) for i in range(len(step.plan.taus))], dim=1)}
+
+
+def _num_groups(step: Step) -> Values:
+    method = step.method
+    if not isinstance(method, SOPMethod):
+        return {}
+    rows = [
+        method.predict(step.model, step.inputs, step.state, None, None, step.plan.mode, num_groups=m).logits
+        for m in step.plan.group_counts
+    ]
+    return {"num_groups": torch.stack([step.scores(r) for r in rows], dim=1)}
+
+
+register_metric(
+    Metric(
+        "insertion",
+        lambda s: {"insertion": _curve(s, False)},
+        _auc("insertion"),
+        needs_labels=("regression",),
+        default=True,
+    )
+)
+register_metric(
+    Metric(
+        "deletion",
+        lambda s: {"deletion": _curve(s, True)},
+        _auc("deletion"),
+        needs_labels=("regression",),
+        default=True,
+    )
+)
+register_metric(
+    Metric(
+        "sparsity",
+        _sparsity,
+        lambda kept, plan, model: {"sparsity": {t: float(v) for t, v in zip(plan.taus, kept["sparsity"].mean(0))}},
+        needs_labels=TASKS,
+        default=True,
+    )
+)
+register_metric(
+    Metric(
+        "num_groups",
+        _num_groups,
+        lambda kept, plan, model: (
+            {"num_groups": {m: float(v) for m, v in zip(plan.group_counts, kept["num_groups"].mean(0))}}
+            if "num_groups" in kept
+            else {}
+        ),
+        needs_labels=TASKS,
+        sop_only=True,
+    )
+)
+
+
+# -- groups against ground truth ------------------------------------------------------------------
+def feature_ground_truth(model: SOP, inputs: FeatureInputs, gt: torch.Tensor) -> torch.Tensor:
+    """Ground truth at feature level ``[B, d]`` bool from ``[B, d]``, ``[B, h, w]`` (grid) or ``[B, H, W]`` (pixels)."""
+    b, d = inputs.batch_size, model.adapter.num_features(inputs)
+    grid = model.adapter.feature_grid(inputs)
+    if gt.dim() == 4 and gt.shape[1] == 1:
+        gt = gt[:, 0]
+    if gt.shape[:1] == (b,) and gt.dim() == 2 and gt.shape[1] == d:
+        return gt.bool()
+    if gt.shape[:1] == (b,) and gt.dim() == 3 and grid is not None:
+        if tuple(gt.shape[1:]) == tuple(grid):
+            return gt.flatten(1).bool()
+        if inputs.pixels is not None and gt.shape[1:] == inputs.pixels.shape[-2:]:
+            return (F.adaptive_avg_pool2d(gt.float().unsqueeze(1), grid) >= 0.5).flatten(1)
+    allowed = f"[B, d] = [{b}, {d}]"
+    if grid is not None:
+        allowed += f", [B, {grid[0]}, {grid[1]}] (feature grid) or [B, H, W] (pixels)"
+    raise ValueError(f"ground-truth mask must have shape {allowed}; got {tuple(gt.shape)}")
+
+
+def _against_ground_truth(name: str, fn: Callable[..., torch.Tensor]) -> Metric:
+    return Metric(
+        name,
+        lambda s: {name: fn(s.base.group_masks, s.need_ground_truth(), s.used, reduction="none")},
+        _mean(name),
+        needs_ground_truth=True,
+    )
+
+
+register_metric(_against_ground_truth("iou", M.group_iou))
+register_metric(_against_ground_truth("coverage", M.group_coverage))
+register_metric(
+    Metric(
+        "object_ratio",
+        lambda s: {
+            "object_ratio": M.object_ratio(s.base.group_masks, s.need_ground_truth(), s.used, reduction="none"),
+            "object_ratio_correct": s.scores(s.base.logits),
+        },
+        lambda kept, plan, model: {
+            "object_ratio": M.object_ratio_by_correctness(kept["object_ratio"], kept["object_ratio_correct"] > 0.5)
+        },
+        needs_labels=TASKS,
+        needs_ground_truth=True,
+        tasks=("classification",),
+    )
+)
+
+
+def _purity(step: Step) -> Values:
+    inputs = step.inputs
+    grid = step.model.adapter.feature_grid(inputs)
+    if grid is None:
+        raise ValueError(f"pixel-level metrics need a feature grid; {type(step.model.adapter).__name__} has none")
+    pixels = inputs.require_pixels()
+    masks = step.base.group_masks
+    b, m, _ = masks.shape
+    pixel_masks = upsample_mask(masks.reshape(b * m, *grid), (int(pixels.shape[-2]), int(pixels.shape[-1])))
+    maps = pixels.float().mean(dim=1).flatten(1)
+    purity = M.cosmogrid_purity(
+        pixel_masks.reshape(b, m, -1), maps, step.base.used, step.plan.tau_v, step.plan.tau_c, reduction="none"
+    )
+    return {"purity": purity}
+
+
+register_metric(Metric("purity", _purity, _mean("purity")))
+
+
+# -- the groups themselves --------------------------------------------------------------------------
+register_metric(
+    Metric(
+        "diversity",
+        lambda s: M.group_diversity(s.base.group_masks, candidate_mask(s.model, s.inputs), s.used),
+        lambda kept, plan, model: {name: float(kept[name].nanmean()) for name in M.DIVERSITY},
+    )
+)
+register_metric(
+    Metric(
+        "leakage",
+        lambda s: {"leakage_masks": s.base.group_masks, "leakage_labels": s.need_labels()},
+        lambda kept, plan, model: {
+            "leakage": M.leakage_probe(kept["leakage_masks"], kept["leakage_labels"], num_classes=model.num_classes)
+        },
+        needs_labels=TASKS,
+        tasks=("classification",),
+    )
+)

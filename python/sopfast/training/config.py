@@ -1,0 +1,159 @@
+"""The options of :func:`sopfast.train` (:class:`TrainConfig`), the learning-rate schedules and what
+a run returns."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from ..checks import check_choice, check_int, check_number
+
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+HEAD_SCHEDULES = ("phases", "epochs")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
+STATE_FORMAT = 1
+
+
+@dataclass
+class TrainConfig:
+    """Options of :func:`train` (all keyword-only there).
+
+    Args:
+        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.
+        lr, weight_decay: AdamW settings (paper: ``lr=5e-6``).
+        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
+        warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
+            of all steps (give at most one).
+        schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
+        grad_clip: max global gradient norm (``None``: no clipping).
+        grad_accum: micro-batches per optimizer step.
+        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
+        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch).
+        save_every: write the training state every N steps (also at each epoch end and at the end).
+        log_every: one JSON-lines ``train`` record per N steps.
+        metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
+            (``None``: accuracy for classification, mse for regression).
+        output_dir: where checkpoints and ``log.jsonl`` go (``None``: nothing is written).
+        resume: ``True`` continues from ``output_dir``'s training state if there is one;
+            ``False`` starts afresh; a path names a state file (or its directory) that must exist.
+        seed: seeds python/numpy/torch and the data order.
+        progress: show a tqdm bar (rank 0 only).
+        log_file: JSON-lines log (default ``output_dir/log.jsonl``).
+        device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
+        max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
+        find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
+            whether some trainable parameter gets no gradient (CNN projections have such layers).
+        head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
+            authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
+            ``h``, and warm-up and decay of the learning rate restart in every phase) or
+            ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
+    """
+
+    epochs: int = 1
+    lr: float = 5e-6
+    weight_decay: float = 0.01
+    batch_size: int | None = None
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.0
+    schedule: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"
+    grad_clip: float | None = 1.0
+    grad_accum: int = 1
+    amp: Literal["bf16", "fp16"] | None = None
+    eval_every: int | None = None
+    save_every: int | None = 500
+    log_every: int = 10
+    metric: Literal["accuracy", "loss", "mse"] | None = None
+    output_dir: str | os.PathLike | None = None
+    resume: bool | str | os.PathLike = True
+    seed: int = 0
+    progress: bool = True
+    log_file: str | os.PathLike | None = None
+    device: str | torch.device | None = None
+    max_steps: int | None = None
+    find_unused_parameters: bool | None = None
+    head_schedule: Literal["phases", "epochs"] = "phases"
+
+    def __post_init__(self) -> None:
+        check_int("epochs", self.epochs, 1)
+        check_number("lr", self.lr, 0.0, above=True)
+        check_number("weight_decay", self.weight_decay, 0.0)
+        check_number("warmup_ratio", self.warmup_ratio, 0.0)
+        if not self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.warmup_steps is not None and self.warmup_ratio:
+            raise ValueError("give warmup_steps or warmup_ratio, not both")
+        check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
+        for name in ("progress",):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_int("batch_size", self.batch_size, 1, optional=True)
+        check_int("warmup_steps", self.warmup_steps, 0, optional=True)
+        check_int("grad_accum", self.grad_accum, 1)
+        check_int("eval_every", self.eval_every, 1, optional=True)
+        check_int("save_every", self.save_every, 1, optional=True)
+        check_int("log_every", self.log_every, 1)
+        check_int("max_steps", self.max_steps, 1, optional=True)
+        check_int("seed", self.seed, 0)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
+        check_choice("amp", self.amp, (None, *AMP_DTYPES))
+        check_choice("metric", self.metric, (None, *METRICS))
+        if self.output_dir is not None:
+            self.output_dir = output_dir = Path(self.output_dir)
+            if self.log_file is None:
+                self.log_file = output_dir / "log.jsonl"
+
+    @property
+    def _output_path(self) -> Path | None:
+        """``output_dir`` typed as the Path ``__post_init__`` made of it."""
+        return None if self.output_dir is None else Path(self.output_dir)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: where training stopped and the best validation metric."""
+
+    step: int
+    epoch: int
+    best_metric: float | None
+    best_step: int | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    output_dir: Path | None = None
+
+
+def lr_factor(schedule: str, warmup: int, total: int, period: int | None = None) -> Callable[[int], float]:
+    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``.
+
+    With ``period`` the schedule restarts every ``period`` steps (``total`` is then one period).
+    """
+
+    def factor(step: int) -> float:
+        if period is not None:
+            step %= period
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "inverse_sqrt":
+            base = max(1, warmup)
+            return math.sqrt(base / (step - warmup + base))
+        return 1.0
+
+    return factor
+
+
+def resolve_metric(metric: str | None, task: str) -> str:
+    """The validation metric to select checkpoints by (checked against the model's task)."""
+    if metric is None:
+        return "accuracy" if task == "classification" else "mse"
+    if (metric, task) in (("accuracy", "regression"), ("mse", "classification")):
+        raise ValueError(f"metric={metric!r} does not apply to a {task} model")
+    return metric
