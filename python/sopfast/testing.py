@@ -7,7 +7,7 @@ sizes the benchmarks time (:func:`vit`, :func:`bert` with :data:`VIT_SIZES` / :d
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -115,7 +115,9 @@ def make_hf_vit(num_labels: int = 3, seed: int = 0, image_size: int = 32) -> Any
     return vit((32, 2, 2), image_size=image_size, patch_size=8, num_labels=num_labels, mlp=64, seed=seed)
 
 
-def make_timm_vit(num_classes: int = 3, seed: int = 0, global_pool: str = "token", image_size: int = 32) -> nn.Module:
+def make_timm_vit(
+    num_classes: int = 3, seed: int = 0, global_pool: Literal["token", "avg"] = "token", image_size: int = 32
+) -> nn.Module:
     """A 2-layer, 32-wide timm ``VisionTransformer`` on ``image_size`` images in 8-pixel patches."""
     from timm.models.vision_transformer import VisionTransformer
 

@@ -49,7 +49,8 @@ class HFBertAdapter(BackboneAdapter):
         super().__init__(backbone)
         self.encoder_model: Any = self.backbone.bert
         pad = self.backbone.config.pad_token_id
-        self.pad_token_id = int(pad) if pad is not None else 0
+        self.pad = int(pad) if pad is not None else 0
+        self.pad_token_id = self.pad
         self.max_tokens = int(getattr(self.backbone.config, "max_position_embeddings", 512) or 512)
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
@@ -143,7 +144,7 @@ class HFBertAdapter(BackboneAdapter):
     def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
         ids = inputs.require_input_ids()[example]
         return {
-            "input_ids": torch.where(keep, ids, torch.full_like(ids, self.pad_token_id)),
+            "input_ids": torch.where(keep, ids, torch.full_like(ids, self.pad)),
             "attention_mask": inputs.require_attention_mask()[example] * keep,
             "token_type_ids": inputs.require_token_type_ids()[example],
         }
@@ -160,7 +161,7 @@ class HFBertAdapter(BackboneAdapter):
         ids = inputs.require_input_ids()[example].gather(1, pos)
         kept_here = keep.gather(1, pos) & slot_used
         return {
-            "input_ids": torch.where(kept_here, ids, torch.full_like(ids, self.pad_token_id)),
+            "input_ids": torch.where(kept_here, ids, torch.full_like(ids, self.pad)),
             "attention_mask": (inputs.require_attention_mask()[example].gather(1, pos).bool() & kept_here).long(),
             "token_type_ids": inputs.require_token_type_ids()[example].gather(1, pos),
             "position_ids": pos,
@@ -190,7 +191,7 @@ class HFBertAdapter(BackboneAdapter):
         emb = self.backbone.get_input_embeddings()
         ids = inputs.require_input_ids()
         z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
-        x = emb(ids) * z + emb(torch.full_like(ids, self.pad_token_id)) * (1 - z)
+        x = emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)
         out = self.backbone(inputs_embeds=x, attention_mask=inputs.attention_mask, token_type_ids=inputs.token_type_ids)
         return out.logits
 

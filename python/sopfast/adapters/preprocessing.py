@@ -184,7 +184,7 @@ def preprocessing_for(
         return _text_preprocessing(adapter, source, max_length, common)
     channels = adapter.channels or 3
     fixed = adapter.image_size
-    prep = Preprocessing("image", size=tuple(fixed) if fixed else None, channels=channels, **common)
+    prep = Preprocessing("image", size=fixed, channels=channels, **common)
     if source.kind == "hf" and source.directory is not None:
         prep = _hf_image(source.directory, prep)
     elif source.kind == "timm":

@@ -30,8 +30,9 @@ def docstring_args(obj: Any) -> dict[str, str]:
     """The ``Args:`` section of ``obj``'s docstring (class or function) as ``{name: text}``; a line
     ``a, b: text`` documents both."""
     doc = inspect.getdoc(obj) or ""
-    if isinstance(obj, type) and obj.__init__.__doc__:
-        doc += "\n" + (inspect.getdoc(obj.__init__) or "")
+    init = getattr(obj, "__init__", None) if isinstance(obj, type) else None
+    if init is not None and init.__doc__:
+        doc += "\n" + (inspect.getdoc(init) or "")
     lines = doc.splitlines()
     start = next((i for i, line in enumerate(lines) if _ARGS_HEADER.match(line)), None)
     if start is None:
@@ -87,7 +88,7 @@ def parameters(api: Callable | type) -> dict[str, tuple[Any, Any]]:
             f.name: (hints[f.name], f.default if f.default is not dataclasses.MISSING else None)
             for f in dataclasses.fields(api)
         }
-    target = api.__init__ if isinstance(api, type) else api
+    target = getattr(api, "__init__") if isinstance(api, type) else api  # noqa: B009 - a class's own __init__
     hints = _hints(target)
     out = {}
     for name, p in inspect.signature(target).parameters.items():

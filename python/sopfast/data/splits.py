@@ -4,8 +4,9 @@ backbone, its first example checked to make a batch the model takes."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -55,13 +56,13 @@ def load_split(
     """
     options = options or DataOptions()
     dataset, description = _read(data, role, adapter, source, options, limit)
-    if len(dataset) == 0:
+    if len(cast(Sized, dataset)) == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
     batch = parse_batch(torch.utils.data.default_collate([dataset[0]]))
     if batch.labels is None:
         raise DataError(f"--data {data}: the {role} examples have no labels")
     try:
-        adapter.prepare(**batch.adapter_inputs())
+        adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
     except (ValueError, TypeError) as err:
         raise DataError(f"--data {data} ({role}) does not fit the backbone: {err}") from err
     return dataset, description
@@ -77,7 +78,7 @@ def _read(
             article = "an" if modality == "image" else "a"
             raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
         dataset = builtin.read(role, limit, source.directory)
-        return dataset, f"{role} data: {data}, {len(dataset)} examples"
+        return dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples"
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import torch
 
@@ -31,7 +31,7 @@ class Recipe(TypedDict, total=False):
     """Opt-in :class:`sopfast.SOP` options (keyword arguments of its constructor)."""
 
     center_embeddings: bool
-    queries: str
+    queries: Literal["fixed", "diverse"]
     normalize_logits: bool
     group_gen_scale: float
     diversity_weight: float

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from pathlib import Path
@@ -307,7 +308,7 @@ def _config_value(config: dict[str, Any], key: str) -> str:
     return f"config {key}={config[key]!r}{note}"
 
 
-def _check_geometry(model: nn.Module, config: dict[str, Any]) -> None:
+def _check_geometry(model: Any, config: dict[str, Any]) -> None:
     adapter = model.adapter
     if config["hidden_size"] != adapter.embed_dim:
         raise AuthorsCheckpointError(
@@ -335,7 +336,7 @@ class AuthorsCheckpoint:
     wrong shapes, another backbone.
     """
 
-    def __init__(self, directory: str | Path, backbone: nn.Module):
+    def __init__(self, directory: str | os.PathLike, backbone: nn.Module):
         self.directory = Path(directory)
         self.config = read_authors_config(self.directory)
         self.weights = read_authors_weights(self.directory)
@@ -343,7 +344,7 @@ class AuthorsCheckpoint:
         _check_blackbox(self.weights, backbone)
         self.options = sop_options(self.config)
 
-    def load_into(self, model: nn.Module) -> None:
+    def load_into(self, model: Any) -> None:
         """Load the weights into ``model``, a :class:`sopfast.SOP` over the backbone built from
         :attr:`options` (with any overrides)."""
         _check_geometry(model, self.config)

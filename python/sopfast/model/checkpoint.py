@@ -241,7 +241,7 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
         state["generator.heads.0"] = weight
 
 
-def model_config(model: nn.Module, backbone_sha256: str | None = None) -> dict[str, Any]:
+def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, Any]:
     """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
     config = dict(model.config)
     config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
@@ -254,7 +254,7 @@ def model_config(model: nn.Module, backbone_sha256: str | None = None) -> dict[s
     }
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
+def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
     """Save the trainable parts of ``model`` and its config to ``directory`` (created if needed).
 
     ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.
