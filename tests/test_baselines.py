@@ -273,6 +273,7 @@ def test_registry_and_argument_errors(monkeypatch):
     with pytest.raises(ValueError, match="budget must be an integer ≥ 1"):
         B.captum_attribution("ig", budget=0)
     monkeypatch.setattr(B, "captum_available", lambda method="ig": False)
+    monkeypatch.setattr("sopfast.evaluation.attributions.captum_available", lambda method="ig": False)
     assert "ig-f" not in B.available_baselines()
     with pytest.raises(ImportError, match="pip install captum"):
         B.make_baseline("ig-f")
@@ -281,9 +282,9 @@ def test_registry_and_argument_errors(monkeypatch):
 def test_registered_user_adapter_gets_grad_cam_and_fresh_or_clear_errors():
     """A user's adapter registered with register_adapter: the hooks it implements drive Grad-CAM and
     FRESH; the ones it lacks are errors that name the hook."""
-    from sopfast.adapters import _REGISTRY as registry
     from sopfast.adapters import HFViTAdapter, register_adapter
     from sopfast.adapters.base import AdapterHookMissing
+    from sopfast.adapters.registry import _REGISTERED as registry
 
     class MyViT(torch.nn.Module):
         def __init__(self):

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from sopfast.adapters.hf_vit import vit_layers
 from sopfast.cli.app import main
 from sopfast.demo.backbones import forward_kept_tokens, small_vit
 
@@ -100,29 +99,16 @@ class _TupleBlock(nn.Module):
         return out if isinstance(out, tuple) else (out,)
 
 
-def _as_transformers_4_layout(model: nn.Module) -> nn.Module:
-    """The same weights, laid out as transformers 4.x does: ``vit.encoder.layer`` (no ``vit.layers``)."""
-    vit = nn.Module()
-    vit.embeddings = model.vit.embeddings
-    vit.encoder = nn.Module()
-    vit.encoder.layer = nn.ModuleList(_TupleBlock(b) for b in vit_layers(model.vit))
-    vit.layernorm = model.vit.layernorm
-    old = nn.Module()
-    old.vit = vit
-    old.classifier = model.classifier
-    return old
-
-
-def test_forward_kept_tokens_runs_the_backbone_on_the_kept_patches_in_both_transformers_layouts():
-    """``forward_kept_tokens`` used to read ``model.vit.layers``, which transformers 4.x lacks."""
+def test_forward_kept_tokens_is_the_adapters_drop_pass_with_gradients():
     torch.manual_seed(0)
     model = small_vit(8, 2, 1, 3, hidden=16, layers=2, heads=2).eval()
     x = torch.randn(2, 1, 8, 8)
     every_patch = torch.arange(16).expand(2, -1)
     some = torch.tensor([[0, 3, 5, 15], [1, 2, 8, 9]])
-    old = _as_transformers_4_layout(model)
     with torch.no_grad():
-        full = model(pixel_values=x).logits
-        torch.testing.assert_close(forward_kept_tokens(model, x, every_patch), full, atol=1e-5, rtol=0)
-        torch.testing.assert_close(forward_kept_tokens(old, x, every_patch), full, atol=1e-5, rtol=0)
-        torch.testing.assert_close(forward_kept_tokens(old, x, some), forward_kept_tokens(model, x, some))
+        torch.testing.assert_close(
+            forward_kept_tokens(model, x, every_patch), model(pixel_values=x).logits, atol=1e-5, rtol=0
+        )
+    logits = forward_kept_tokens(model, x, some)
+    logits.sum().backward()
+    assert model.classifier.weight.grad is not None

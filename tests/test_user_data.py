@@ -15,6 +15,7 @@ import torch
 
 import sopfast
 import user_data as U
+from sopfast.adapters import preprocessing as P
 from sopfast.cli.app import main
 from sopfast.data import user_data as D
 from sopfast.testing import TinyCNN, make_bert, make_hf_vit
@@ -186,9 +187,9 @@ def test_pickled_module_needs_trust_and_torchscript_is_refused(tmp_path, capsys)
 
 
 # -- the data layer ---------------------------------------------------------------------------------
-def _vit_prep(tmp_path, **kwargs) -> D.Preprocessing:
-    model = sopfast.SOP(sopfast.adapters.load_backbone(str(U.vit_dir(tmp_path))).model, num_groups=2)
-    return D.preprocessing_for(model, "hf", str(tmp_path / "vit"), **kwargs)
+def _vit_prep(tmp_path, **kwargs) -> P.Preprocessing:
+    source = sopfast.adapters.load_backbone(str(U.vit_dir(tmp_path)))
+    return P.preprocessing_for(sopfast.SOP(source.model, num_groups=2).adapter, source, **kwargs)
 
 
 def test_preprocessing_follows_the_hf_processor_config(tmp_path):
@@ -199,9 +200,9 @@ def test_preprocessing_follows_the_hf_processor_config(tmp_path):
     image = Image.fromarray(np.full((50, 70, 3), 255, dtype=np.uint8))
     x = prep.image(image)
     assert x.shape == (3, 32, 32) and torch.allclose(x, torch.ones_like(x))
-    with pytest.raises(D.DataError, match="differs from the backbone's input size"):
+    with pytest.raises(P.PreprocessingError, match="differs from the backbone's input size"):
         _vit_prep(tmp_path, image_size=[64])
-    with pytest.raises(D.DataError, match="1 or 3 values"):
+    with pytest.raises(P.PreprocessingError, match="1 or 3 values"):
         _vit_prep(tmp_path, mean=[0.1, 0.2])
 
 
@@ -210,7 +211,8 @@ def test_preprocessing_from_timm_pretrained_cfg_crops_the_centre():
     from PIL import Image
 
     backbone = timm.create_model("test_vit", pretrained=False, num_classes=3, img_size=32, dynamic_img_size=False)
-    prep = D.preprocessing_for(sopfast.SOP(backbone, num_groups=2), "timm")
+    source = sopfast.adapters.Backbone(backbone, "timm", "timm:test_vit")
+    prep = P.preprocessing_for(sopfast.SOP(backbone, num_groups=2).adapter, source)
     assert prep.size == (32, 32) and prep.resize_to == 33 and prep.resample == "bicubic"
     assert prep.image(Image.new("RGB", (40, 60))).shape == (3, 32, 32)
 
@@ -222,8 +224,8 @@ def test_single_split_holdout_is_the_same_for_every_role_and_run(tmp_path):
     test, test_name = D.load_split(folder, "test", prep, holdout=0.25)
     again, _ = D.load_split(folder, "val", prep, holdout=0.25)
     assert (len(train), len(test), name) == (9, 3, "train[:9]") and "held out" in test_name
-    assert set(train.split.inputs).isdisjoint(test.split.inputs)
-    assert list(test.split.inputs) == list(again.split.inputs)
+    assert set(train.sources).isdisjoint(test.sources)
+    assert list(test.sources) == list(again.sources)
     x, y = train[0]
     assert x.shape == (3, 32, 32) and y.dtype == torch.long and train.classes == list(U.CLASSES)
 
@@ -232,14 +234,16 @@ def test_labels_by_name_follow_the_backbone_label2id(tmp_path):
     prep = _vit_prep(tmp_path)
     prep.label2id = {"owl": 0, "dog": 1, "cat": 2}
     dataset, _ = D.load_split(str(U.image_csv(tmp_path, jsonl=True)), "train", prep, holdout=0.5)
-    labels = {dataset.split.labels[i]: int(dataset[i][1]) for i in range(len(dataset))}
+    labels = {dataset.labels[i]: int(dataset[i][1]) for i in range(len(dataset))}
     assert all(prep.label2id[name] == y for name, y in labels.items())
     assert dataset.classes == ["owl", "dog", "cat"]
 
 
 def test_named_splits_and_their_errors(tmp_path):
     bert = sopfast.SOP(sopfast.adapters.load_backbone(str(U.bert_dir(tmp_path))).model, num_groups=2)
-    prep = D.preprocessing_for(bert, "hf", str(tmp_path / "bert"))
+    prep = P.preprocessing_for(
+        bert.adapter, sopfast.adapters.Backbone(bert.backbone, "hf", "b", str(tmp_path / "bert"))
+    )
     saved = str(U.saved_text_dataset(tmp_path, column="text"))
     train, name = D.load_split(saved, "val", prep, split="train")
     assert name == "train" and len(train) == 12 and set(train[0]) >= {"input_ids", "attention_mask", "labels"}
@@ -282,8 +286,10 @@ def test_builtin_data_of_the_wrong_modality_is_an_error(tmp_path, capsys):
 def test_text_preprocessing_needs_a_tokenizer(tmp_path):
     bert = make_bert()
     bert.save_pretrained(tmp_path / "b")
-    with pytest.raises(D.DataError, match="no tokenizer in the backbone directory"):
-        D.preprocessing_for(sopfast.SOP(bert, num_groups=2), "hf", str(tmp_path / "b"))
+    with pytest.raises(P.PreprocessingError, match="no tokenizer in the backbone directory"):
+        P.preprocessing_for(
+            sopfast.SOP(bert, num_groups=2).adapter, sopfast.adapters.Backbone(bert, "hf", "b", str(tmp_path / "b"))
+        )
 
 
 def test_train_with_a_seed_is_reproducible(tmp_path, capsys):

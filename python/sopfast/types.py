@@ -77,6 +77,16 @@ class Groups:
     lam: torch.Tensor
     attention: torch.Tensor
 
+    @classmethod
+    def from_masks(cls, masks: torch.Tensor) -> Groups:
+        """Groups of given bool ``masks [B, P, d]`` (ascending ``-1``-padded indices, ``λ = 1``)."""
+        b, p, d = masks.shape
+        k_max = max(1, int(masks.sum(dim=-1).max())) if masks.numel() else 1
+        pos = torch.arange(d, device=masks.device).expand_as(masks)
+        idx = torch.sort(torch.where(masks, pos, pos + d), dim=-1).values[..., :k_max]
+        idx = torch.where(idx < d, idx, torch.full_like(idx, -1))
+        return cls(mask=masks, indices=idx, lam=masks.new_ones(b, p, dtype=torch.float32), attention=masks.float())
+
 
 @dataclass
 class GroupPredictions:

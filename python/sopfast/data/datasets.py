@@ -66,24 +66,26 @@ class TextDataset(torch.utils.data.Dataset):
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    """``(x [C, H, W], y)`` pairs: ``load(i)`` gives example ``i``'s image, ``preprocess`` turns it into
-    a tensor, ``label(i)`` its class id; ``classes`` names the class ids."""
+    """``(x [C, H, W], y)`` pairs decoded on access: example ``i`` is ``read(sources[i])`` turned into a
+    tensor by ``preprocess``, its class id ``label_of(labels[i])``; ``classes`` names the class ids and
+    ``sources`` says where each example comes from (a path, bytes, an array)."""
 
     def __init__(
         self,
-        size: int,
-        load: Callable[[int], Any],
+        sources: Sequence[Any],
+        labels: Sequence[Any],
+        read: Callable[[Any], Any],
         preprocess: Callable[[Any], torch.Tensor],
-        label: Callable[[int], int],
+        label_of: Callable[[Any], int],
         classes: Sequence[str],
     ):
-        self.size, self.load, self.preprocess, self.label = size, load, preprocess, label
+        self.sources, self.labels = sources, labels
+        self.read, self.preprocess, self.label_of = read, preprocess, label_of
         self.classes = list(classes)
 
     def __len__(self) -> int:
-        return self.size
+        return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= i < self.size:
-            raise IndexError(f"index {i} is out of range for {self.size} examples")
-        return self.preprocess(self.load(i)), torch.tensor(self.label(i), dtype=torch.long)
+        x = self.preprocess(self.read(self.sources[i]))
+        return x, torch.tensor(self.label_of(self.labels[i]), dtype=torch.long)

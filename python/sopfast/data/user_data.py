@@ -445,12 +445,9 @@ def load_split(
             prep.tokenizer, list(chosen.inputs), labels, pairs, prep.max_length, classes=classes
         )
         return texts, name
+    base_dir = source.base_dir
     images = ImageDataset(
-        len(chosen.labels),
-        lambda i: load_image(chosen.inputs[i], source.base_dir),
-        prep.image,
-        lambda i: label_of(chosen.labels[i]),
-        classes,
+        chosen.inputs, chosen.labels, lambda item: load_image(item, base_dir), prep.image, label_of, classes
     )
     return images, name
 

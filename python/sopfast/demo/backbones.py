@@ -8,15 +8,14 @@ ViT that way.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import testing
-from ..adapters.hf_vit import vit_layers
+from ..adapters import get_adapter
 from ..adapters.images import pixel_grid_mask
+from ..types import Groups
 
 
 def small_vit(
@@ -41,20 +40,14 @@ def random_patch_masks(batch: int, grid: tuple[int, int], generator: torch.Gener
     return torch.rand(batch, d, generator=generator) < keep
 
 
-def forward_kept_tokens(model: Any, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Logits of an HF ViT run on CLS plus the patches in ``keep [B, k]`` (positions added first).
-
-    ``model`` is an HF ``ViTForImageClassification``, read by attribute name; its blocks are found
-    with :func:`sopfast.adapters.hf_vit.vit_layers` (``vit.layers`` on transformers 5.x,
-    ``vit.encoder.layer`` on 4.x, where a block returns a tuple).
-    """
-    tokens = model.vit.embeddings(x)
-    index = torch.cat([torch.zeros_like(keep[:, :1]), keep + 1], dim=1)
-    h = tokens.gather(1, index.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
-    for layer in vit_layers(model.vit):
-        out = layer(h, None)
-        h = out[0] if isinstance(out, tuple) else out
-    return model.classifier(model.vit.layernorm(h[:, 0]))
+def forward_kept_tokens(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Logits ``[B, C]`` of a ViT backbone run on its class token plus the patches ``keep [B, k]``
+    (ascending positions): the adapter's ``drop`` group pass, with gradients."""
+    adapter = get_adapter(model)
+    inputs = adapter.prepare(x)
+    mask = torch.zeros(len(x), adapter.num_features(inputs), dtype=torch.bool, device=x.device)
+    groups = Groups.from_masks(mask.scatter(1, keep, True).unsqueeze(1))
+    return adapter.run_groups(inputs, groups, "drop", len(x)).logits[:, 0]
 
 
 def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], gen: torch.Generator) -> torch.Tensor:

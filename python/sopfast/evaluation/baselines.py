@@ -54,7 +54,6 @@ from .methods import (
     backbone_logits,
     candidate_mask,
     combine_groups,
-    masks_to_groups,
     run_masks,
     top_tau_masks,
 )
@@ -263,7 +262,6 @@ __all__ = [
     "gradient_x_input",
     "has_cls_attention",
     "make_baseline",
-    "masks_to_groups",
     "patch_ids",
     "run_masks",
     "soft_forward",

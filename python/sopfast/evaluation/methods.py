@@ -74,16 +74,6 @@ def top_tau_masks(scores: torch.Tensor, valid: torch.Tensor, tau: float, largest
     return top_tau(flat, tau, valid=rows_valid, largest=largest, ties="logits").mask.view(b, m, d)
 
 
-def masks_to_groups(masks: torch.Tensor) -> Groups:
-    """Wrap bool ``masks [B, P, d]`` as :class:`Groups` (ascending ``-1``-padded indices, ``λ = 1``)."""
-    b, p, d = masks.shape
-    k_max = max(1, int(masks.sum(dim=-1).max())) if masks.numel() else 1
-    pos = torch.arange(d, device=masks.device).expand_as(masks)
-    idx = torch.sort(torch.where(masks, pos, pos + d), dim=-1).values[..., :k_max]
-    idx = torch.where(idx < d, idx, torch.full_like(idx, -1))
-    return Groups(mask=masks, indices=idx, lam=masks.new_ones(b, p, dtype=torch.float32), attention=masks.float())
-
-
 def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str) -> GroupPredictions:
     """The frozen backbone on every mask of ``masks [B, P, d]`` → logits ``[B, P, C]``, keys ``[B, P, H]``.
 
@@ -94,7 +84,7 @@ def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str)
     if mode == "drop" and model.adapter.modality == "image" and bool((sizes != sizes.flatten()[:1]).any()):
         mode = "exact"
     with torch.no_grad():
-        groups = masks_to_groups(masks)
+        groups = Groups.from_masks(masks)
         chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode))
         return model.adapter.run_groups(inputs, groups, mode, chunk)
 
