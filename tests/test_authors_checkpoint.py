@@ -48,6 +48,7 @@ def trained_sop(heads: int, blur: int, num_labels: int = 3) -> sopfast.SOP:
     torch.manual_seed(0)
     model = sopfast.SOP(
         make_hf_vit(num_labels),
+        recipe="paper",
         num_groups=5,
         tau=0.25,
         num_heads=heads,

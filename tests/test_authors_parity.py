@@ -20,7 +20,9 @@ FACTORIES = {"hf_vit": make_hf_vit, "timm_vit": make_timm_vit}
 
 def _model(family: str, image_size: int = 32, **config) -> sopfast.SOP:
     torch.manual_seed(0)
-    model = sopfast.SOP(FACTORIES[family](image_size=image_size), mode="exact", group_batch_size=5, **config)
+    model = sopfast.SOP(
+        FACTORIES[family](image_size=image_size), recipe="paper", mode="exact", group_batch_size=5, **config
+    )
     return model.eval()
 
 

@@ -9,7 +9,7 @@ import torch
 
 import sopfast
 from sopfast.cli.app import CLIError, build_parser, main
-from sopfast.explain import explain_image, explain_text, used_groups
+from sopfast.model.pictures import explain_image, explain_text, used_groups
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "theory")

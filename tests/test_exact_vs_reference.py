@@ -40,7 +40,9 @@ CONFIGS = [
 def _build(family: str, config: dict, task: str = "classification"):
     factory, adapter_kwargs, inputs = FAMILIES[family]
     torch.manual_seed(0)
-    model = sopfast.SOP(factory(), mode="exact", group_batch_size=7, task=task, **config, **adapter_kwargs)
+    model = sopfast.SOP(
+        factory(), recipe="paper", mode="exact", group_batch_size=7, task=task, **config, **adapter_kwargs
+    )
     torch.manual_seed(1)
     return model, inputs()
 
@@ -92,7 +94,7 @@ def test_exact_gradients_equal_reference(family, task):
 
 
 def test_exact_tau_changeable_at_inference(hf_vit):
-    model = sopfast.SOP(hf_vit, num_groups=4, tau=0.25).eval()
+    model = sopfast.SOP(hf_vit, recipe="paper", num_groups=4, tau=0.25).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         out = model(x, tau=0.5)
@@ -102,7 +104,7 @@ def test_exact_tau_changeable_at_inference(hf_vit):
 
 
 def test_group_passes_run_without_autograd(hf_vit, monkeypatch):
-    model = sopfast.SOP(hf_vit, num_groups=4, tau=0.25)
+    model = sopfast.SOP(hf_vit, recipe="paper", num_groups=4, tau=0.25)
     seen = []
     original = model.adapter._encode
 
@@ -118,7 +120,7 @@ def test_group_passes_run_without_autograd(hf_vit, monkeypatch):
 def test_exact_never_builds_full_resolution_group_masks(cnn):
     """Chunked pixel masking: no [B, m, H, W] (or [B, d, H, W]) float tensor is ever created."""
     b, m, size = 4, 16, 24
-    model = sopfast.SOP(cnn, num_groups=m, tau=0.25, feature_layer="features", group_batch_size=8)
+    model = sopfast.SOP(cnn, recipe="paper", num_groups=m, tau=0.25, feature_layer="features", group_batch_size=8)
     x = torch.randn(b, 3, size, size)
     shapes = []
 

@@ -99,7 +99,7 @@ def test_bad_queries_option_names_what_is_allowed():
 
 
 def test_text_pages_leave_out_padding(tmp_path):
-    from sopfast.explain import explain_text
+    from sopfast.model.pictures import explain_text
 
     model = sopfast.SOP(make_bert(), num_groups=3, tau=0.3).eval()
     ids, mask, types = text_batch(pairs=False)

@@ -9,7 +9,7 @@ import torch
 import sopfast
 from sopfast.data.batches import Batch, parse_batch
 from sopfast.testing import make_bert, make_hf_vit, text_batch
-from sopfast.training.trainer import forward_batch
+from sopfast.training.validation import forward_batch
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_labels_give_the_loss_as_a_tensor_and_first_item(model):
     assert isinstance(out.loss, torch.Tensor) and out.loss.dim() == 0
     torch.testing.assert_close(out.loss, out.compute_loss(y))
     assert out[0] is out.loss and out["loss"] is out.loss and out["logits"] is out.logits
-    assert len(out.to_tuple()) == 8
+    assert out.to_tuple() == (out.loss, out.logits) and out["group_masks"] is out.group_masks
     plain = model(x)
     torch.testing.assert_close(plain.loss(y), plain.compute_loss(y))
     assert plain[0] is plain.logits
@@ -64,29 +64,59 @@ class _ImageDicts(torch.utils.data.Dataset):
         return {"pixel_values": self.x[i], "labels": self.y[i]}
 
 
-def test_one_step_of_transformers_trainer(model, tmp_path):
+def test_transformers_trainer_trains_saves_sopfast_checkpoints_and_gets_logits(model, tmp_path):
     from transformers import Trainer, TrainingArguments
+
+    from sopfast.training.hf_trainer import SOPCheckpointCallback
 
     args = TrainingArguments(
         output_dir=str(tmp_path),
         per_device_train_batch_size=4,
-        max_steps=1,
+        per_device_eval_batch_size=4,
+        max_steps=2,
         learning_rate=1e-2,
         report_to=[],
-        save_strategy="no",
+        save_strategy="steps",
+        save_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
         use_cpu=True,
         disable_tqdm=True,
         logging_strategy="no",
         dataloader_num_workers=0,
     )
+    seen = []
+
+    def compute_metrics(prediction):
+        seen.append(prediction.predictions)
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     frozen = {n: p.detach().clone() for n, p in model.backbone.named_parameters()}
-    trainer = Trainer(model=model, args=args, train_dataset=_ImageDicts(8))
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_ImageDicts(8),
+        eval_dataset=_ImageDicts(4),
+        compute_metrics=compute_metrics,
+        callbacks=[SOPCheckpointCallback()],
+    )
     result = trainer.train()
-    assert trainer.state.global_step == 1 and result.training_loss > 0
+    assert trainer.state.global_step == 2 and result.training_loss > 0
     changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(before[n], p)]
     assert changed and all(n.startswith(("projection", "generator", "selector")) for n in changed)
     assert all(torch.equal(frozen[n], p) for n, p in model.backbone.named_parameters())
+    assert seen and seen[0].shape == (4, model.num_classes)  # the logits, not a tuple of explanation tensors
+    loaded = sopfast.SOP.from_pretrained(tmp_path / "checkpoint-2", model.backbone).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, model.eval()(x).logits)
+
+
+def test_a_trainer_checkpoint_without_the_callback_says_how_to_get_one(tmp_path):
+    (tmp_path / "trainer_state.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="SOPCheckpointCallback"):
+        sopfast.SOP.from_pretrained(tmp_path, sopfast.testing.make_hf_vit())
 
 
 # -- one batch parser ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_vit_blocks_are_found_in_the_other_layout_too():
 @pytest.mark.parametrize("mode", ["exact", "drop"])
 def test_hf_vit_sop_runs_and_exact_equals_the_reference(mode):
     torch.manual_seed(0)
-    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, mode=mode).eval()
+    model = sopfast.SOP(make_hf_vit(), recipe="paper", num_groups=4, tau=0.25, mode=mode).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         out = model(x)
@@ -53,7 +53,7 @@ def test_hf_vit_sop_runs_and_exact_equals_the_reference(mode):
 
 def test_hf_vit_drop_runs_the_backbone_on_the_kept_tokens():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_hf_vit(), num_groups=3, tau=0.25, mode="drop").eval()
+    model = sopfast.SOP(make_hf_vit(), recipe="paper", num_groups=3, tau=0.25, mode="drop").eval()
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         out = model(x)
@@ -70,7 +70,7 @@ def test_hf_vit_drop_runs_the_backbone_on_the_kept_tokens():
 
 def test_bert_generator_embedding_is_the_second_to_last_hidden_state():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_bert(), num_groups=3).eval()
+    model = sopfast.SOP(make_bert(), recipe="paper", num_groups=3).eval()
     ids, mask, types = text_batch()
     inputs = model.prepare(ids, mask, types)
     with torch.no_grad():
@@ -82,7 +82,7 @@ def test_bert_generator_embedding_is_the_second_to_last_hidden_state():
 
 def test_bert_drop_equals_exact_and_the_reference():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_bert(), num_groups=4, tau=0.3).eval()
+    model = sopfast.SOP(make_bert(), recipe="paper", num_groups=4, tau=0.3).eval()
     ids, mask, types = text_batch()
     with torch.no_grad():
         exact = model(ids, mask, types, mode="exact")

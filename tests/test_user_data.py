@@ -120,7 +120,8 @@ def test_text_csv_with_pairs_and_bert(tmp_path, capsys):
     }
     train = _command(next(c for c in readme_commands() if "reviews.csv" in c), names)
     out = _train(train, capsys)
-    assert "split train[:11], 11 examples" in out and "(held out), 1 examples" in out
+    assert "training part (10 of 12, stratified, seed 0), 10 examples" in out
+    assert "held-out part (2 of 12, stratified, seed 0), 2 examples" in out
     model = sopfast.SOP.from_pretrained(
         str(tmp_path / "run-csv" / "last"), sopfast.adapters.load_backbone(names["my-bert"]).model
     )
@@ -138,7 +139,9 @@ def test_csv_of_images_with_timm_vit_and_local_weights(tmp_path, capsys):
     assert "timm:test_vit" in train
     _train(train, capsys)
     results, paths = _evaluate_and_explain(train, tmp_path, capsys)
-    assert results["SOP"]["examples"] == 1 and paths == [str(tmp_path / "pics" / "image_0.png")]
+    assert results["SOP"]["examples"] == 3 and results["Backbone"]["examples"] == 3  # one per class held out
+    assert [Path(p).name[:11] for p in paths] == ["image_0000_", "image_0001_"]
+    assert all(Path(p).is_file() for p in paths)
 
 
 def test_cnn_from_torchvision_weights_with_feature_layer(tmp_path, capsys):
@@ -154,7 +157,7 @@ def test_cnn_from_torchvision_weights_with_feature_layer(tmp_path, capsys):
     }
     train = _command(next(c for c in readme_commands() if "--feature-layer" in c), names)
     out = _train([*train, "--image-size", "32"], capsys)
-    assert "5 examples" in out
+    assert "training part (3 of 6, stratified, seed 0), 3 examples" in out
     saved = json.loads((tmp_path / "run-cnn" / "last" / "sop_config.json").read_text())
     assert saved["config"]["feature_layer"] == "layer3" and saved["config"]["mode"] == "exact"
 
@@ -223,7 +226,9 @@ def test_single_split_holdout_is_the_same_for_every_role_and_run(tmp_path):
     train, name = D.load_split(folder, "train", prep, holdout=0.25)
     test, test_name = D.load_split(folder, "test", prep, holdout=0.25)
     again, _ = D.load_split(folder, "val", prep, holdout=0.25)
-    assert (len(train), len(test), name) == (9, 3, "train[:9]") and "held out" in test_name
+    assert (len(train), len(test)) == (9, 3) and name == "train, training part (9 of 12, stratified, seed 0)"
+    assert test_name == "train, held-out part (3 of 12, stratified, seed 0)"
+    assert sorted(int(test[i][1]) for i in range(3)) == [0, 1, 2]  # one per class
     assert set(train.sources).isdisjoint(test.sources)
     assert list(test.sources) == list(again.sources)
     x, y = train[0]

@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-import html
 import os
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from torch import nn
 
 from .adapters.images import upsample_mask
 from .data.batches import parse_batch
-from .model.output import SOPOutput
+from .model.pictures import explain_image, explain_text, image_grid
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,135 +141,26 @@ def quantus_explain_func(model: nn.Module, inputs: Any, targets: Any, **kwargs: 
     return attribute(sop, x, target).cpu().numpy()
 
 
-def used_groups(out: SOPOutput, example: int, cls: int) -> list[tuple[int, float]]:
-    """``(group, weight c·λ·y)`` of the groups with a non-zero score for ``cls``, largest |weight| first."""
-    scores = out.group_scores[example, cls]
-    weights = out.attributions[example, cls]
-    used = [(int(i), float(weights[i])) for i in torch.nonzero(scores > 0).flatten()]
-    return sorted(used, key=lambda t: -abs(t[1]))
-
-
-def _to_display(image: torch.Tensor):
-    img = image.detach().float().cpu()
-    img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
-    return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
-
-
-def explain_image(
-    image: torch.Tensor,
-    out: SOPOutput,
-    example: int,
-    grid: tuple[int, int],
-    path: str,
-    class_names: Sequence[str] | None = None,
-    label: int | None = None,
-    max_groups: int = 6,
-) -> int:
-    """Write a PNG: the input, each group the prediction uses (with ``c·λ·y``), the rest greyed.
-
-    ``image [C, H, W]``; returns the number of panels drawn.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pred = int(out.logits[example].argmax())
-    groups = used_groups(out, example, pred)[:max_groups]
-    shown = _to_display(image)
-    size = (int(image.shape[-2]), int(image.shape[-1]))
-    masks = upsample_mask(out.group_masks[example].view(-1, *grid), size).cpu()
-    n_panels = 2 + len(groups)
-    fig, axes = plt.subplots(1, n_panels, figsize=(2.2 * n_panels, 2.6), squeeze=False)
-    name = (lambda c: class_names[c]) if class_names else str
-    title = f"input\npred: {name(pred)}" + (f"\ntrue: {name(label)}" if label is not None else "")
-    _panel(axes[0, 0], shown, None, title)
-    for ax, (g, w) in zip(axes[0, 1:], groups):
-        _panel(ax, shown, masks[g].numpy(), f"group {g}\nc·λ·y = {w:+.3f}", POSITIVE if w >= 0 else NEGATIVE)
-    unused = torch.ones(out.group_masks.shape[1], dtype=torch.bool)
-    unused[[g for g, _ in used_groups(out, example, pred)]] = False
-    rest = masks[unused].any(dim=0).numpy() if bool(unused.any()) else None
-    _panel(axes[0, -1], shown, rest, f"{int(unused.sum())} unused groups", UNUSED)
-    n_used = len(used_groups(out, example, pred))
-    fig.suptitle(
-        f"SOP: logit {float(out.logits[example, pred]):.3f} = sum of c·λ·y over the {n_used} used groups "
-        f"(top {len(groups)} shown)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return n_panels
-
-
-POSITIVE = (0.1, 0.75, 0.2)
-NEGATIVE = (0.9, 0.15, 0.15)
-UNUSED = (0.55, 0.55, 0.55)
-
-
-def _panel(ax, image, mask, title: str, colour: tuple[float, float, float] = POSITIVE) -> None:
-    """The image in grey with ``mask`` tinted in ``colour``."""
-    import numpy as np
-
-    ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1)
-    if mask is not None:
-        overlay = np.zeros((*mask.shape, 4))
-        overlay[..., :3] = colour
-        overlay[..., 3] = mask * 0.55
-        ax.imshow(overlay)
-    ax.set_title(title, fontsize=8)
-    ax.axis("off")
-
-
-def explain_text(
-    tokens: Sequence[str],
-    out: SOPOutput,
-    example: int,
-    path: str,
-    class_names: Sequence[str] | None = None,
-    shown: Sequence[bool] | torch.Tensor | None = None,
-) -> int:
-    """Write a self-contained HTML page: one line per used group, its tokens highlighted with
-    its weight ``c·λ·y``.  ``tokens`` are the example's ``T`` token strings; ``shown [T]`` (e.g.
-    the attention mask) leaves out the tokens it marks false, such as padding; returns the
-    number of highlighted spans."""
-    keep = [True] * len(tokens) if shown is None else [bool(v) for v in shown]
-    if len(keep) != len(tokens):
-        raise ValueError(f"shown must have one entry per token ({len(tokens)}), got {len(keep)}")
-    pred = int(out.logits[example].argmax())
-    label = class_names[pred] if class_names else str(pred)
-    rows, spans = [], 0
-    for g, w in used_groups(out, example, pred):
-        mask = out.group_masks[example, g]
-        colour = "rgba(46,160,67,0.45)" if w >= 0 else "rgba(215,58,73,0.45)"
-        words = []
-        for t, tok in enumerate(tokens):
-            if not keep[t]:
-                continue
-            text = html.escape(tok)
-            if bool(mask[t]):
-                spans += 1
-                words.append(f'<span class="sop-group" data-group="{g}" style="background:{colour}">{text}</span>')
-            else:
-                words.append(f'<span class="sop-off">{text}</span>')
-        rows.append(f"<p><b>group {g}</b> (c·λ·y = {w:+.3f}): {' '.join(words)}</p>")
-    page = (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
-        "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}</style>"
-        f"</head><body><h2>Prediction: {html.escape(label)} "
-        f"(logit {float(out.logits[example, pred]):.3f})</h2>{''.join(rows)}</body></html>"
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
-    return spans
+def example_name(dataset: Any, index: int, label: int | None, class_names: Sequence[str] | None) -> str:
+    """A file-name part naming example ``index``: its source file's stem (datasets with ``sources``,
+    e.g. image folders), else its true class; letters, digits, ``-`` and ``_`` only."""
+    sources = getattr(dataset, "sources", None)
+    source = sources[index] if sources is not None and index < len(sources) else None
+    if isinstance(source, (str, os.PathLike)):
+        stem = os.path.splitext(os.path.basename(os.fspath(source)))[0]
+    elif label is not None:
+        stem = class_names[label] if class_names and label < len(class_names) else f"class{label}"
+    else:
+        stem = ""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-")[:40]
+    return f"{index:04d}" + (f"_{stem}" if stem else "")
 
 
 def write_explanations(
-    model: SOP, dataset, out_dir: str, count: int, device: torch.device, class_names=None
+    model: SOP, dataset: Any, out_dir: str, count: int, device: torch.device, class_names: Sequence[str] | None = None
 ) -> list[str]:
-    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text).
+    """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text), named
+    after the example (:func:`example_name`: its source file, or its class).
 
     Each example is read by :func:`sopfast.data.batches.parse_batch` (as a batch of one), so any form
     it accepts works: ``(x, y)`` pairs, dicts with ``pixel_values`` / ``x`` / ``images``, or
@@ -283,20 +174,18 @@ def write_explanations(
             out = model(**batch.model_inputs())
         labels = batch.labels
         label = int(labels[0]) if labels is not None and labels[0].numel() == 1 else None
+        name = example_name(dataset, i, label, class_names)
         if batch.input_ids is not None:
             ids = batch.input_ids[0]
             tokenizer = getattr(dataset, "tokenizer", None)
             tokens = tokenizer.convert_ids_to_tokens(ids) if tokenizer else [str(t) for t in ids.tolist()]
-            path = os.path.join(out_dir, f"text_{i}.html")
+            path = os.path.join(out_dir, f"text_{name}.html")
             shown = None if batch.attention_mask is None else batch.attention_mask[0]
             explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown)
         else:
-            grid = model.adapter.feature_grid(model.prepare(**batch.model_inputs()))
-            if grid is None or batch.x is None:
-                raise ValueError(
-                    f"write_explanations draws images on a feature grid; {type(model.adapter).__name__} has none"
-                )
-            path = os.path.join(out_dir, f"image_{i}.png")
-            explain_image(batch.x[0], out, 0, grid, path, class_names, label)
+            if batch.x is None:
+                raise ValueError("write_explanations draws images or texts; this example is neither")
+            path = os.path.join(out_dir, f"image_{name}.png")
+            explain_image(batch.x[0], out, 0, image_grid(model, batch.x), path, class_names, label)
         paths.append(path)
     return paths

@@ -74,23 +74,32 @@ class Preprocessing:
             "notes": self.notes,
         }
 
-    def image(self, image: PILImage.Image) -> torch.Tensor:
-        """One PIL image → ``[C, H, W]`` float32."""
+    def _geometry(self, image: PILImage.Image, resample: str) -> PILImage.Image:
+        """``image`` resized (and centre-cropped) to :attr:`size` with the ``resample`` filter."""
         from PIL import Image
 
         # Pillow >= 9.1 names the filters in ``Image.Resampling`` (its type hints omit the module-level
         # aliases); older Pillow has the module-level constants only.
         filters: Any = getattr(Image, "Resampling", Image)
-        resample = {"bilinear": filters.BILINEAR, "bicubic": filters.BICUBIC, "nearest": filters.NEAREST}[self.resample]
-        image = image.convert("L" if self.channels == 1 else "RGB")
+        chosen = {"bilinear": filters.BILINEAR, "bicubic": filters.BICUBIC, "nearest": filters.NEAREST}[resample]
         h, w = self.size if self.size is not None else (image.height, image.width)
         if self.resize_to is not None:
             scale = self.resize_to / min(image.width, image.height)
-            image = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), resample)
+            image = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), chosen)
             left, top = (image.width - w) // 2, (image.height - h) // 2
-            image = image.crop((left, top, left + w, top + h))
-        elif (image.height, image.width) != (h, w):
-            image = image.resize((w, h), resample)
+            return image.crop((left, top, left + w, top + h))
+        return image.resize((w, h), chosen) if (image.height, image.width) != (h, w) else image
+
+    def object_mask(self, image: PILImage.Image, threshold: float = 0.5) -> torch.Tensor:
+        """``[H, W]`` bool: the pixels of a grey-level ``image`` brighter than ``threshold`` (a fraction
+        of full brightness), placed like :meth:`image` places pixels (nearest resampling)."""
+        grey = self._geometry(image.convert("L"), "nearest")
+        return torch.from_numpy(np.asarray(grey, dtype=np.float32) / 255.0 > threshold)
+
+    def image(self, image: PILImage.Image) -> torch.Tensor:
+        """One PIL image → ``[C, H, W]`` float32."""
+        image = self._geometry(image.convert("L" if self.channels == 1 else "RGB"), self.resample)
+        h, w = image.height, image.width
         array = np.asarray(image, dtype=np.float32) * self.rescale
         x = torch.from_numpy(array.reshape(h, w, -1)).permute(2, 0, 1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)

@@ -43,8 +43,9 @@ class Backbone:
     options: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        """What :func:`load_backbone` needs to load this backbone again (JSON-serialisable)."""
-        return {"spec": self.spec, "weights": self.weights, "options": dict(self.options)}
+        """What :func:`load_backbone` needs to load this backbone again (JSON-serialisable; a pickled
+        module is recorded but reloaded only when passed explicitly)."""
+        return {"spec": self.spec, "weights": self.weights, "options": dict(self.options), "kind": self.kind}
 
 
 def _needs(package: str, extra: str, what: str) -> BackboneSourceError:
@@ -221,7 +222,8 @@ def load_backbone(
                 f"--backbone {spec} needs --backbone-weights FILE (sopfast never downloads weights)"
             )
         load = _timm_backbone if prefix == "timm" else _torchvision_backbone
-        return Backbone(load(name, weights, options), prefix, spec, weights=weights, options=options)
+        model = load(name, weights, options)
+        return Backbone(model, prefix, spec, weights=os.path.abspath(weights), options=options)
     if weights is not None:
         raise BackboneSourceError("--backbone-weights applies to timm:<name> and torchvision:<name> backbones only")
     if options:
@@ -229,10 +231,35 @@ def load_backbone(
             f"constructor arguments {options} (--backbone-option) apply to timm:<name> and torchvision:<name> only"
         )
     if os.path.isdir(spec):
-        return Backbone(_hf_backbone(spec), "hf", spec, directory=spec)
+        return Backbone(_hf_backbone(spec), "hf", os.path.abspath(spec), directory=spec)
     if os.path.isfile(spec):
-        return Backbone(_module_file(spec, trust_pickle), "module", spec)
+        return Backbone(_module_file(spec, trust_pickle), "module", os.path.abspath(spec))
     raise BackboneSourceError(
         f"--backbone {spec!r} not found: give a Hugging Face directory, timm:<name> or "
         "torchvision:<name> (with --backbone-weights), or a module file"
     )
+
+
+def inferred_source(model: nn.Module) -> dict[str, Any] | None:
+    """Where a backbone built outside :func:`load_backbone` came from, when it says: a Hugging Face
+    model loaded from a local directory (its ``name_or_path``).  ``None`` when unknown."""
+    path = getattr(model, "name_or_path", None)
+    if isinstance(path, str) and path and os.path.isfile(os.path.join(path, "config.json")):
+        return {"spec": os.path.abspath(path), "weights": None, "options": {}, "kind": "hf"}
+    return None
+
+
+def load_recorded(source: dict[str, Any], where: str) -> Backbone:
+    """The backbone a checkpoint recorded (:meth:`Backbone.describe`); ``where`` names the checkpoint in
+    errors, which say to pass the backbone when it cannot be loaded from the record."""
+    spec = source.get("spec")
+    if not isinstance(spec, str):
+        raise BackboneSourceError(f"{where} does not record its backbone; pass the backbone")
+    if not (":" in spec or os.path.exists(spec)):
+        raise BackboneSourceError(f"{where} records the backbone {spec}, which no longer exists; pass the backbone")
+    try:
+        return load_backbone(spec, source.get("weights"), options=source.get("options") or {})
+    except BackboneSourceError as err:
+        raise BackboneSourceError(
+            f"{where}: its recorded backbone cannot be loaded ({err}); pass the backbone"
+        ) from err

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .commands import COMMANDS
+from .common import configure_logging
 from .parser import CLIError, Parser, config_path, config_tokens
 
 # errors whose message is the whole story (no type name in front of it)
@@ -27,6 +28,9 @@ def build_parser() -> Parser:
     for command in COMMANDS:
         p = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP, allow_abbrev=False)
         p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+        loudness = p.add_mutually_exclusive_group()
+        loudness.add_argument("--verbose", action="store_true", help="more progress messages (debug level)")
+        loudness.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
         command.add_arguments(p)
         p.set_defaults(handler=command.run)
         parser.subcommands[command.NAME] = p
@@ -53,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 argv = [*argv[: at + 1], *config_tokens(parser.subcommands[command], config), *argv[at + 1 :]]
             prog = f"sopfast {command}"
         args = parser.parse_args(argv)
+        configure_logging(1 if args.verbose else -1 if args.quiet else 0)
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

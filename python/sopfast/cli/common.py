@@ -4,6 +4,7 @@ the data (``--data`` …), the device and seed, output paths, and what a command
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -17,13 +18,15 @@ if TYPE_CHECKING:
     from ..adapters.sources import Backbone
     from ..model.sop import SOP
 
+logger = logging.getLogger("sopfast.cli")
 # SOP options that a saved model may take anew when it is loaded (what the checkpoint saves as
 # current values): every command that loads a --checkpoint has their flags.
 LOAD_OVERRIDES = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    """``--config``, ``--device``, ``--seed``: every subcommand has them, with one meaning."""
+    """``--config``, ``--device``, ``--seed`` (and ``--verbose``/``--quiet``, which every subcommand
+    has): the same meaning everywhere."""
     p.add_argument("--config", help="YAML/JSON file with option values (flags override it)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda when available)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="seeds python, numpy and torch (default: 0)")
@@ -36,9 +39,9 @@ def add_model_source(p: argparse.ArgumentParser, need_checkpoint: bool) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
         "--backbone",
-        required=True,
         help="Hugging Face directory (save_pretrained), timm:<name> or torchvision:<name> "
-        "(with --backbone-weights), or a pickled nn.Module file (with --trust-pickle)",
+        "(with --backbone-weights), or a pickled nn.Module file (with --trust-pickle); "
+        "default: the one --checkpoint recorded",
     )
     g.add_argument(
         "--backbone-weights",
@@ -58,7 +61,11 @@ def add_model_source(p: argparse.ArgumentParser, need_checkpoint: bool) -> None:
         action="store_true",
         help="allow --backbone to be a pickled nn.Module file (loading it runs its code)",
     )
-    g.add_argument("--checkpoint", required=need_checkpoint, help="directory written by SOP.save_pretrained")
+    g.add_argument(
+        "--checkpoint",
+        required=need_checkpoint,
+        help="a directory written by SOP.save_pretrained, or a run folder of sopfast train (its best/, else last/)",
+    )
     add_api_options(g, SOP.from_pretrained, only=("strict_backbone",))
 
 
@@ -97,6 +104,13 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d.add_argument("--image-mean", type=finite_float, nargs="+", default=None, help="override the normalisation mean")
     d.add_argument("--image-std", type=positive_float, nargs="+", default=None, help="override the normalisation std")
     d.add_argument("--max-length", type=int_at_least(2), default=None, help="max tokens per text (default 128)")
+    d.add_argument(
+        "--object-masks",
+        default=None,
+        metavar="SPEC",
+        help="object masks for grounding: 'intensity' (pixels brighter than 10%% of white; 'intensity:0.2' "
+        "for another threshold) or the column holding a mask image per example",
+    )
 
 
 def device(name: str | None) -> torch.device:
@@ -110,11 +124,24 @@ def device(name: str | None) -> torch.device:
 
 
 def load_backbone(args: argparse.Namespace) -> Backbone:
-    """The frozen backbone of ``--backbone`` (and its weights, options, pickle permission)."""
+    """The frozen backbone of ``--backbone`` (and its weights, options, pickle permission), or without
+    ``--backbone`` the one ``--checkpoint`` recorded."""
     from ..adapters.sources import load_backbone as load
+    from ..adapters.sources import load_recorded
+    from ..model.checkpoint import pretrained_directory, read_config
 
+    if args.backbone is None:
+        directory = pretrained_directory(_existing_checkpoint(args.checkpoint))
+        recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
+        return load_recorded(recorded, f"--checkpoint {args.checkpoint} (give --backbone)")
     options = dict(args.backbone_option or [])
     return load(args.backbone, args.backbone_weights, args.trust_pickle, options)
+
+
+def _existing_checkpoint(path: str) -> str:
+    if not os.path.isdir(path):
+        raise CLIError(f"--checkpoint directory not found: {path}")
+    return path
 
 
 def add_load_overrides(p: argparse.ArgumentParser) -> None:
@@ -129,20 +156,23 @@ def load_model(args: argparse.Namespace, backbone: Backbone, overrides: dict[str
     """The SOP model saved in ``--checkpoint`` over ``backbone``, with the given options as overrides."""
     from ..model import SOP
 
-    if not os.path.isdir(args.checkpoint):
-        raise CLIError(f"--checkpoint directory not found: {args.checkpoint}")
+    checkpoint = _existing_checkpoint(args.checkpoint)
     if overrides is None:
         overrides = present(args, list(LOAD_OVERRIDES))
-    return SOP.from_pretrained(args.checkpoint, backbone.model, strict_backbone=args.strict_backbone, **overrides)
+    return SOP.from_pretrained(checkpoint, backbone, strict_backbone=args.strict_backbone, **overrides)
 
 
 def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None):
-    """The dataset for ``role`` (train / val / test) of ``--data`` and a line saying which split it is."""
+    """The dataset for ``role`` (train / val / test) of ``--data``; the lines saying which split it is
+    and which preprocessing it gets are reported, and the preprocessing recorded with the model."""
+    from ..data.object_masks import ObjectMasks
     from ..data.splits import DataOptions, load_split
     from ..data.user_data import Columns
 
     options = DataOptions(
-        columns=Columns(args.image_column, args.text_column, args.text_pair_column, args.label_column),
+        columns=Columns(
+            args.image_column, args.text_column, args.text_pair_column, args.label_column, args.object_masks
+        ),
         train_split=getattr(args, "train_split", None),
         val_split=getattr(args, "val_split", None),
         split=getattr(args, "split", None),
@@ -151,14 +181,54 @@ def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: s
         image_mean=args.image_mean,
         image_std=args.image_std,
         max_length=args.max_length,
+        object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
     )
-    return load_split(args.data, role, model.adapter, backbone, options, limit)
+    loaded = load_split(args.data, role, model.adapter, backbone, options, limit)
+    report(loaded.description)
+    if loaded.preprocessing is not None:
+        report(f"{role} preprocessing: {describe_preprocessing(loaded.preprocessing)}")
+        model.provenance["preprocessing"] = loaded.preprocessing
+    return loaded.dataset
+
+
+def describe_preprocessing(prep: dict[str, Any]) -> str:
+    """One line for a :meth:`~sopfast.adapters.preprocessing.Preprocessing.describe` record."""
+    notes = "; ".join(prep.get("notes") or [])
+    if prep["modality"] == "text":
+        text = f"tokenizer {prep['tokenizer']}, at most {prep['max_length']} tokens"
+    else:
+        resize = f"shorter side to {prep['resize_to']}, centre crop " if prep.get("resize_to") else ""
+        text = (
+            f"{resize}{'x'.join(map(str, prep['size']))} pixels ({prep['resample']}), {prep['channels']} channels, "
+            f"mean {prep['mean']}, std {prep['std']}"
+        )
+    return text + (f" ({notes})" if notes else "")
 
 
 def report(*lines: str) -> None:
-    """What the command is about to use, on stderr (stdout stays the command's result)."""
+    """What the command is about to use, on stderr (stdout stays the command's result): log records
+    of the ``sopfast`` logger at level INFO (``--quiet`` hides them)."""
     for line in lines:
-        print(f"sopfast: {line}", file=sys.stderr)
+        logger.info(line)
+
+
+def configure_logging(verbosity: int) -> None:
+    """The ``sopfast`` logger writes to stderr as ``sopfast: message`` (warnings marked): INFO by
+    default, DEBUG with ``--verbose``, only warnings with ``--quiet`` (``verbosity`` 1, 0, -1)."""
+    root = logging.getLogger("sopfast")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Format())
+    root.addHandler(handler)
+    root.setLevel({1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}[verbosity])
+    root.propagate = False
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        kind = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"sopfast: {kind}{record.getMessage()}"
 
 
 def check_output_dir(flag: str, path: str | None) -> None:

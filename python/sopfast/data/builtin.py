@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 from .datasets import TextDataset
+from .object_masks import ObjectMasks
 
 FASHION_MNIST_DIR = os.environ.get("SOPFAST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -49,8 +51,15 @@ class ImageData:
         rest = ImageData(self.x[n_first:], self.y[n_first:], self.classes, self.name)
         return first, rest
 
-    def dataset(self) -> torch.utils.data.TensorDataset:
-        return torch.utils.data.TensorDataset(self.x, self.y)
+    def dataset(self, object_masks: ObjectMasks | None = None) -> torch.utils.data.TensorDataset:
+        """``(x, y)`` items, or ``(x, y, mask [H, W])`` with ``object_masks`` (from the pixels' intensity)."""
+        if object_masks is None:
+            return torch.utils.data.TensorDataset(self.x, self.y)
+        if object_masks.column is not None:
+            raise ValueError(
+                f"--object-masks {object_masks.column!r}: built-in image data has masks from 'intensity' only"
+            )
+        return torch.utils.data.TensorDataset(self.x, self.y, object_masks.from_pixels(self.x))
 
 
 def fashion_mnist_available() -> bool:
@@ -152,23 +161,30 @@ def tokenize_tweets(
 @dataclass(frozen=True)
 class Builtin:
     """A dataset that ships with the install (or with Debian): its modality and how to read a role
-    (``"train"``; ``"val"`` and ``"test"`` read the test split) with at most ``limit`` examples."""
+    (``"train"``; ``"val"`` and ``"test"`` read the test split) with at most ``limit`` examples, for a
+    backbone loaded from a directory (text: its tokenizer), with object masks (images)."""
 
     modality: str
-    read: Callable[[str, int | None, str | None], torch.utils.data.Dataset]
+    read: Callable[[str, int | None, str | None, ObjectMasks | None], Dataset]
 
 
-def _fashion_mnist(role: str, limit: int | None, _backbone_dir: str | None) -> torch.utils.data.Dataset:
-    return load_fashion_mnist("train" if role == "train" else "test", limit).dataset()
+def _fashion_mnist(role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None) -> Dataset:
+    return load_fashion_mnist("train" if role == "train" else "test", limit).dataset(masks)
 
 
-def _digits(role: str, limit: int | None, _backbone_dir: str | None) -> torch.utils.data.Dataset:
+def _digits(
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None
+) -> torch.utils.data.Dataset:
     train, test = load_digits_images().split(1500)
     part = train if role == "train" else test
-    return ImageData(part.x[:limit], part.y[:limit], part.classes, part.name).dataset()
+    return ImageData(part.x[:limit], part.y[:limit], part.classes, part.name).dataset(masks)
 
 
-def _tweets(role: str, limit: int | None, backbone_dir: str | None) -> torch.utils.data.Dataset:
+def _tweets(
+    role: str, limit: int | None, backbone_dir: str | None, masks: ObjectMasks | None
+) -> torch.utils.data.Dataset:
+    if masks is not None:
+        raise ValueError("--object-masks applies to image data; tweets are text")
     if backbone_dir is None:
         raise ValueError("--data tweets needs a Hugging Face --backbone directory (for its tokenizer)")
     texts, labels = load_tweets()

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+# more than this share of a text's tokens being the unknown token means the tokenizer does not fit
+UNKNOWN_SHARE = 0.5
+logger = logging.getLogger(__name__)
+
+
+def warn_if_mostly_unknown(tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float:
+    """Log a warning when most real tokens are the tokenizer's unknown token (a tokenizer that does
+    not fit the texts: the model would explain ``[UNK]`` s); returns that share."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is None:
+        return 0.0
+    special = set(getattr(tokenizer, "all_special_ids", [])) - {unknown}
+    real = attention_mask.bool()
+    for token in special:
+        real &= input_ids != token
+    share = float((input_ids[real] == unknown).float().mean()) if bool(real.any()) else 0.0
+    if share > UNKNOWN_SHARE:
+        logger.warning(
+            "%.0f%% of the tokens are the unknown token %r: the tokenizer (%s) does not fit these texts",
+            100 * share,
+            getattr(tokenizer, "unk_token", unknown),
+            type(tokenizer).__name__,
+        )
+    return share
 
 
 class TextDataset(torch.utils.data.Dataset):
@@ -49,6 +75,7 @@ class TextDataset(torch.utils.data.Dataset):
             "attention_mask": enc["attention_mask"],
             "token_type_ids": enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
         }
+        warn_if_mostly_unknown(tokenizer, encoded["input_ids"], encoded["attention_mask"])
         return cls(encoded, torch.as_tensor(labels, dtype=torch.long), tokenizer, classes)
 
     def subset(self, index: torch.Tensor | Sequence[int]) -> TextDataset:
@@ -68,7 +95,8 @@ class TextDataset(torch.utils.data.Dataset):
 class ImageDataset(torch.utils.data.Dataset):
     """``(x [C, H, W], y)`` pairs decoded on access: example ``i`` is ``read(sources[i])`` turned into a
     tensor by ``preprocess``, its class id ``label_of(labels[i])``; ``classes`` names the class ids and
-    ``sources`` says where each example comes from (a path, bytes, an array)."""
+    ``sources`` says where each example comes from (a path, bytes, an array).  With ``object_mask``
+    (``i → [H, W]`` bool, the object's pixels) items are ``(x, y, mask)``."""
 
     def __init__(
         self,
@@ -78,14 +106,17 @@ class ImageDataset(torch.utils.data.Dataset):
         preprocess: Callable[[Any], torch.Tensor],
         label_of: Callable[[Any], int],
         classes: Sequence[str],
+        object_mask: Callable[[int], torch.Tensor] | None = None,
     ):
         self.sources, self.labels = sources, labels
         self.read, self.preprocess, self.label_of = read, preprocess, label_of
         self.classes = list(classes)
+        self.object_mask = object_mask
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
         x = self.preprocess(self.read(self.sources[i]))
-        return x, torch.tensor(self.label_of(self.labels[i]), dtype=torch.long)
+        y = torch.tensor(self.label_of(self.labels[i]), dtype=torch.long)
+        return (x, y) if self.object_mask is None else (x, y, self.object_mask(i))

@@ -3,6 +3,7 @@ backbone, its first example checked to make a batch the model takes."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass
@@ -15,14 +16,18 @@ from ..adapters.preprocessing import preprocessing_for
 from ..adapters.sources import Backbone
 from .batches import parse_batch
 from .builtin import BUILTIN
+from .object_masks import ObjectMasks
 from .user_data import Columns, DataError
 from .user_data import load_split as load_user_split
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class DataOptions:
-    """How to read your own data: columns, the split names, the held-out fraction, and preprocessing
-    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)."""
+    """How to read your own data: columns, the split names, the held-out fraction, preprocessing
+    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)
+    and where object masks come from (items then ``(x, y, mask)``)."""
 
     columns: Columns | None = None
     train_split: str | None = None
@@ -33,10 +38,22 @@ class DataOptions:
     image_mean: Sequence[float] | None = None
     image_std: Sequence[float] | None = None
     max_length: int | None = None
+    object_masks: ObjectMasks | None = None
 
     def split_for(self, role: str) -> str | None:
         """The split name asked for ``role`` (``"train"``, ``"val"``, ``"test"``)."""
         return {"train": self.train_split, "val": self.val_split}.get(role, self.split)
+
+
+@dataclass
+class LoadedSplit:
+    """A split ready for a model: the ``dataset``, a line saying which split it is, and the
+    ``preprocessing`` applied (:meth:`~sopfast.adapters.preprocessing.Preprocessing.describe`; ``None``
+    for built-in data, which comes preprocessed)."""
+
+    dataset: torch.utils.data.Dataset
+    description: str
+    preprocessing: dict[str, Any] | None = None
 
 
 def load_split(
@@ -46,39 +63,42 @@ def load_split(
     source: Backbone,
     options: DataOptions | None = None,
     limit: int | None = None,
-) -> tuple[torch.utils.data.Dataset, str]:
-    """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of ``data`` — a name in
+) -> LoadedSplit:
+    """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) of ``data`` — a name in
     :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL)
-    — for the backbone ``adapter`` wraps, loaded from ``source``; and a line saying which split it is.
+    — for the backbone ``adapter`` wraps, loaded from ``source``.
 
     Raises :class:`sopfast.data.user_data.DataError` (a ValueError) naming the data and the role when
     the split is empty, has no labels or does not fit the backbone.
     """
     options = options or DataOptions()
-    dataset, description = _read(data, role, adapter, source, options, limit)
+    loaded = _read(data, role, adapter, source, options, limit)
+    dataset = loaded.dataset
     if len(cast(Sized, dataset)) == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
-    batch = parse_batch(torch.utils.data.default_collate([dataset[0]]))
+    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, len(dataset)))]))
+    if batch.x is not None and float(batch.x.float().std()) == 0.0:
+        logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
     if batch.labels is None:
         raise DataError(f"--data {data}: the {role} examples have no labels")
     try:
         adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
     except (ValueError, TypeError) as err:
         raise DataError(f"--data {data} ({role}) does not fit the backbone: {err}") from err
-    return dataset, description
+    return loaded
 
 
 def _read(
     data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
-) -> tuple[torch.utils.data.Dataset, str]:
+) -> LoadedSplit:
     modality = adapter.modality
     if data in BUILTIN:
         builtin = BUILTIN[data]
         if builtin.modality != modality:
             article = "an" if modality == "image" else "a"
             raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
-        dataset = builtin.read(role, limit, source.directory)
-        return dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples"
+        dataset = builtin.read(role, limit, source.directory, options.object_masks)
+        return LoadedSplit(dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples")
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
@@ -100,5 +120,6 @@ def _read(
         split=options.split_for(role),
         holdout=options.holdout,
         limit=limit,
+        object_masks=options.object_masks,
     )
-    return dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples"
+    return LoadedSplit(dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples", prep.describe())

@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from ..adapters.preprocessing import Preprocessing
 from .datasets import ImageDataset, TextDataset
+from .object_masks import ObjectMasks
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -48,6 +52,9 @@ LABEL_COLUMNS = ("label", "labels", "y", "target", "class")
 VALIDATION_SPLITS = ("validation", "val", "valid", "dev")
 ROLES = ("train", "val", "test")
 HOLDOUT_SEED = 0
+# fewer held-out examples of a class than this makes its scores noisy: a warning says so
+MIN_HELD_OUT_PER_CLASS = 5
+logger = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -63,10 +70,12 @@ class Split:
     labels: Sequence[Any]
     pairs: Sequence[str] | None = None
     label_names: Sequence[str] | None = None
+    masks: Sequence[Any] | None = None
 
     def take(self, index: Sequence[int]) -> Split:
         pairs = None if self.pairs is None else _Indexed(self.pairs, index)
-        return Split(_Indexed(self.inputs, index), _Indexed(self.labels, index), pairs, self.label_names)
+        masks = None if self.masks is None else _Indexed(self.masks, index)
+        return Split(_Indexed(self.inputs, index), _Indexed(self.labels, index), pairs, self.label_names, masks)
 
 
 class _Indexed(Sequence):
@@ -146,13 +155,37 @@ class Source:
 
 
 def _holdout(name: str, split: Split, role: str, fraction: float) -> tuple[str, Split]:
+    """The training or the held-out part of ``split``: a ``fraction`` of each class (stratified where
+    every class has two examples or more), shuffled with a fixed seed so every command cuts alike."""
+    from sklearn.model_selection import train_test_split
+
     n = len(split.labels)
-    held = min(n - 1, max(1, round(n * fraction)))
     if n < 2:
         raise DataError(f"split {name!r} has {n} example(s): too few to hold out a validation part")
-    order = np.random.default_rng(HOLDOUT_SEED).permutation(n).tolist()
-    part = order[: n - held] if role == "train" else order[n - held :]
-    label = f"{name}[:{n - held}]" if role == "train" else f"{name}[{n - held}:] (held out)"
+    labels = [str(v) for v in split.labels]
+    counts = Counter(labels)
+    k = len(counts)
+    held = min(n - 1, max(1, round(n * fraction)))
+    stratify = labels if min(counts.values()) >= 2 and n >= 2 * k else None
+    if stratify is not None:
+        held = min(max(held, k), n - k)  # at least one example of every class on each side
+    kept, out = train_test_split(list(range(n)), test_size=held, random_state=HOLDOUT_SEED, stratify=stratify)
+    how = "stratified" if stratify else "not stratified: too few examples per class"
+    if role != "train":
+        few = sorted(c for c, k in Counter(labels[i] for i in out).items() if k < MIN_HELD_OUT_PER_CLASS)
+        if few or len(set(labels[i] for i in out)) < len(counts):
+            logger.warning(
+                "the held-out part of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
+                "(use more data, a larger --holdout or a split of its own)",
+                name,
+                held,
+                MIN_HELD_OUT_PER_CLASS,
+                few[:5] or "missing from it",
+            )
+    part = kept if role == "train" else out
+    label = (
+        f"{name}, {'training' if role == 'train' else 'held-out'} part ({len(part)} of {n}, {how}, seed {HOLDOUT_SEED})"
+    )
     return label, split.take(sorted(part))
 
 
@@ -284,6 +317,7 @@ class Columns:
     text: str | None = None
     text_pair: str | None = None
     label: str | None = None
+    object_mask: str | None = None
 
 
 def _pick(
@@ -314,7 +348,10 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> dict[str
         label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
         if modality == "image":
             image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
-            out[name] = Split(raw.column(image), raw.values(label), label_names=raw.names(label))
+            masks = None
+            if columns.object_mask is not None:
+                masks = raw.column(_pick("object-mask", columns.object_mask, have, (), "--object-masks", where))
+            out[name] = Split(raw.column(image), raw.values(label), label_names=raw.names(label), masks=masks)
             continue
         text = _pick("text", columns.text, have, TEXT_COLUMNS, "--text-column", where)
         pair = columns.text_pair
@@ -423,10 +460,12 @@ def load_split(
     split: str | None = None,
     holdout: float = 0.1,
     limit: int | None = None,
+    object_masks: ObjectMasks | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
-    with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples.  Returns the
-    dataset and a description of the split used."""
+    with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
+    ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
+    split used."""
     if not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
@@ -446,10 +485,21 @@ def load_split(
         )
         return texts, name
     base_dir = source.base_dir
-    images = ImageDataset(
-        chosen.inputs, chosen.labels, lambda item: load_image(item, base_dir), prep.image, label_of, classes
-    )
-    return images, name
+    read = lambda item: load_image(item, base_dir)
+    masks = None if object_masks is None else _mask_reader(chosen, read, prep, object_masks, path)
+    return ImageDataset(chosen.inputs, chosen.labels, read, prep.image, label_of, classes, masks), name
+
+
+def _mask_reader(
+    chosen: Split, read: Callable[[Any], Any], prep: Preprocessing, spec: ObjectMasks, path: str
+) -> Callable[[int], torch.Tensor]:
+    """Example ``i``'s ``[H, W]`` object mask: its mask image (``spec.column``) or its own bright pixels."""
+    if spec.column is None:
+        return lambda i: prep.object_mask(read(chosen.inputs[i]), spec.threshold)
+    if chosen.masks is None:
+        raise DataError(f"{path}: no object-mask column {spec.column!r} (--object-masks)")
+    masks = chosen.masks
+    return lambda i: prep.object_mask(read(masks[i]), 0.5)
 
 
 __all__ = [

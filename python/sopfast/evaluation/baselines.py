@@ -123,6 +123,7 @@ class RandomGroups(ScoreBaseline):
             raise ValueError(f"combine must be 'mean' or 'selector', got {combine!r}")
         check_int("num_groups", num_groups, 1, optional=True)
         self.name = "Random"
+        self.varies_groups = True
         self.num_groups = num_groups
         self.combine = combine
         self.generator = torch.Generator().manual_seed(seed)
@@ -163,6 +164,7 @@ class PatchGrid(Method[tuple[torch.Tensor, torch.Tensor]]):
         tau: float | None,
         largest: bool | None,
         mode: str,
+        num_groups: int | None = None,
     ) -> Prediction:
         masks, y = state
         m = y.shape[1]

@@ -36,6 +36,7 @@ from ..checks import check_bool, check_number
 from ..data.batches import FORMATS, parse_batch
 from ..devices import resolve_device
 from ..types import FeatureInputs
+from . import metrics as M
 from .baselines import available_baselines, make_baseline
 from .methods import Method, SOPMethod
 from .registry import REGISTRY, Plan, Step, feature_ground_truth
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 
 TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GROUP_COUNTS = (1, 2, 5, 10, 20)
+# the paper's accuracy curves: inference sparsities × group counts
+CURVE_TAUS = (0.05, 0.1, 0.2, 0.4)
+CURVE_COUNTS = (1, 3, 5, 20)
 #: The registered metric names (:mod:`sopfast.evaluation.registry`), as of import.
 METRICS = tuple(REGISTRY)
 
@@ -72,7 +76,7 @@ def check_metrics(metrics: Iterable[str] | str | None, task: str, has_ground_tru
     """Validate metric names for ``task``; ``None`` gives the task's defaults."""
     if metrics is None:
         metrics = [name for name, m in REGISTRY.items() if m.default and task in m.tasks]
-        metrics += ["iou", "coverage"] if has_ground_truth_key else []
+        metrics += ["iou", "coverage", "grounding"] if has_ground_truth_key else []
     if isinstance(metrics, str):
         metrics = [metrics]
     metrics = list(metrics)
@@ -110,11 +114,11 @@ def step_taus(step: float) -> list[float]:
     return [round((i + 1) / n, 10) for i in range(n)]
 
 
-def check_group_counts(counts: Iterable[int]) -> list[int]:
-    """Validate the group counts of the number-of-groups ablation (positive integers)."""
+def check_group_counts(counts: Iterable[int], name: str = "group_counts") -> list[int]:
+    """Validate group counts (positive integers)."""
     values: list[int] = [counts] if isinstance(counts, int) else list(counts)
     if not values or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in values):
-        raise ValueError(f"group_counts must be positive integers, got {values!r}")
+        raise ValueError(f"{name} must be positive integers, got {values!r}")
     return values
 
 
@@ -202,6 +206,9 @@ def evaluate(
     group_counts: Iterable[int] = GROUP_COUNTS,
     tau_v: float = 0.6,
     tau_c: float = 0.015,
+    curve_taus: Iterable[float] = CURVE_TAUS,
+    curve_counts: Iterable[int] = CURVE_COUNTS,
+    backbone_row: bool = True,
     print_table: bool = False,
 ) -> Results:
     """Evaluate ``model`` (and ``baselines``) on every batch of ``loader``; returns ``{method: {metric: value}}``.
@@ -221,6 +228,10 @@ def evaluate(
         taus: sparsities of the ``sparsity`` curve.  step: insertion/deletion step (10 %).
         group_counts: group counts of the ``num_groups`` ablation.
         tau_v, tau_c: CosmoGrid void / cluster thresholds of ``purity``.
+        curve_taus, curve_counts: inference sparsities and group counts of the ``curves`` metric
+            (the paper's accuracy curves; methods with one group vary τ only).
+        backbone_row: add a row ``"Backbone"``: the frozen backbone alone on the full input
+            (accuracy, or MSE for regression), what SOP's accuracy costs.
         print_table: also print :func:`format_table` of the results.
 
     Per method: ``examples``; ``accuracy`` / ``error`` / ``mse``; ``fidelity`` (mean KL);
@@ -231,7 +242,9 @@ def evaluate(
     ``leakage`` ``{accuracy, chance, num_train, num_test}``; ``diversity`` adds
     ``distinct_groups``, ``pairwise_iou``, ``union_coverage`` (over all ``m`` groups),
     ``groups_used`` and ``distinct_used_groups`` (groups the prediction uses), means over
-    examples (:func:`sopfast.metrics.group_diversity`).
+    examples (:func:`sopfast.metrics.group_diversity`); ``curves`` ``{"τ/m": score}`` (``{"τ": score}``
+    for one-group methods); ``grounding`` adds ``on_object`` / ``on_object_used`` (share of the
+    features of all / the used groups on the object) and ``object_iou``.
     """
     metrics = check_metrics(metrics, model.task, ground_truth_key is not None)
     if "purity" in metrics and model.adapter.modality != "image":
@@ -244,8 +257,11 @@ def evaluate(
         check_group_counts(group_counts),
         check_number("tau_v", tau_v),
         check_number("tau_c", tau_c),
+        check_taus(curve_taus, "curve_taus"),
+        check_group_counts(curve_counts, "curve_counts"),
     )
     check_bool("progress", progress)
+    check_bool("backbone_row", backbone_row)
     check_bool("print_table", print_table)
     if isinstance(ground_truth_key, bool) or not isinstance(ground_truth_key, (str, int, type(None))):
         raise ValueError(
@@ -258,31 +274,48 @@ def evaluate(
         device = resolve_device(device)
         model.to(device)
     kept = {m.name: _Kept() for m in methods}
+    backbone = _Kept() if backbone_row and any(REGISTRY[m].needs_labels for m in plan.metrics) else None
     was_training = model.training
     model.eval()
     try:
-        _run(model, loader, methods, kept, plan, ground_truth_key, device, progress)
+        _run(model, loader, methods, kept, plan, ground_truth_key, device, progress, backbone)
     finally:
         model.train(was_training)
     results = {name: _finalize(values, plan, model) for name, values in kept.items()}
+    if backbone is not None and "score" in backbone.values:
+        values = backbone.concatenated()
+        score = "mse" if model.task == "regression" else "accuracy"
+        results["Backbone"] = {"examples": int(values["count"].sum()), score: float(values["score"].mean())}
     if print_table:
         print(format_table(results))
     return results
 
 
-def _run(model, loader, methods, kept, plan: Plan, ground_truth_key, device, progress: bool) -> None:
-    total = len(loader) if hasattr(loader, "__len__") else None
+def _run(model, loader, methods, kept, plan: Plan, ground_truth_key, device, progress: bool, backbone) -> None:
+    """Every method on every batch; the progress bar counts methods × batches and names the method."""
+    total = len(loader) * len(methods) if hasattr(loader, "__len__") else None
     needs_ground_truth = any(REGISTRY[m].needs_ground_truth for m in plan.metrics)
     batches = 0
-    with torch.no_grad():
-        for raw in tqdm(loader, total=total, desc="sopfast evaluate", disable=not progress):
+    with torch.no_grad(), tqdm(total=total, desc="sopfast evaluate", disable=not progress) as bar:
+        for raw in loader:
             batch = _prepare_batch(model, raw, ground_truth_key, device)
             _check_batch(batch, plan.metrics, model.task)
             gt = None
             if needs_ground_truth and batch.ground_truth is not None:
                 gt = feature_ground_truth(model, batch.inputs, batch.ground_truth)
+            if backbone is not None and batch.labels is not None:
+                logits = model.adapter.full_forward(batch.inputs)[0].float()
+                score = M.mse if model.task == "regression" else M.accuracy
+                backbone.add(
+                    {
+                        "count": torch.tensor([batch.inputs.batch_size]),
+                        "score": score(logits, batch.labels, reduction="none"),
+                    }
+                )
             for method in methods:
+                bar.set_postfix_str(method.name)
                 _run_method(method, model, batch, gt, plan, kept[method.name])
+                bar.update(1)
             batches += 1
     if batches == 0:
         raise ValueError("loader yielded no batches; evaluate needs at least one example")

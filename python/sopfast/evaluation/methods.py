@@ -51,12 +51,23 @@ class Method(ABC, Generic[StateT]):
         # The type system cannot tie "StateT is None" to "prepare is not overridden".
         return cast(StateT, None)
 
+    #: Whether :meth:`predict` takes ``num_groups`` (a method with several groups whose count can change).
+    varies_groups: bool = False
+
     @abstractmethod
     def predict(
-        self, model: SOP, inputs: FeatureInputs, state: StateT, tau: float | None, largest: bool | None, mode: str
+        self,
+        model: SOP,
+        inputs: FeatureInputs,
+        state: StateT,
+        tau: float | None,
+        largest: bool | None,
+        mode: str,
+        num_groups: int | None = None,
     ) -> Prediction:
         """Predict with groups of sparsity ``tau`` (``None``: the model's τ) holding the highest-ranked
-        features (``largest=False``: the lowest; ``None``: the method's own choice)."""
+        features (``largest=False``: the lowest; ``None``: the method's own choice); methods that
+        :attr:`varies_groups` use the first ``num_groups`` of their groups (``None``: all)."""
 
 
 # -- shared group execution -----------------------------------------------------------------
@@ -137,10 +148,18 @@ class ScoreBaseline(Method[torch.Tensor]):
         return self.scores(model, inputs).detach()
 
     def predict(
-        self, model: SOP, inputs: FeatureInputs, state: torch.Tensor, tau: float | None, largest: bool | None, mode: str
+        self,
+        model: SOP,
+        inputs: FeatureInputs,
+        state: torch.Tensor,
+        tau: float | None,
+        largest: bool | None,
+        mode: str,
+        num_groups: int | None = None,
     ) -> Prediction:
         tau = model.tau if tau is None else tau
-        masks = top_tau_masks(state, candidate_mask(model, inputs), tau, largest is not False)
+        scores = state if num_groups is None else state[:, :num_groups]
+        masks = top_tau_masks(scores, candidate_mask(model, inputs), tau, largest is not False)
         return combine_groups(model, run_masks(model, inputs, masks, mode), masks, self.combine_mode(model))
 
 
@@ -158,6 +177,7 @@ class SOPMethod(Method[_SOPState]):
     groups at any τ / group count come from the same attention logits (:meth:`groups`)."""
 
     name = "SOP"
+    varies_groups = True
 
     def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> _SOPState:
         with torch.no_grad():

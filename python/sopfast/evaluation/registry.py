@@ -33,8 +33,8 @@ TASKS = ("classification", "regression")
 @dataclass
 class Plan:
     """What one :func:`sopfast.evaluate` call computes: metric names, the group execution mode, the
-    sparsities of the sparsity curve, of the insertion/deletion steps, the group counts, and the
-    CosmoGrid thresholds."""
+    sparsities of the sparsity curve, of the insertion/deletion steps, the group counts, the
+    CosmoGrid thresholds, and the sparsities × group counts of the accuracy curves."""
 
     metrics: list[str]
     mode: str
@@ -43,6 +43,8 @@ class Plan:
     group_counts: list[int]
     tau_v: float
     tau_c: float
+    curve_taus: list[float] = field(default_factory=list)
+    curve_counts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +87,11 @@ class Step:
         if self.ground_truth is None:
             raise ValueError("this metric needs ground-truth masks, but the batch has none")
         return self.ground_truth
+
+    def predict(self, tau: float | None, num_groups: int | None = None) -> Prediction:
+        """The method's prediction at sparsity ``tau`` with its first ``num_groups`` groups (methods that
+        :attr:`~sopfast.evaluation.methods.Method.varies_groups`)."""
+        return self.method.predict(self.model, self.inputs, self.state, tau, None, self.plan.mode, num_groups)
 
     def at(self, taus: list[float], largest: bool) -> torch.Tensor:
         """``[B, S, C]`` logits with groups of each sparsity of ``taus`` (the highest-ranked features,
@@ -260,6 +267,32 @@ register_metric(
 )
 
 
+# -- the paper's curves: accuracy over inference sparsity × group count ---------------------------
+def curve_key(tau: float, num_groups: int | None) -> str:
+    """``"τ/m"`` (``"τ"`` for a method whose group count does not vary)."""
+    return f"{tau:g}" if num_groups is None else f"{tau:g}/{num_groups}"
+
+
+def _curves(step: Step) -> Values:
+    """Accuracy (or MSE) at every sparsity of ``plan.curve_taus``; for methods with several groups,
+    at every group count of ``plan.curve_counts`` too (up to the groups they have)."""
+    counts: list[int | None] = [None]
+    if step.method.varies_groups:
+        available = step.base.group_masks.shape[1] if not isinstance(step.method, SOPMethod) else None
+        counts = [m for m in step.plan.curve_counts if available is None or m <= available]
+    return {
+        f"curve:{curve_key(t, m)}": step.scores(step.predict(t, m).logits) for t in step.plan.curve_taus for m in counts
+    }
+
+
+def _curves_finalize(kept: dict[str, torch.Tensor], plan: Plan, model: Any) -> dict[str, Any]:
+    keys = [k for k in kept if k.startswith("curve:")]
+    return {"curves": {k.removeprefix("curve:"): float(kept[k].mean()) for k in keys}}
+
+
+register_metric(Metric("curves", _curves, _curves_finalize, needs_labels=TASKS, default=True))
+
+
 # -- groups against ground truth ------------------------------------------------------------------
 def feature_ground_truth(model: SOP, inputs: FeatureInputs, gt: torch.Tensor) -> torch.Tensor:
     """Ground truth at feature level ``[B, d]`` bool from ``[B, d]``, ``[B, h, w]`` (grid) or ``[B, H, W]`` (pixels)."""
@@ -304,6 +337,28 @@ register_metric(
         needs_labels=TASKS,
         needs_ground_truth=True,
         tasks=("classification",),
+    )
+)
+
+
+def _grounding(step: Step) -> Values:
+    """Per example: the share of a group's features on the object (all groups, and the used ones)
+    and the groups' IoU with the object (paper RQ5)."""
+    masks, gt = step.base.group_masks, step.need_ground_truth()
+    every = torch.ones_like(step.used)
+    return {
+        "on_object": M.object_ratio(masks, gt, every, reduction="none"),
+        "on_object_used": M.object_ratio(masks, gt, step.used, reduction="none"),
+        "object_iou": M.group_iou(masks, gt, every, reduction="none"),
+    }
+
+
+register_metric(
+    Metric(
+        "grounding",
+        _grounding,
+        lambda kept, plan, model: {k: float(kept[k].nanmean()) for k in ("on_object", "on_object_used", "object_iou")},
+        needs_ground_truth=True,
     )
 )
 

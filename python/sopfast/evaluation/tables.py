@@ -19,6 +19,9 @@ SCALARS = (
     "iou",
     "coverage",
     "purity",
+    "on_object",
+    "on_object_used",
+    "object_iou",
     *M.DIVERSITY,
 )
 
@@ -65,4 +68,9 @@ def format_table(results: Results) -> str:
             keys = list(results[owners[0]][curve])
             rows = [[m, *(_fmt(results[m][curve][k]) for k in keys)] for m in owners]
             sections.append(_render(curve, ["method", *(f"{label}={k:g}" for k in keys)], rows))
+    owners = [m for m in methods if "curves" in results[m]]
+    if owners:
+        keys = list(dict.fromkeys(k for m in owners for k in results[m]["curves"]))
+        rows = [[m, *(_fmt(results[m]["curves"].get(k, "-")) for k in keys)] for m in owners]
+        sections.append(_render("curves (τ/m)", ["method", *keys], rows))
     return "\n\n".join(sections)

@@ -299,6 +299,7 @@ def sop_options(config: dict[str, Any]) -> dict[str, Any]:
         "blur_sigma": float(config["group_gen_blur_sigma1"]) if blur > 1 else 1.0,
         "freeze_projection": bool(config["freeze_projection"]),
         "ties": "authors",
+        "recipe": "paper",
     }
 
 

@@ -251,6 +251,7 @@ def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, An
         "sopfast_version": __version__,
         "backbone_sha256": backbone_sha256 or hash_backbone(model.backbone),
         "backbone_architecture": backbone_architecture(model.backbone),
+        "provenance": dict(model.provenance),
     }
 
 
@@ -269,6 +270,27 @@ def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256
     atomic_write(directory / WEIGHTS_NAME, lambda f: f.write(weights))
     atomic_write(directory / CONFIG_NAME, lambda f: f.write(config_text.encode()))
     return directory
+
+
+def pretrained_directory(path: str | os.PathLike) -> Path:
+    """``path`` itself when it holds a saved model, else the best (then the last) model of a run folder
+    written by :func:`sopfast.train` (``path/best``, ``path/last``)."""
+    path = Path(path)
+    if (path / CONFIG_NAME).is_file():
+        return path
+    for name in ("best", "last"):
+        if (path / name / CONFIG_NAME).is_file():
+            return path / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"no SOP checkpoint at {path!s}: no such directory")
+    if (path / "trainer_state.json").is_file():
+        raise FileNotFoundError(
+            f"{path!s} is a transformers.Trainer checkpoint without sopfast's files; train with "
+            "callbacks=[sopfast.training.hf_trainer.SOPCheckpointCallback()] to make its checkpoints loadable"
+        )
+    raise FileNotFoundError(
+        f"no SOP checkpoint in {path!s}: {CONFIG_NAME} is missing (and it is no run folder with best/ or last/)"
+    )
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
@@ -329,6 +351,7 @@ class Pretrained:
     state: dict[str, torch.Tensor]
     adapter: str
     weights_path: Path
+    provenance: dict[str, Any]
 
     def load_into(self, model: nn.Module, adapter_given: bool = False) -> None:
         """Load :attr:`state` into ``model`` (built from :attr:`options`), checking its adapter."""
@@ -360,11 +383,12 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
     except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
         raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from err
     options = dict(meta["config"])
+    options.setdefault("recipe", "paper")  # saved before recipes existed: every option was explicit
     upgrade_legacy_state(state, options)
     if "selector.class_queries" in state:
         # The saved queries stand in for a classifier the backbone may not have.
         options["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
-    return Pretrained(options, state, meta["adapter"], weights_path)
+    return Pretrained(options, state, meta["adapter"], weights_path, dict(meta.get("provenance") or {}))
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:

@@ -203,3 +203,13 @@ class GroupGenerator(nn.Module):
         with torch.autocast(device_type=emb.device.type, enabled=False):
             s = self.logits(emb, valid, num_groups, head)
         return self.binarise(s, valid, tau, deletion, grid)
+
+
+def check_finite_lam(lam: torch.Tensor) -> None:
+    """Raise ValueError when the generator's λ is not finite (its attention logits overflow or hold NaN)."""
+    if not bool(torch.isfinite(lam).all()):
+        raise ValueError(
+            "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
+            "inputs lie outside what the model can represent (check their scale and normalisation), or its "
+            "weights are not finite"
+        )

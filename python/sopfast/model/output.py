@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .losses import classification_loss, scaled_mse_loss
 
@@ -27,8 +28,8 @@ class SOPOutput:
     * ``labels`` – the labels given to the forward (``model(x, labels=y)``), or ``None``; with them
       :attr:`loss` is the loss tensor, as in Hugging Face ``Trainer`` / Lightning-style loops
 
-    Indexing follows transformers' ``ModelOutput``: ``out["logits"]``, and ``out[0]`` is the loss
-    when labels were given (else the logits); see :meth:`to_tuple`.
+    Indexing follows transformers' ``ModelOutput``: ``out["logits"]`` (any field by name), and
+    ``out[0]`` is the loss when labels were given (else the logits); see :meth:`to_tuple`.
     """
 
     logits: torch.Tensor
@@ -94,19 +95,10 @@ class SOPOutput:
         return torch.einsum("bm,bmd->bd", weights, self.group_masks.to(weights.dtype))
 
     def to_tuple(self) -> tuple[torch.Tensor, ...]:
-        """``(loss?, logits, group_logits, group_scores, lam, group_masks, group_indices, attention)``;
-        the loss comes first only when labels were given."""
-        head = (self.loss,) if self.labels is not None else ()
-        return (
-            *head,
-            self.logits,
-            self.group_logits,
-            self.group_scores,
-            self.lam,
-            self.group_masks,
-            self.group_indices,
-            self.attention,
-        )
+        """``(loss, logits)`` when labels were given, else ``(logits,)``: what training loops index (a
+        Hugging Face ``Trainer`` hands ``compute_metrics`` the logits alone); the explanation's tensors
+        are attributes and keys (``out["group_masks"]``)."""
+        return (self.loss, self.logits) if self.labels is not None else (self.logits,)
 
     def __getitem__(self, key: int | slice | str):
         if isinstance(key, str):
@@ -117,3 +109,24 @@ class SOPOutput:
 
 
 KEYS = ("loss", "logits", "group_logits", "group_scores", "lam", "group_masks", "group_indices", "attention")
+
+
+def check_finite_group_logits(group_logits: torch.Tensor) -> None:
+    """Raise ValueError when the backbone's logits on the groups are not finite."""
+    if not bool(torch.isfinite(group_logits).all()):
+        raise ValueError(
+            "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
+            "represent (check their scale and normalisation)"
+        )
+
+
+def concatenate_outputs(parts: list[SOPOutput]) -> SOPOutput:
+    """The outputs of consecutive example chunks as one (group indices ``-1``-padded to one width)."""
+    width = max(p.group_indices.shape[-1] for p in parts)
+    indices = [F.pad(p.group_indices, (0, width - p.group_indices.shape[-1]), value=-1) for p in parts]
+    fields = ("logits", "group_logits", "group_scores", "lam", "group_masks", "attention")
+    return SOPOutput(
+        **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields},
+        group_indices=torch.cat(indices),
+        task=parts[0].task,
+    )

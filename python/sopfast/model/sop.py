@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import check_mode
+from ..adapters.sources import Backbone, inferred_source, load_recorded
 from ..checks import check_bool, check_choice, check_int, check_number, check_tau
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
-from .checkpoint import read_pretrained, save_pretrained
-from .generator import GroupGenerator
+from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
+from .generator import GroupGenerator, check_finite_lam
 from .losses import attention_overlap, feature_saliency, saliency_alignment
-from .output import SOPOutput
+from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
+from .pictures import explain_image, explain_text, image_grid
+from .recipes import DEFAULT_RECIPE, RecipeName, get_recipe, resolve_options
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
@@ -50,35 +53,42 @@ class SOP(nn.Module):
     """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md).
 
     Args:
-        backbone: HF ``ViTForImageClassification`` / ``BertForSequenceClassification``, timm
-            ``VisionTransformer``, or a CNN (give ``feature_layer=``); others via ``adapter=``.
+        backbone: HF ``ViTForImageClassification`` / ``BertForSequenceClassification``, timm or
+            torchvision ``VisionTransformer``, or a CNN (give ``feature_layer=``); others via
+            ``adapter=``.  A :func:`sopfast.adapters.load_backbone` record also tells where it came
+            from (saved with the model).
         num_groups: ``m``, groups per input.
         tau: fraction of features per group, ``k = max(1, floor(τ·d))``; changeable later
             (``model.tau = ...`` or ``model(x, tau=...)``).
         mode: ``"exact"`` (the authors' algorithm, see ``docs/method.md`` for where it differs)
             or ``"drop"`` (ViT/BERT run only the kept tokens; equal to ``exact`` for BERT, an
             approximation for ViT).
+        recipe: a named setting (:mod:`sopfast.model.recipes`): ``"sopfast"`` (the measured one that
+            learns distinct groups beating random ones; ``docs/quality.md``) or ``"paper"`` (the authors'
+            algorithm exactly).  It fills the options below marked "from the recipe" that are not
+            given, and :func:`sopfast.train`'s learning rate and warm-up.
         num_heads: generator heads, each a full-width ``[3E, E]`` weight as in the authors' code
             (training uses head ``epoch mod H``; evaluation stacks the heads' rows).
         ties: top-τ tie rule: ``"authors"`` (rank the fp32 attention, equal values to the
             higher index, as the authors' code) or ``"logits"`` (rank the blurred logits, ties to
             the lower index: the paper's math at infinite precision).
-        group_gen_scale, group_sel_scale: the generator's γ and the selector's β.
+        group_gen_scale: the generator's γ (from the recipe: 1 for ``"paper"``, 2 on standardised
+            logits for ``"sopfast"``).
+        group_sel_scale: the selector's β.
         blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
-        center_embeddings, queries: opt-in generator changes beyond the authors' algorithm
-            (default off: ``False``, ``"fixed"``): subtract each example's mean feature embedding
-            before the attention; pick the query rows by farthest-point sampling (``"diverse"``)
-            instead of the fixed rows ``floor(j·d/m)``.  See :class:`sopfast.model.generator.GroupGenerator`
-            and ``docs/quality.md``.
-        normalize_logits: standardise each generator logit row before ``γ`` (opt-in, beyond the
-            paper): ``γ`` then fixes the attention's sharpness (see ``docs/quality.md``).
+        center_embeddings: subtract each example's mean feature embedding before the attention
+            (from the recipe; beyond the paper, see :class:`sopfast.model.generator.GroupGenerator`).
+        queries: the query rows: ``"fixed"`` (the paper's ``floor(j·d/m)``) or ``"diverse"``
+            (farthest-point sampling over the embeddings); from the recipe.
+        normalize_logits: standardise each generator logit row before ``γ``, so ``γ`` alone fixes the
+            attention's sharpness (from the recipe; beyond the paper, see ``docs/quality.md``).
         freeze_projection: keep the generator's copy of the backbone fixed (the authors' config
             option ``freeze_projection``); only the generator weight and the selector train.
         diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.model.losses.attention_overlap`
-            of the generator's attention rows to ``out.loss`` (default 0: the paper's loss).
+            of the generator's attention rows to ``out.loss`` (from the recipe; 0 is the paper's loss).
         saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.model.losses.saliency_alignment`
             with the backbone's :func:`sopfast.model.losses.feature_saliency` at ``z = τ``: a teacher
-            signal towards features that move the backbone (default 0: the paper's loss).
+            signal towards features that move the backbone (from the recipe; 0 is the paper's loss).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -93,23 +103,24 @@ class SOP(nn.Module):
 
     def __init__(
         self,
-        backbone: nn.Module,
+        backbone: nn.Module | Backbone,
         num_groups: int = 20,
         tau: float = 0.2,
         mode: Literal["exact", "drop"] = "exact",
         *,
+        recipe: RecipeName = DEFAULT_RECIPE,
         num_heads: int = 1,
         ties: Literal["authors", "logits"] = "authors",
-        group_gen_scale: float = 1.0,
+        group_gen_scale: float | None = None,
         group_sel_scale: float = 1.0,
         blur_kernel_size: int = 0,
         blur_sigma: float = 1.0,
-        center_embeddings: bool = False,
-        queries: Literal["fixed", "diverse"] = "fixed",
-        normalize_logits: bool = False,
+        center_embeddings: bool | None = None,
+        queries: Literal["fixed", "diverse"] | None = None,
+        normalize_logits: bool | None = None,
         freeze_projection: bool = False,
-        diversity_weight: float = 0.0,
-        saliency_weight: float = 0.0,
+        diversity_weight: float | None = None,
+        saliency_weight: float | None = None,
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
@@ -119,8 +130,29 @@ class SOP(nn.Module):
         **adapter_kwargs,
     ):
         super().__init__()
+        source = backbone.describe() if isinstance(backbone, Backbone) else None
+        backbone = backbone.model if isinstance(backbone, Backbone) else backbone
         if not isinstance(backbone, nn.Module):
             raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+        #: Where the backbone (and the inputs' preprocessing) came from, saved with the model so that
+        #: :meth:`from_pretrained` can load it again from the directory alone.
+        self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
+        self.recipe = get_recipe(recipe)
+        given = {
+            "group_gen_scale": group_gen_scale,
+            "center_embeddings": center_embeddings,
+            "queries": queries,
+            "normalize_logits": normalize_logits,
+            "diversity_weight": diversity_weight,
+            "saliency_weight": saliency_weight,
+        }
+        resolved = resolve_options(self.recipe, given)
+        group_gen_scale, center_embeddings, queries = (
+            resolved[k] for k in ("group_gen_scale", "center_embeddings", "queries")
+        )
+        normalize_logits, diversity_weight, saliency_weight = (
+            resolved[k] for k in ("normalize_logits", "diversity_weight", "saliency_weight")
+        )
         self.num_groups = check_int("num_groups", num_groups, 1)
         self.tau = tau
         self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
@@ -156,6 +188,7 @@ class SOP(nn.Module):
                 "num_groups": num_groups,
                 "tau": tau,
                 "mode": mode,
+                "recipe": recipe,
                 "num_heads": num_heads,
                 "ties": ties,
                 "group_gen_scale": group_gen_scale,
@@ -304,7 +337,7 @@ class SOP(nn.Module):
             for start in range(0, inputs.batch_size, size):
                 rows = inputs.rows(slice(start, start + size))
                 parts.append(self.predict_groups(rows, self.make_groups(rows, tau), mode))
-            out = _concatenate(parts)
+            out = concatenate_outputs(parts)
         return out if labels is None else out.with_labels(labels)
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
@@ -372,21 +405,34 @@ class SOP(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | os.PathLike, backbone: nn.Module, *, strict_backbone: bool = True, **overrides
+        cls,
+        directory: str | os.PathLike,
+        backbone: nn.Module | Backbone | None = None,
+        *,
+        strict_backbone: bool = True,
+        **overrides,
     ) -> SOP:
-        """Rebuild a model saved with :meth:`save_pretrained` over the same ``backbone``.
+        """Rebuild a model saved with :meth:`save_pretrained` (a run folder of :func:`sopfast.train` too:
+        its ``best/``, else ``last/``) over its backbone: ``backbone``, or without one the backbone the
+        checkpoint recorded (a Hugging Face directory, ``timm:`` / ``torchvision:`` weights).
 
         A ValueError names what does not fit: another backbone, another adapter, missing or reshaped
-        weights.
+        weights; without ``backbone``, a checkpoint that records none it can load.
 
         Args:
             strict_backbone: refuse a backbone other than the one the model was saved with (``False``:
                 warn and load anyway).
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
-        saved = read_pretrained(directory, backbone, strict_backbone=strict_backbone)
+        directory = pretrained_directory(directory)
+        if backbone is None:
+            recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
+            backbone = load_recorded(recorded, f"the checkpoint {directory}")
+        module = backbone.model if isinstance(backbone, Backbone) else backbone
+        saved = read_pretrained(directory, module, strict_backbone=strict_backbone)
         model = cls(backbone, **{**saved.options, **overrides})
         saved.load_into(model, adapter_given="adapter" in overrides)
+        model.provenance = {**saved.provenance, **{k: v for k, v in model.provenance.items() if v is not None}}
         return model
 
     @classmethod
@@ -399,6 +445,43 @@ class SOP(nn.Module):
         checkpoint.load_into(model)
         return model.to(next(backbone.parameters()).device)
 
+    @torch.no_grad()
+    def explain(
+        self,
+        x: torch.Tensor,
+        out_dir: str | os.PathLike,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        class_names: Sequence[str] | None = None,
+        labels: torch.Tensor | None = None,
+        tokens: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
+        """Pictures of the predictions on a batch, one file per example in ``out_dir``: a PNG per image
+        ``x [B, C, H, W]`` (the distinct groups the prediction uses, with ``c·λ·y``, and a legend), or
+        an HTML page per text (``x`` the ``input_ids [B, T]`` with ``attention_mask``; ``tokens`` their
+        strings, e.g. ``tokenizer.convert_ids_to_tokens``).  ``labels`` adds the true class.  Returns
+        the paths written."""
+        was_training = self.training
+        self.eval()
+        try:
+            out = self(x, attention_mask, token_type_ids)
+        finally:
+            self.train(was_training)
+        paths = []
+        for i in range(out.logits.shape[0]):
+            label = None if labels is None else int(labels[i])
+            if self.adapter.modality == "text":
+                words = list(tokens[i]) if tokens is not None else [str(t) for t in x[i].tolist()]
+                path = os.path.join(os.fspath(out_dir), f"text_{i:04d}.html")
+                shown = None if attention_mask is None else attention_mask[i]
+                explain_text(words, out, i, path, class_names, shown)
+            else:
+                path = os.path.join(os.fspath(out_dir), f"image_{i:04d}.png")
+                explain_image(x[i], out, i, image_grid(self, x[i : i + 1]), path, class_names, label)
+            paths.append(path)
+        return paths
+
     def group_chunk_size(self, tokens_per_group: int) -> int:
         """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens."""
         if self.group_batch_size is not None:
@@ -408,34 +491,3 @@ class SOP(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
         return [p for p in self.parameters() if p.requires_grad]
-
-
-def check_finite_lam(lam: torch.Tensor) -> None:
-    """Raise ValueError when the generator's λ is not finite (its attention logits overflow or hold NaN)."""
-    if not bool(torch.isfinite(lam).all()):
-        raise ValueError(
-            "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
-            "inputs lie outside what the model can represent (check their scale and normalisation), or its "
-            "weights are not finite"
-        )
-
-
-def check_finite_group_logits(group_logits: torch.Tensor) -> None:
-    """Raise ValueError when the backbone's logits on the groups are not finite."""
-    if not bool(torch.isfinite(group_logits).all()):
-        raise ValueError(
-            "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
-            "represent (check their scale and normalisation)"
-        )
-
-
-def _concatenate(parts: list[SOPOutput]) -> SOPOutput:
-    """The outputs of consecutive example chunks as one (group indices ``-1``-padded to one width)."""
-    width = max(p.group_indices.shape[-1] for p in parts)
-    indices = [F.pad(p.group_indices, (0, width - p.group_indices.shape[-1]), value=-1) for p in parts]
-    fields = ("logits", "group_logits", "group_scores", "lam", "group_masks", "attention")
-    return SOPOutput(
-        **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields},
-        group_indices=torch.cat(indices),
-        task=parts[0].task,
-    )

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from ..checks import check_choice, check_int, check_number
+from ..model.recipes import Recipe
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 HEAD_SCHEDULES = ("phases", "epochs")
@@ -27,20 +28,23 @@ class TrainConfig:
 
     Args:
         epochs: passes over ``train_data``; the learning-rate schedule spans all of them.
-        lr, weight_decay: AdamW settings (paper: ``lr=5e-6``).
+        lr, weight_decay: AdamW settings (``lr`` default: the model's recipe — 1e-3 for
+            ``"sopfast"``, the paper's 5e-6 for ``"paper"``).
         batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
         warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
-            of all steps (give at most one).
+            of all steps (give at most one; default: the model's recipe's ratio).
         schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
         grad_clip: max global gradient norm (``None``: no clipping).
         grad_accum: micro-batches per optimizer step.
         amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
         eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch).
         save_every: write the training state every N steps (also at each epoch end and at the end).
-        log_every: one JSON-lines ``train`` record per N steps.
+        log_every: write the per-step train records (loss, gradient norm, learning rate) every N
+            steps (their values stay on the device in between: one transfer per N steps).
         metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
             (``None``: accuracy for classification, mse for regression).
-        output_dir: where checkpoints and ``log.jsonl`` go (``None``: nothing is written).
+        output_dir: the run folder: checkpoints, training state, ``config.yaml``, ``log.jsonl``,
+            ``metrics.csv``, TensorBoard events, ``training_curves.png`` (``None``: nothing is written).
         resume: ``True`` continues from ``output_dir``'s training state if there is one;
             ``False`` starts afresh; a path names a state file (or its directory) that must exist.
         seed: seeds python/numpy/torch and the data order.
@@ -57,11 +61,11 @@ class TrainConfig:
     """
 
     epochs: int = 1
-    lr: float = 5e-6
+    lr: float | None = None
     weight_decay: float = 0.01
     batch_size: int | None = None
     warmup_steps: int | None = None
-    warmup_ratio: float = 0.0
+    warmup_ratio: float | None = None
     schedule: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"
     grad_clip: float | None = 1.0
     grad_accum: int = 1
@@ -82,10 +86,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_int("epochs", self.epochs, 1)
-        check_number("lr", self.lr, 0.0, above=True)
+        check_number("lr", self.lr, 0.0, above=True, optional=True)
         check_number("weight_decay", self.weight_decay, 0.0)
-        check_number("warmup_ratio", self.warmup_ratio, 0.0)
-        if not self.warmup_ratio < 1:
+        check_number("warmup_ratio", self.warmup_ratio, 0.0, optional=True)
+        if self.warmup_ratio is not None and not self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if self.warmup_steps is not None and self.warmup_ratio:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
@@ -109,6 +113,16 @@ class TrainConfig:
             self.output_dir = output_dir = Path(self.output_dir)
             if self.log_file is None:
                 self.log_file = output_dir / "log.jsonl"
+
+    def resolved(self, recipe: Recipe) -> TrainConfig:
+        """These options with ``lr`` and the warm-up (unless ``warmup_steps`` is given) filled in from
+        ``recipe`` where they are ``None``."""
+        defaults = recipe.training
+        lr = defaults["lr"] if self.lr is None else self.lr
+        ratio = self.warmup_ratio
+        if ratio is None:
+            ratio = 0.0 if self.warmup_steps is not None else defaults["warmup_ratio"]
+        return replace(self, lr=lr, warmup_ratio=ratio)
 
     @property
     def _output_path(self) -> Path | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..data.batches import FORMATS, parse_batch, to_device
+from ..data.batches import to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
@@ -32,7 +32,6 @@ from ..model.checkpoint import (
     save_pretrained,
     trainable_state_dict,
 )
-from ..model.output import SOPOutput
 from ..model.sop import SOP
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
 from .distributed import (
@@ -46,8 +45,10 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .records import RunRecords, write_run_config
 from .resume import check_resumable, fingerprint, resume_path
-from .state import JsonLinesLog, capture_rng, restore_rng, seed_everything
+from .state import capture_rng, restore_rng, seed_everything
+from .validation import forward_batch, validate
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
 
@@ -55,14 +56,6 @@ Callback = Callable[["Trainer", str, dict[str, Any]], None]
 class NonFiniteLossError(ValueError):
     """Training stopped: the loss (or, without a gradient scaler, the gradient norm) became NaN or
     infinite; nothing computed after that step was saved."""
-
-
-def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
-    """Run ``model`` on one batch of any form :func:`sopfast.data.batches.parse_batch` accepts; it must hold labels."""
-    parsed = parse_batch(batch)
-    if parsed.labels is None:
-        raise ValueError(f"training batches need labels ('labels' | 'label' | 'y', or (x, y) tuples); {FORMATS}")
-    return model(**parsed.model_inputs()), parsed.labels
 
 
 class Trainer:
@@ -80,11 +73,13 @@ class Trainer:
         val_data: Dataset | DataLoader | None = None,
         *,
         callbacks: Sequence[Callback] | None = None,
+        run_config: Mapping[str, Any] | None = None,
         **options: Any,
     ):
         if not isinstance(model, SOP):
             raise TypeError(f"model must be a sopfast.SOP, got {type(model).__name__}")
-        self.config = TrainConfig(**options)
+        self.config = TrainConfig(**options).resolved(model.recipe)
+        self.run_config = dict(run_config or {})
         for data, name in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:
                 raise ValueError(f"{name} is a Dataset: give batch_size= (or pass a DataLoader)")
@@ -109,7 +104,8 @@ class Trainer:
         """Train until ``epochs`` are done, ``max_steps`` is reached or a callback stops it."""
         cfg = self.config
         self.info = init_distributed(torch.device(cfg.device).type if cfg.device is not None else None)
-        self.log = JsonLinesLog(cfg.log_file if self.info.is_main else None)
+        main = self.info.is_main
+        self.log = RunRecords(cfg.log_file if main else None, cfg.output_dir if main else None)
         try:
             self._setup()
             while self.epoch < cfg.epochs and not self._done():
@@ -122,34 +118,11 @@ class Trainer:
             cleanup(self.info)
         return result
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression), over all ranks."""
-        model, device = self.model, self.device
         if self.val_loader is None:
             raise TypeError("evaluate() needs val_data (and runs inside fit())")
-        val_loader = self.val_loader
-        was_training = model.training
-        model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
-        cuda = [device.index] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda, device_type=device.type):
-            for batch in val_loader:
-                with self._autocast():
-                    out, labels = forward_batch(model, to_device(batch, device))
-                sums += torch.stack(
-                    [
-                        out.compute_loss(labels).double() * labels.shape[0],
-                        self._score(out, labels),
-                        torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
-                    ]
-                )
-        model.train(was_training)
-        loss, score, count = all_reduce_sum(sums, self.info).tolist()
-        if count == 0:
-            raise ValueError("val_data is empty")
-        name = "val_accuracy" if model.task == "classification" else "val_mse"
-        return {"val_loss": loss / count, name: score / count}
+        return validate(self.model, self.val_loader, self.device, self.info, self._autocast)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs (weights of the trainable parts included)."""
@@ -188,6 +161,7 @@ class Trainer:
         self.device = resolve_device(cfg.device, local_rank=info.local_rank if info.enabled else None)
         if info.is_main and cfg.output_dir is not None:
             remove_stale_temp_files(cfg.output_dir)
+            write_run_config(cfg, self.model, self.run_config)
         self.model.to(self.device)
         seed_everything(cfg.seed)
         self.train_loader = make_train_loader(self.train_data, cfg.batch_size, info, cfg.seed)
@@ -224,11 +198,11 @@ class Trainer:
             dynamic_ncols=True,
         )
         self._loss_sum = torch.zeros((), device=self.device)
-        self._norm_sum = torch.zeros((), device=self.device)
+        # per optimizer step, on the device until the next flush: (step, epoch, lr, loss, grad norm)
+        self._pending: list[tuple[int, float, float, torch.Tensor, torch.Tensor]] = []
         # the first optimizer step whose loss or gradient was not finite (-1: none), tracked on the
         # device and read only where the run logs or writes (no host sync per step)
         self._first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
-        self._logged_steps = 0
         self._start_time = time.time()
 
     def _has_unused_parameters(self) -> bool:
@@ -341,7 +315,7 @@ class Trainer:
                 loss = out.compute_loss(labels) / group_size
             self.scaler.scale(loss).backward()
         self._flag_non_finite(loss.detach())
-        self._loss_sum += loss.detach().float()
+        self._loss_sum = self._loss_sum + loss.detach().float()
         self.batches_done += 1
         if last:
             self._optimizer_step()
@@ -356,8 +330,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        self._norm_sum += norm.detach().float()
-        self._logged_steps += 1
+        loss = all_reduce_sum(self._loss_sum, self.info) / self.info.world_size
+        epoch = round(self.step / self.steps_per_epoch, 4)
+        self._pending.append((self.step, epoch, self.scheduler.get_last_lr()[0], loss, norm.detach().float()))
+        self._loss_sum = torch.zeros((), device=self.device)
         epoch_end = self.batches_done == self.batches_per_epoch
         if epoch_end:
             self.epoch, self.batches_done = self.epoch + 1, 0
@@ -417,16 +393,17 @@ class Trainer:
         return record
 
     def _log_train(self) -> None:
+        """Write the pending per-step train records (one transfer from the device for all of them)."""
         self.check_finite()
-        if self._logged_steps == 0:
+        if not self._pending:
             return
-        loss = all_reduce_sum(self._loss_sum.clone(), self.info).item() / (self._logged_steps * self.info.world_size)
-        norm = self._norm_sum.item() / self._logged_steps
-        record = self._record("train", loss=loss, grad_norm=norm, lr=self.scheduler.get_last_lr()[0])
-        self._loss_sum.zero_()
-        self._norm_sum.zero_()
-        self._logged_steps = 0
-        self._progress.set_postfix(loss=f"{loss:.4f}", **self._postfix())
+        values = torch.stack([torch.stack([loss, norm]) for *_, loss, norm in self._pending]).tolist()
+        elapsed = round(time.time() - self._start_time, 3)
+        for (step, epoch, lr, _, _), (loss, norm) in zip(self._pending, values):
+            record = {"event": "train", "step": step, "epoch": epoch, "loss": loss, "grad_norm": norm, "lr": lr}
+            self.log.write({**record, "time": elapsed})
+        self._pending = []
+        self._progress.set_postfix(loss=f"{values[-1][0]:.4f}", **self._postfix())
         self._emit("log", record)
 
     def _postfix(self) -> dict[str, str]:
@@ -439,7 +416,7 @@ class Trainer:
         return value > self.best_metric if METRICS[self.metric] == "max" else value < self.best_metric
 
     def _evaluate_and_track(self) -> None:
-        self.check_finite()
+        self._log_train()  # the train records of this step come first
         self.metrics = self.evaluate()
         self._eval_step = self.step
         value = self.metrics[f"val_{self.metric}"]
@@ -449,6 +426,7 @@ class Trainer:
             if self.info.is_main and output_dir is not None:
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
+        self.log.plot()
         self._progress.set_postfix(self._postfix())
         self._emit("eval", record)
 
@@ -461,16 +439,10 @@ class Trainer:
         if self.info.is_main and output_dir is not None:
             save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
         record = self._record("end", best=self.best_metric, best_step=self.best_step)
+        self.log.plot()
         self._emit("end", record)
         barrier(self.info)
         return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, output_dir)
-
-    def _score(self, out: SOPOutput, labels: torch.Tensor) -> torch.Tensor:
-        """Correct predictions (classification) or summed per-example MSE (regression) of one batch."""
-        if self.model.task == "classification":
-            return (out.logits.argmax(dim=-1) == labels).sum().double()
-        err = out.logits.double() - labels.double().reshape(out.logits.shape)
-        return err.pow(2).mean(dim=1).sum()
 
 
 def train(
@@ -479,12 +451,16 @@ def train(
     val_data: Dataset | DataLoader | None = None,
     *,
     callbacks: Sequence[Callback] | None = None,
+    run_config: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> TrainResult:
     """Train ``model`` in place; ``options`` are :class:`TrainConfig` fields (``epochs``, ``lr``, ...).
 
     Batches are ``(images, labels)`` pairs or dicts with ``input_ids``, ``attention_mask``,
     optional ``token_type_ids`` (or ``pixel_values``) and ``labels``.  Under ``torchrun`` the
-    same call trains with DistributedDataParallel; only rank 0 writes files.
+    same call trains with DistributedDataParallel; only rank 0 writes files.  With ``output_dir``
+    the run folder holds ``best/`` and ``last/`` (loadable with ``SOP.from_pretrained(output_dir)``),
+    ``training_state.pt``, ``config.yaml`` (the resolved options, plus ``run_config``'s entries),
+    ``log.jsonl``, ``metrics.csv``, TensorBoard events and ``training_curves.png``.
     """
-    return Trainer(model, train_data, val_data, callbacks=callbacks, **options).fit()
+    return Trainer(model, train_data, val_data, callbacks=callbacks, run_config=run_config, **options).fit()

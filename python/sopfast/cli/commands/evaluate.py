@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from ...evaluation.evaluate import METRICS, evaluate, format_table
+from ...evaluation.plots import plot_curves
 from ..common import (
     add_common,
     add_data,
@@ -17,7 +19,6 @@ from ..common import (
     load_backbone,
     load_model,
     load_split,
-    report,
 )
 from ..options import add_api_options, api_values
 from ..parser import int_at_least
@@ -55,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     names = add_api_options(g, evaluate, skip=("device", "print_table"), given_only=True)
     g.add_argument("--output", default=None, help="write the results as JSON to this path")
+    g.add_argument(
+        "--plot",
+        default=None,
+        help="write the accuracy curves (metric 'curves') as a PNG to this path (default: beside --output)",
+    )
     p.set_defaults(evaluate_names=names)
 
 
@@ -62,14 +68,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     check_output_file("--output", args.output)
+    plot = args.plot or (os.path.splitext(args.output)[0] + "_curves.png" if args.output else None)
+    check_output_file("--plot", plot)
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
-    dataset, info = load_split(args, model, backbone, "test", args.limit)
-    report(info)
+    dataset = load_split(args, model, backbone, "test", args.limit)
     key = args.ground_truth_key
     if isinstance(key, str) and key.isdigit():
         key = int(key)
+    if key is None and args.object_masks is not None:
+        key = 2  # the (x, y, mask) items of --object-masks
     results = evaluate(
         model,
         torch.utils.data.DataLoader(dataset, batch_size=args.batch_size),
@@ -81,4 +90,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
+    if plot and any(r.get("curves") for r in results.values()):
+        print(f"sopfast: curves written to {plot_curves(results, plot)}")
     return 0

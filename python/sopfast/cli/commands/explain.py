@@ -15,7 +15,6 @@ from ..common import (
     load_backbone,
     load_model,
     load_split,
-    report,
 )
 from ..parser import int_at_least
 
@@ -40,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
-    dataset, info = load_split(args, model, backbone, "test", args.count)
-    report(info)
+    dataset = load_split(args, model, backbone, "test", args.count)
     paths = write_explanations(
         model, dataset, args.out, count=args.count, device=run_device, class_names=getattr(dataset, "classes", None)
     )

@@ -25,10 +25,9 @@ from ..common import (
     load_model,
     load_split,
     present,
-    report,
 )
 from ..options import add_api_options, api_values, parameters
-from ..parser import int_at_least
+from ..parser import CLIError, int_at_least
 
 if TYPE_CHECKING:
     from ...adapters.sources import Backbone
@@ -40,6 +39,23 @@ SOP_SKIP = ("class_weights", "adapter")
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
 TRAIN_SKIP = ("resume", "device", "seed")
 SOP_OPTIONS = frozenset(name for name in parameters(SOP) if name not in SOP_SKIP)
+# the data flags a run folder's config.yaml keeps (besides the model and training options)
+DATA_FLAGS = [
+    "data",
+    "limit",
+    "val_limit",
+    "train_split",
+    "val_split",
+    "holdout",
+    "image_column",
+    "text_column",
+    "text_pair_column",
+    "label_column",
+    "image_size",
+    "image_mean",
+    "image_std",
+    "max_length",
+]
 
 
 def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -92,13 +108,15 @@ def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     given = {n: getattr(args, n, None) for n in args.sop_names if n not in SOP_OPTIONS}
     adapter_options = adapter_cls.adapter_options(backbone.model, **given)
     sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
-    return SOP(backbone.model, **sop_options, **adapter_options)
+    return SOP(backbone, **sop_options, **adapter_options)
 
 
 def run(args: argparse.Namespace) -> int:
     from ...training import train
     from ...training.state import seed_everything
 
+    if args.backbone is None and args.checkpoint is None:
+        raise CLIError("give --backbone (or --checkpoint, a saved model to train further)")
     check_output_dir("--output-dir", getattr(args, "output_dir", None))
     check_output_file("--log-file", getattr(args, "log_file", None))
     device(args.device)
@@ -107,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
     seed_everything(args.seed)  # before the model is built: its generator and selector start from the seed
     backbone = load_backbone(args)
     model = build_model(args, backbone)
-    train_data, train_info = load_split(args, model, backbone, "train", args.limit)
-    val_data, val_info = load_split(args, model, backbone, "val", args.val_limit)
-    report(train_info, val_info)
-    result = train(model, train_data, val_data, **options)
+    train_data = load_split(args, model, backbone, "train", args.limit)
+    val_data = load_split(args, model, backbone, "val", args.val_limit)
+    result = train(model, train_data, val_data, run_config=present(args, DATA_FLAGS), **options)
     output_dir = options.get("output_dir")
     if output_dir:
         print(

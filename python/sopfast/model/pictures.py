@@ -1,0 +1,202 @@
+"""Pictures of one SOP prediction: a PNG per image (:func:`explain_image`), a self-contained HTML
+page per text (:func:`explain_text`); :meth:`sopfast.SOP.explain` draws a batch with them."""
+
+from __future__ import annotations
+
+import html
+import os
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..adapters.images import upsample_mask
+from .output import SOPOutput
+
+
+def image_grid(model: Any, images: torch.Tensor) -> tuple[int, int]:
+    """The feature grid of ``model`` (a :class:`sopfast.SOP`) on ``images [B, C, H, W]`` (ValueError
+    when its features lie on none: pictures draw groups on the image)."""
+    grid = model.adapter.feature_grid(model.prepare(images))
+    if grid is None:
+        raise ValueError(f"pictures draw groups on a feature grid; {type(model.adapter).__name__} has none")
+    return grid
+
+
+def used_groups(out: SOPOutput, example: int, cls: int) -> list[tuple[int, float]]:
+    """``(group, weight c·λ·y)`` of the groups with a non-zero score for ``cls``, largest |weight| first."""
+    scores = out.group_scores[example, cls]
+    weights = out.attributions[example, cls]
+    used = [(int(i), float(weights[i])) for i in torch.nonzero(scores > 0).flatten()]
+    return sorted(used, key=lambda t: -abs(t[1]))
+
+
+@dataclass
+class DistinctGroup:
+    """Used groups with the same features, drawn once: the ``groups`` it stands for (the first names
+    it) and their summed weight ``c·λ·y``."""
+
+    groups: list[int]
+    weight: float
+
+    @property
+    def first(self) -> int:
+        return self.groups[0]
+
+    def title(self) -> str:
+        also = f" (×{len(self.groups)})" if len(self.groups) > 1 else ""
+        return f"group {self.first}{also}"
+
+
+def distinct_used_groups(out: SOPOutput, example: int, cls: int, min_weight: float = 5e-4) -> list[DistinctGroup]:
+    """The used groups of ``cls`` merged by identical masks, largest |summed weight| first; groups whose
+    weight rounds to zero (``|c·λ·y| < min_weight``) are left out."""
+    merged: dict[bytes, DistinctGroup] = {}
+    masks = out.group_masks[example].cpu()
+    for g, w in used_groups(out, example, cls):
+        key = masks[g].numpy().tobytes()
+        if key in merged:
+            merged[key].groups.append(g)
+            merged[key].weight += w
+        else:
+            merged[key] = DistinctGroup([g], w)
+    kept = [d for d in merged.values() if abs(d.weight) >= min_weight]
+    return sorted(kept, key=lambda d: -abs(d.weight))
+
+
+LEGEND = (
+    "green: a group that raises the predicted class (c·λ·y > 0); red: one that lowers it; grey: the groups "
+    "the prediction does not use. c·λ·y = the selector's weight c × the generator's λ × the backbone's logit "
+    "on the group alone; they add up to the logit. ×n: n groups with the same features."
+)
+
+
+def _to_display(image: torch.Tensor):
+    img = image.detach().float().cpu()
+    img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
+    return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
+
+
+def explain_image(
+    image: torch.Tensor,
+    out: SOPOutput,
+    example: int,
+    grid: tuple[int, int],
+    path: str,
+    class_names: Sequence[str] | None = None,
+    label: int | None = None,
+    max_groups: int = 6,
+) -> int:
+    """Write a PNG: the input, each distinct group the prediction uses (once, with how many groups it
+    stands for and ``c·λ·y``), the unused groups greyed, and a legend in words.
+
+    ``image [C, H, W]``; returns the number of panels drawn.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pred = int(out.logits[example].argmax())
+    distinct = distinct_used_groups(out, example, pred)
+    shown_groups = distinct[:max_groups]
+    shown = _to_display(image)
+    size = (int(image.shape[-2]), int(image.shape[-1]))
+    masks = upsample_mask(out.group_masks[example].view(-1, *grid), size).cpu()
+    n_panels = 2 + len(shown_groups)
+    fig, axes = plt.subplots(1, n_panels, figsize=(2.3 * max(n_panels, 4), 3.3), squeeze=False)
+    name = (lambda c: class_names[c]) if class_names else str
+    title = f"input\npred: {name(pred)}" + (f"\ntrue: {name(label)}" if label is not None else "")
+    _panel(axes[0, 0], shown, None, title)
+    for ax, group in zip(axes[0, 1:], shown_groups):
+        colour = POSITIVE if group.weight >= 0 else NEGATIVE
+        _panel(ax, shown, masks[group.first].numpy(), f"{group.title()}\nc·λ·y = {group.weight:+.3f}", colour)
+    used = {g for d in distinct for g in d.groups} | {g for g, _ in used_groups(out, example, pred)}
+    unused = torch.ones(out.group_masks.shape[1], dtype=torch.bool)
+    unused[sorted(used)] = False
+    rest = masks[unused].any(dim=0).numpy() if bool(unused.any()) else None
+    _panel(axes[0, -1], shown, rest, f"{int(unused.sum())} unused groups", UNUSED)
+    for ax in axes[0, n_panels:]:
+        ax.axis("off")
+    fig.suptitle(
+        f"SOP: logit {float(out.logits[example, pred]):.3f} = sum of c·λ·y over {len(used)} used groups "
+        f"({len(distinct)} distinct, top {len(shown_groups)} shown)",
+        fontsize=9,
+    )
+    fig.text(0.5, 0.02, "\n".join(textwrap.wrap(LEGEND, 150)), ha="center", va="bottom", fontsize=7, color="#333")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return n_panels
+
+
+POSITIVE = (0.1, 0.75, 0.2)
+NEGATIVE = (0.9, 0.15, 0.15)
+UNUSED = (0.55, 0.55, 0.55)
+
+
+def _panel(ax, image, mask, title: str, colour: tuple[float, float, float] = POSITIVE) -> None:
+    """The image in grey with ``mask`` tinted in ``colour``."""
+    import numpy as np
+
+    ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1)
+    if mask is not None:
+        overlay = np.zeros((*mask.shape, 4))
+        overlay[..., :3] = colour
+        overlay[..., 3] = mask * 0.55
+        ax.imshow(overlay)
+    ax.set_title(title, fontsize=8)
+    ax.axis("off")
+
+
+def explain_text(
+    tokens: Sequence[str],
+    out: SOPOutput,
+    example: int,
+    path: str,
+    class_names: Sequence[str] | None = None,
+    shown: Sequence[bool] | torch.Tensor | None = None,
+) -> int:
+    """Write a self-contained HTML page: one line per distinct used group (with how many groups it
+    stands for), its tokens highlighted with its weight ``c·λ·y``, and a legend; groups whose weight
+    rounds to zero are left out.  ``tokens`` are the example's ``T`` token strings; ``shown [T]``
+    (e.g. the attention mask) leaves out the tokens it marks false, such as padding; returns the
+    number of highlighted spans."""
+    keep = [True] * len(tokens) if shown is None else [bool(v) for v in shown]
+    if len(keep) != len(tokens):
+        raise ValueError(f"shown must have one entry per token ({len(tokens)}), got {len(keep)}")
+    pred = int(out.logits[example].argmax())
+    label = class_names[pred] if class_names else str(pred)
+    rows, spans = [], 0
+    for group in distinct_used_groups(out, example, pred):
+        mask = out.group_masks[example, group.first]
+        colour = "rgba(46,160,67,0.45)" if group.weight >= 0 else "rgba(215,58,73,0.45)"
+        words = []
+        for t, tok in enumerate(tokens):
+            if not keep[t]:
+                continue
+            text = html.escape(tok)
+            if bool(mask[t]):
+                spans += 1
+                words.append(
+                    f'<span class="sop-group" data-group="{group.first}" style="background:{colour}">{text}</span>'
+                )
+            else:
+                words.append(f'<span class="sop-off">{text}</span>')
+        rows.append(f"<p><b>{group.title()}</b> (c·λ·y = {group.weight:+.3f}): {' '.join(words)}</p>")
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
+        "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}"
+        ".legend{color:#555;font-size:90%}</style>"
+        f"</head><body><h2>Prediction: {html.escape(label)} "
+        f"(logit {float(out.logits[example, pred]):.3f})</h2>{''.join(rows)}"
+        f"<p class='legend'>{html.escape(LEGEND.replace('grey: the groups the prediction does not use. ', ''))}</p>"
+        "</body></html>"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return spans

@@ -1,0 +1,159 @@
+"""What a training run writes beside its checkpoints: ``log.jsonl`` (one JSON record per line),
+``metrics.csv``, TensorBoard events (``tensorboard/``, when the ``tensorboard`` package is
+installed) and ``training_curves.png``.
+
+Train records come one per optimizer step (their losses are kept on the device and read in one
+transfer every ``log_every`` steps); an evaluation record follows the train record of its step.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+CSV_NAME = "metrics.csv"
+CURVES_NAME = "training_curves.png"
+TENSORBOARD_DIR = "tensorboard"
+CSV_FIELDS = ("event", "step", "epoch", "time", "loss", "grad_norm", "lr", "val_loss", "val_accuracy", "val_mse")
+
+
+class RunRecords:
+    """The records of one run: ``log_file`` (JSON lines) always when given; with ``output_dir`` also
+    ``metrics.csv``, TensorBoard events and ``training_curves.png``.  Appends to what a resumed run
+    wrote before."""
+
+    def __init__(self, log_file: str | os.PathLike | None, output_dir: str | os.PathLike | None):
+        self.records: list[dict[str, Any]] = []
+        self._json: IO[str] | None = None
+        self._csv: IO[str] | None = None
+        self._tensorboard: Any = None
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        if log_file is not None:
+            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+            self.records = _read_json_lines(Path(log_file))
+            self._json = open(log_file, "a", encoding="utf-8")
+        if self.output_dir is not None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            path = self.output_dir / CSV_NAME
+            fresh = not path.is_file()
+            self._csv = open(path, "a", encoding="utf-8", newline="")
+            self._writer = csv.DictWriter(self._csv, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            if fresh:
+                self._writer.writeheader()
+            self._tensorboard = _summary_writer(self.output_dir / TENSORBOARD_DIR)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (``event``, ``step`` and values) to every record file."""
+        self.records.append(record)
+        if self._json is not None:
+            self._json.write(json.dumps(record) + "\n")
+            self._json.flush()
+        if self._csv is not None:
+            self._writer.writerow(record)
+            self._csv.flush()
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if key not in ("event", "step", "epoch", "time") and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(f"{record['event']}/{key}", value, record["step"])
+
+    def plot(self) -> Path | None:
+        """Write ``training_curves.png`` (loss, gradient norm, learning rate and validation metrics over
+        the steps); ``None`` without an output directory or records."""
+        if self.output_dir is None or not self.records:
+            return None
+        return plot_training_curves(self.records, self.output_dir / CURVES_NAME)
+
+    def close(self) -> None:
+        for handle in (self._json, self._csv):
+            if handle is not None:
+                handle.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        self._json = self._csv = self._tensorboard = None
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _summary_writer(directory: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.info("TensorBoard events are not written: install the tensorboard package for them")
+        return None
+    return SummaryWriter(log_dir=str(directory))
+
+
+def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
+    """A PNG of a run's records: training loss per step with the validation loss, the validation
+    metric, the gradient norm and the learning rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if r.get("event") == "train"]
+    evals = [r for r in records if r.get("event") == "eval"]
+    metric = next((k for k in ("val_accuracy", "val_mse") if any(k in r for r in evals)), None)
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.1))
+    panels = (
+        (axes[0], "loss", [("loss", train, "train"), ("val_loss", evals, "validation")]),
+        (axes[1], metric or "validation metric", [(metric, evals, "validation")] if metric else []),
+        (axes[2], "gradient norm", [("grad_norm", train, "train")]),
+        (axes[3], "learning rate", [("lr", train, "train")]),
+    )
+    for ax, title, lines in panels:
+        for key, rows, label in lines:
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points), marker="o" if rows is evals else None, markersize=3, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+CONFIG_NAME = "config.yaml"
+
+
+def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> Path:
+    """``config.yaml`` in ``config.output_dir``: the resolved model options (``model``: a
+    :class:`sopfast.SOP`) and training options (``config``: a resolved
+    :class:`~sopfast.training.config.TrainConfig`), the backbone's source and ``extra`` entries (the
+    command line's data options), under the names of ``sopfast train``'s flags, so that
+    ``sopfast train --config config.yaml`` runs the same training again."""
+    import yaml
+
+    entries: dict[str, Any] = {}
+    source = model.provenance.get("backbone")
+    if source is not None:
+        entries["backbone"] = source["spec"]
+        if source.get("weights"):
+            entries["backbone_weights"] = source["weights"]
+        if source.get("options"):
+            entries["backbone_option"] = dict(source["options"])
+    entries.update(extra)
+    entries.update(dict(model.config))
+    skipped = ("resume", "log_file", "find_unused_parameters")
+    entries.update({k: v for k, v in dataclasses.asdict(config).items() if k not in skipped})
+    entries = {k: (str(v) if isinstance(v, Path) else v) for k, v in entries.items() if v is not None}
+    path = Path(config.output_dir) / CONFIG_NAME
+    header = "# sopfast train: `sopfast train --config config.yaml` runs this training again (flags win over it)\n"
+    path.write_text(header + yaml.safe_dump(entries, sort_keys=False), encoding="utf-8")
+    return path

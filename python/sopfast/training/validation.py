@@ -1,0 +1,62 @@
+"""One batch through the model in training, and the validation pass of :func:`sopfast.train`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from ..data.batches import FORMATS, parse_batch, to_device
+from ..model.output import SOPOutput
+from .distributed import DistInfo, all_reduce_sum
+
+
+def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
+    """Run ``model`` on one batch of any form :func:`sopfast.data.batches.parse_batch` accepts; it must hold labels."""
+    parsed = parse_batch(batch)
+    if parsed.labels is None:
+        raise ValueError(f"training batches need labels ('labels' | 'label' | 'y', or (x, y) tuples); {FORMATS}")
+    return model(**parsed.model_inputs()), parsed.labels
+
+
+def _score(task: str, out: SOPOutput, labels: torch.Tensor) -> torch.Tensor:
+    """Correct predictions (classification) or summed per-example MSE (regression) of one batch."""
+    if task == "classification":
+        return (out.logits.argmax(dim=-1) == labels).sum().double()
+    err = out.logits.double() - labels.double().reshape(out.logits.shape)
+    return err.pow(2).mean(dim=1).sum()
+
+
+@torch.no_grad()
+def validate(
+    model: Any,
+    loader: Iterable,
+    device: torch.device,
+    info: DistInfo,
+    autocast: Callable[[], AbstractContextManager],
+) -> dict[str, float]:
+    """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression) of ``model`` (a
+    :class:`sopfast.SOP`) over ``loader``, summed over all ranks; the RNG states are left as they were."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    cuda = [device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type=device.type):
+        for batch in loader:
+            with autocast():
+                out, labels = forward_batch(model, to_device(batch, device))
+            sums += torch.stack(
+                [
+                    out.compute_loss(labels).double() * labels.shape[0],
+                    _score(model.task, out, labels),
+                    torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
+                ]
+            )
+    model.train(was_training)
+    loss, score, count = all_reduce_sum(sums, info).tolist()
+    if count == 0:
+        raise ValueError("val_data is empty")
+    name = "val_accuracy" if model.task == "classification" else "val_mse"
+    return {"val_loss": loss / count, name: score / count}
