@@ -117,7 +117,9 @@ setup(
     # Optional, imported only where used: `sopfast --help` needs none of them.
     extras_require={
         "models": ["transformers>=4.40", "timm>=1.0", "torchvision"],  # HF / timm / torchvision backbones
-        "data": ["datasets>=2.14", "scikit-learn"],  # saved Hugging Face datasets; the digits demo data
+        # your own data (image folders, CSV/JSONL, saved datasets) and stratified holdouts; the digits demo data
+        "data": ["datasets>=2.14", "scikit-learn"],
+        "tensorboard": ["tensorboard"],  # TensorBoard events in run folders
         "explain": ["captum>=0.7", "quantus>=0.6"],  # the Captum / Quantus interop of sopfast.explain
         "theory": ["scipy"],  # sopfast theory
         "test": [
@@ -134,6 +136,7 @@ setup(
             "captum>=0.7",
             "quantus>=0.6",
             "accelerate",
+            "tensorboard",
         ],
         "bench": ["pytest-benchmark", "entmax"],
         "triton": ["triton"],

@@ -148,7 +148,8 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
         callbacks=[record_head],
     )
     assert heads == [0, 0, 1, 1]
-    assert {p.name for p in tmp_path.iterdir()} == {"best", "last", "log.jsonl", STATE_NAME}
+    expected = {"best", "last", "log.jsonl", STATE_NAME, "metrics.csv", "training_curves.png"}
+    assert {p.name for p in tmp_path.iterdir()} - {"tensorboard"} == expected
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("train") == 4
     evals = [r for r in records if r["event"] == "eval"]

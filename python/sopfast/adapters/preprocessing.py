@@ -1,21 +1,22 @@
-"""How raw examples become a backbone's inputs, read from where the backbone came from.
+"""How raw examples become a backbone's inputs, done by the library the backbone came from.
 
-A Hugging Face directory's ``preprocessor_config.json`` (size, mean, std, resampling) and
-tokenizer; timm's ``pretrained_cfg`` (mean, std, interpolation, crop_pct); the adapter's own input
-size and channels; flags override size, mean and std.  torchvision models and pickled modules carry
-no statistics: ImageNet's are used, and :func:`preprocessing_for` says so in ``notes``.
+Images: a Hugging Face directory's own image processor (``AutoImageProcessor``); timm's eval
+transform (``timm.data.create_transform`` of the model's ``pretrained_cfg``); for a backbone that
+carries no preprocessing (torchvision, a pickled module, an HF directory without
+``preprocessor_config.json``) torchvision transforms with the adapter's input size and ImageNet's
+(or ViT's 0.5) statistics, said in ``notes``.  Flags override size, mean and std.  Text: the
+directory's tokenizer.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from .base import BackboneAdapter
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
 
 class PreprocessingError(ValueError):
@@ -38,9 +40,10 @@ class PreprocessingError(ValueError):
 class Preprocessing:
     """How raw examples become model inputs.
 
-    Images: converted to ``channels`` (1: grey, 3: RGB), resized (``resize_to`` the shorter side
-    then centre-cropped to ``size``, or straight to ``size``), scaled by ``rescale``, normalised with
-    ``mean`` / ``std`` → ``[C, H, W]`` float32.  Text: ``tokenizer`` with ``max_length`` tokens.
+    Images: ``transform`` (PIL image → ``[C, H, W]`` float32) from ``library``; ``size``, ``mean``,
+    ``std``, ``resize_to`` (shorter side before the centre crop) and ``resample`` describe it;
+    ``mask_transform`` places pixels the same way with nearest resampling and no normalisation
+    (→ ``[C, H, W]`` in [0, 1]).  Text: ``tokenizer`` with ``max_length`` tokens.
     """
 
     modality: str
@@ -48,9 +51,11 @@ class Preprocessing:
     channels: int = 3
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    rescale: float = 1 / 255
     resize_to: int | None = None
     resample: str = "bilinear"
+    library: str = ""
+    transform: Callable[[Any], torch.Tensor] | None = field(default=None, repr=False)
+    mask_transform: Callable[[Any], torch.Tensor] | None = field(default=None, repr=False)
     tokenizer: Any = None
     max_length: int = 128
     label2id: dict[str, int] = field(default_factory=dict)
@@ -64,47 +69,29 @@ class Preprocessing:
             return {"modality": "text", "tokenizer": name, "max_length": self.max_length, "notes": self.notes}
         return {
             "modality": "image",
+            "library": self.library,
             "size": list(self.size) if self.size else None,
             "channels": self.channels,
             "mean": list(self.mean),
             "std": list(self.std),
-            "rescale": self.rescale,
             "resize_to": self.resize_to,
             "resample": self.resample,
             "notes": self.notes,
         }
 
-    def _geometry(self, image: PILImage.Image, resample: str) -> PILImage.Image:
-        """``image`` resized (and centre-cropped) to :attr:`size` with the ``resample`` filter."""
-        from PIL import Image
-
-        # Pillow >= 9.1 names the filters in ``Image.Resampling`` (its type hints omit the module-level
-        # aliases); older Pillow has the module-level constants only.
-        filters: Any = getattr(Image, "Resampling", Image)
-        chosen = {"bilinear": filters.BILINEAR, "bicubic": filters.BICUBIC, "nearest": filters.NEAREST}[resample]
-        h, w = self.size if self.size is not None else (image.height, image.width)
-        if self.resize_to is not None:
-            scale = self.resize_to / min(image.width, image.height)
-            image = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), chosen)
-            left, top = (image.width - w) // 2, (image.height - h) // 2
-            return image.crop((left, top, left + w, top + h))
-        return image.resize((w, h), chosen) if (image.height, image.width) != (h, w) else image
-
-    def object_mask(self, image: PILImage.Image, threshold: float = 0.5) -> torch.Tensor:
-        """``[H, W]`` bool: the pixels of a grey-level ``image`` brighter than ``threshold`` (a fraction
-        of full brightness), placed like :meth:`image` places pixels (nearest resampling)."""
-        grey = self._geometry(image.convert("L"), "nearest")
-        return torch.from_numpy(np.asarray(grey, dtype=np.float32) / 255.0 > threshold)
+    def _mode(self, image: PILImage.Image) -> PILImage.Image:
+        return image.convert("L" if self.channels == 1 else "RGB")
 
     def image(self, image: PILImage.Image) -> torch.Tensor:
         """One PIL image → ``[C, H, W]`` float32."""
-        image = self._geometry(image.convert("L" if self.channels == 1 else "RGB"), self.resample)
-        h, w = image.height, image.width
-        array = np.asarray(image, dtype=np.float32) * self.rescale
-        x = torch.from_numpy(array.reshape(h, w, -1)).permute(2, 0, 1)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
-        return ((x - mean) / std).contiguous()
+        assert self.transform is not None, "an image preprocessing has a transform"
+        return self.transform(self._mode(image)).float().contiguous()
+
+    def object_mask(self, image: PILImage.Image, threshold: float = 0.5) -> torch.Tensor:
+        """``[H, W]`` bool: the pixels of a grey-level ``image`` brighter than ``threshold`` (a fraction
+        of full brightness), placed like :meth:`image` places pixels."""
+        assert self.mask_transform is not None, "an image preprocessing has a mask transform"
+        return self.mask_transform(self._mode(image.convert("L")))[0] > threshold
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -114,15 +101,8 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _height_width(value: Any) -> tuple[int, int] | None:
-    """``size`` / ``crop_size`` of a preprocessor config (int, ``[h, w]`` or ``{"height", "width"}``)."""
-    if isinstance(value, dict):
-        return (int(value["height"]), int(value["width"])) if "height" in value and "width" in value else None
-    return _pair(value) if isinstance(value, (int, list, tuple)) else None
-
-
 def _stats(name: str, value: Any, channels: int) -> tuple[float, ...]:
-    """``value``: a number or per-channel numbers, from a flag or a preprocessor config."""
+    """``value``: a number or per-channel numbers, from a flag or the backbone's config."""
     values = tuple(float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
     if len(values) == 1:
         values = values * channels
@@ -133,47 +113,104 @@ def _stats(name: str, value: Any, channels: int) -> tuple[float, ...]:
     return values
 
 
-def _hf_image(directory: str, prep: Preprocessing) -> Preprocessing:
-    """``preprocessor_config.json`` of a Hugging Face directory (its size when the model has none)."""
-    path = os.path.join(directory, "preprocessor_config.json")
-    if not os.path.isfile(path):
-        return prep
+def _hf_call(processor: Any, options: dict[str, Any], image: PILImage.Image) -> torch.Tensor:
+    return processor(images=image, return_tensors="pt", **options)["pixel_values"][0]
+
+
+def _hf_image(
+    directory: str, prep: Preprocessing, size: tuple[int, int] | None, stats: dict[str, tuple[float, ...]]
+) -> Preprocessing | None:
+    """The directory's ``AutoImageProcessor`` (``None`` when it has no ``preprocessor_config.json``),
+    with the ``stats`` given (``mean`` / ``std``) in place of its own."""
+    if not os.path.isfile(os.path.join(directory, "preprocessor_config.json")):
+        return None
+    from transformers import AutoImageProcessor
+    from transformers.image_utils import PILImageResampling
+
     try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise PreprocessingError(f"cannot read {path}: {err}") from err
-    size, crop = cfg.get("size"), cfg.get("crop_size")
-    shortest = size.get("shortest_edge") if isinstance(size, dict) else None
-    if shortest is not None:
-        final = prep.size or _height_width(crop) or (int(shortest), int(shortest))
-        resize_to = int(int(shortest) / float(cfg.get("crop_pct") or 1.0))
-        prep = replace(prep, size=final, resize_to=resize_to if cfg.get("do_resize", True) else None)
+        processor = AutoImageProcessor.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise PreprocessingError(f"cannot read the image processor in {directory}: {err}") from err
+    own = {k: v for k, v in dict(processor.size).items() if v is not None}
+    crop = {k: v for k, v in dict(getattr(processor, "crop_size", None) or {}).items() if v is not None}
+    options: dict[str, Any] = {f"image_{k}": list(v) for k, v in stats.items()}
+    resize_to = None
+    if size is not None and "height" in own:
+        options["size"] = {"height": size[0], "width": size[1]}
+    elif size is not None:
+        options.update(size={"shortest_edge": min(size)}, crop_size={"height": size[0], "width": size[1]})
+    elif "shortest_edge" in own:
+        final = (crop["height"], crop["width"]) if crop else _pair(own["shortest_edge"])
+        pct = getattr(processor, "crop_pct", None)
+        resize_to = int(own["shortest_edge"] / pct) if pct else int(own["shortest_edge"])
+        size = final
     else:
-        prep = replace(prep, size=prep.size or _height_width(size))
-    if cfg.get("do_normalize", True):
-        prep = replace(prep, mean=cfg.get("image_mean", prep.mean), std=cfg.get("image_std", prep.std))
-    else:
-        prep = replace(prep, mean=(0.0,), std=(1.0,))
-    rescale = float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True) else 1.0
-    resample = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(cfg.get("resample", 2), "bilinear")
-    return replace(prep, rescale=rescale, resample=resample)
-
-
-def _timm_image(backbone: torch.nn.Module, prep: Preprocessing) -> Preprocessing:
-    """timm's ``pretrained_cfg``: mean, std, interpolation, centre crop (``crop_pct``)."""
-    cfg = getattr(backbone, "pretrained_cfg", None) or {}
-    size = prep.size or (_pair(cfg["input_size"]) if "input_size" in cfg else None)
-    crop_pct = float(cfg.get("crop_pct") or 1.0)
-    resize_to = math.floor(min(size) / crop_pct) if size is not None and crop_pct < 1.0 else None
-    resample = cfg.get("interpolation", "bilinear")
+        size = (own["height"], own["width"])
+    normalize = getattr(processor, "do_normalize", True)
+    mean = stats.get("mean", tuple(processor.image_mean) if normalize else (0.0,) * prep.channels)
+    std = stats.get("std", tuple(processor.image_std) if normalize else (1.0,) * prep.channels)
+    mask = {**options, "do_normalize": False, "resample": PILImageResampling.NEAREST}
     return replace(
         prep,
+        mean=mean,
+        std=std,
+        library=f"transformers {type(processor).__name__}",
         size=size,
-        mean=cfg.get("mean", prep.mean),
-        std=cfg.get("std", prep.std),
         resize_to=resize_to,
-        resample=resample if resample in ("bilinear", "bicubic", "nearest") else "bilinear",
+        resample=RESAMPLE_NAMES.get(int(getattr(processor, "resample", 2) or 2), "bilinear"),
+        transform=partial(_hf_call, processor, options),
+        mask_transform=partial(_hf_call, processor, mask),
+    )
+
+
+def _timm_image(
+    backbone: torch.nn.Module, prep: Preprocessing, size: tuple[int, int] | None, stats: dict[str, tuple[float, ...]]
+) -> Preprocessing:
+    """timm's eval transform of the model's ``pretrained_cfg`` (mean, std, interpolation, crop), with
+    the ``stats`` given (``mean`` / ``std``) in place of its own."""
+    import timm.data
+
+    config = {**timm.data.resolve_data_config({}, model=backbone), **stats}
+    if size is not None:
+        config["input_size"] = (prep.channels, *size)
+    size = _pair(config["input_size"])
+    crop_pct = float(config.get("crop_pct") or 1.0)
+    masks = {**config, "interpolation": "nearest", "mean": (0.0,) * prep.channels, "std": (1.0,) * prep.channels}
+    return replace(
+        prep,
+        library="timm create_transform",
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        size=size,
+        resize_to=math.floor(min(size) / crop_pct) if crop_pct < 1.0 else None,
+        resample=str(config.get("interpolation", "bilinear")),
+        transform=timm.data.create_transform(**config),
+        mask_transform=timm.data.create_transform(**masks),
+    )
+
+
+def _torchvision_image(
+    prep: Preprocessing, size: tuple[int, int], stats: dict[str, tuple[float, ...]], assumed: tuple[float, ...]
+) -> Preprocessing:
+    """Resize to ``size``, to tensor, normalise with the ``stats`` given or the ``assumed`` mean and std
+    (said in ``notes``): for backbones that carry no preprocessing."""
+    from torchvision import transforms
+
+    if len(stats) < 2:
+        which = "0.5" if assumed == (0.5,) else "ImageNet's"
+        prep.notes.append(f"the backbone carries no normalisation statistics: {which} assumed")
+    mean = stats.get("mean", _stats("mean", assumed[:3] if assumed != (0.5,) else assumed, prep.channels))
+    std = stats.get("std", _stats("std", IMAGENET_STD if assumed != (0.5,) else assumed, prep.channels))
+
+    nearest = transforms.InterpolationMode.NEAREST
+    return replace(
+        prep,
+        library="torchvision transforms",
+        size=size,
+        mean=mean,
+        std=std,
+        transform=transforms.Compose([transforms.Resize(size), transforms.ToTensor(), transforms.Normalize(mean, std)]),
+        mask_transform=transforms.Compose([transforms.Resize(size, interpolation=nearest), transforms.ToTensor()]),
     )
 
 
@@ -193,14 +230,7 @@ def preprocessing_for(
         return _text_preprocessing(adapter, source, max_length, common)
     channels = adapter.channels or 3
     fixed = adapter.image_size
-    prep = Preprocessing("image", size=fixed, channels=channels, **common)
-    if source.kind == "hf" and source.directory is not None:
-        prep = _hf_image(source.directory, prep)
-    elif source.kind == "timm":
-        prep = _timm_image(source.model, prep)
-    else:
-        prep = replace(prep, mean=IMAGENET_MEAN, std=IMAGENET_STD, size=prep.size or (224, 224))
-        prep.notes.append(f"a {source.kind} backbone carries no normalisation statistics: ImageNet's assumed")
+    size = fixed
     if image_size is not None:
         if len(image_size) not in (1, 2):
             raise PreprocessingError(f"--image-size takes N or H W, got {list(image_size)}")
@@ -208,10 +238,29 @@ def preprocessing_for(
             raise PreprocessingError(
                 f"--image-size {list(image_size)} differs from the backbone's input size {list(fixed)}"
             )
-        prep = replace(prep, size=_pair(list(image_size)), resize_to=None)
-    if prep.size is None:
-        prep = replace(prep, size=(224, 224))
-    prep = replace(prep, mean=_stats("mean", mean or prep.mean, channels), std=_stats("std", std or prep.std, channels))
+        size = _pair(list(image_size))
+    stats = {k: _stats(k, v, channels) for k, v in (("mean", mean), ("std", std)) if v is not None}
+    prep = Preprocessing("image", channels=channels, **common)
+    built = None
+    assumed = IMAGENET_MEAN
+    if source.kind == "hf" and source.directory is not None:
+        built = _hf_image(source.directory, prep, size, stats)
+        assumed = (0.5,)
+    elif source.kind == "timm":
+        built = _timm_image(source.model, prep, size, stats)
+    return _checked(built or _torchvision_image(prep, size or (224, 224), stats, assumed))
+
+
+def _checked(prep: Preprocessing) -> Preprocessing:
+    """``prep``, once a blank image comes out at its stated size with its channels."""
+    from PIL import Image
+
+    shape = tuple(prep.image(Image.new("RGB", (prep.size[1] + 3, prep.size[0] + 5))).shape) if prep.size else ()
+    if shape != (prep.channels, *(prep.size or ())):
+        raise PreprocessingError(
+            f"the backbone's image preprocessing ({prep.library}) makes {list(shape)} images, not the "
+            f"{[prep.channels, *(prep.size or ())]} the backbone takes; set --image-size, --image-mean, --image-std"
+        )
     return prep
 
 

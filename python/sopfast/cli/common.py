@@ -199,8 +199,8 @@ def describe_preprocessing(prep: dict[str, Any]) -> str:
     else:
         resize = f"shorter side to {prep['resize_to']}, centre crop " if prep.get("resize_to") else ""
         text = (
-            f"{resize}{'x'.join(map(str, prep['size']))} pixels ({prep['resample']}), {prep['channels']} channels, "
-            f"mean {prep['mean']}, std {prep['std']}"
+            f"{prep.get('library') or 'resize'}: {resize}{'x'.join(map(str, prep['size']))} pixels "
+            f"({prep['resample']}), {prep['channels']} channels, mean {prep['mean']}, std {prep['std']}"
         )
     return text + (f" ({notes})" if notes else "")
 

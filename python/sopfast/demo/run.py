@@ -75,7 +75,7 @@ def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[
     ``loader``: accuracy, fidelity, insertion, deletion and group diversity, as in the paper's tables."""
     from ..evaluation.evaluate import evaluate
 
-    results = evaluate(model, loader, metrics=COMPARISON_METRICS, baselines="all", device=device, progress=False)
+    results = evaluate(model, loader, metrics=COMPARISON_METRICS, baselines="all", device=device, progress=True)
     keys = [key for key, _, _ in COMPARISON_COLUMNS] + ["examples"]
     return {name: {k: r[k] for k in keys if k in r} for name, r in results.items()}
 

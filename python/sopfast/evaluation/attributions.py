@@ -5,6 +5,7 @@ FRESH reads.  Each is an :data:`AttributionFn` ``(model, inputs, target [B]) →
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -167,18 +168,34 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
     rows = []
     for b in range(inputs.batch_size):
         ids = torch.where(valid[b], valid[b].long().cumsum(0) - 1, valid[b].sum()).unsqueeze(0)
-        rows.append(
-            explainer.attribute(
-                ones[b : b + 1],
-                baselines=0.0,
-                target=target[b : b + 1],
-                feature_mask=ids,
-                additional_forward_args=tuple(t[b : b + 1] for t in tensors),
-                n_samples=budget,
-                perturbations_per_eval=budget,
+        with _quiet_surrogate_fit():
+            rows.append(
+                explainer.attribute(
+                    ones[b : b + 1],
+                    baselines=0.0,
+                    target=target[b : b + 1],
+                    feature_mask=ids,
+                    additional_forward_args=tuple(t[b : b + 1] for t in tensors),
+                    n_samples=budget,
+                    perturbations_per_eval=budget,
+                )
             )
-        )
     return torch.cat(rows).float()
+
+
+@contextmanager
+def _quiet_surrogate_fit() -> Iterator[None]:
+    """Without scikit-learn's ``ConvergenceWarning`` s from LIME's Lasso surrogate: at a budget of a few
+    hundred samples its coordinate descent often stops at ``max_iter``, one warning per example, and
+    the attribution is still the fitted coefficients (what Captum returns)."""
+    with warnings.catch_warnings():
+        try:
+            from sklearn.exceptions import ConvergenceWarning
+        except ImportError:
+            yield
+            return
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        yield
 
 
 def has_cls_attention(model: SOP) -> bool:
