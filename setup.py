@@ -2,8 +2,10 @@
 
 The C++ CPU kernels in ``csrc/cpu`` are always compiled.  The CUDA kernels in ``csrc/cuda``
 are added when the installed torch is a CUDA build, ``nvcc`` is found and a GPU is visible
-(``SOPFAST_BUILD_CUDA=auto``, the default: they take minutes to compile, pointless on a machine
-that cannot run them); ``SOPFAST_BUILD_CUDA=1`` builds them without a GPU, ``=0`` never.
+(``SOPFAST_BUILD_CUDA=auto``, the default: pointless on a machine that cannot run them);
+``SOPFAST_BUILD_CUDA=1`` builds them without a GPU, ``=0`` never.  They are compiled for one
+architecture, the visible GPU's (sm_90 without one), unless ``TORCH_CUDA_ARCH_LIST`` lists others;
+their translation units compile in parallel (ninja).
 ``SOPFAST_NO_EXTENSION=1`` skips the extension entirely (ops then use their PyTorch references).
 Install with ``pip install --no-build-isolation -e .`` so the build sees the installed torch.
 """
@@ -34,6 +36,16 @@ def _cuda_wanted(torch_module) -> bool:
     if flag != "auto":
         sys.exit(f"SOPFAST_BUILD_CUDA must be auto, 1 or 0, got {flag!r}")
     return buildable and torch_module.cuda.is_available()
+
+
+def _cuda_arch_flags(torch_module) -> list[str]:
+    """nvcc ``-gencode`` flags: none when ``TORCH_CUDA_ARCH_LIST`` is set (torch's cpp_extension
+    then adds its architectures), else the visible GPUs' architectures, else sm_90 (H100/H200)."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return []
+    visible = range(torch_module.cuda.device_count()) if torch_module.cuda.is_available() else []
+    arches = sorted({"{}{}".format(*torch_module.cuda.get_device_capability(i)) for i in visible}) or ["90"]
+    return [f"-gencode=arch=compute_{arch},code=sm_{arch}" for arch in arches]
 
 
 def _cuda_paths() -> tuple[list[str], list[str]]:
@@ -85,12 +97,7 @@ def _extensions():
             define_macros=[("SOPFAST_WITH_CUDA", "1")],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": [
-                    "-O3",
-                    "-std=c++17",
-                    "-gencode=arch=compute_80,code=sm_80",
-                    "-gencode=arch=compute_90,code=sm_90",
-                ],
+                "nvcc": ["-O3", "-std=c++17", *_cuda_arch_flags(torch)],
             },
             include_dirs=common["include_dirs"] + includes,
             library_dirs=libs,

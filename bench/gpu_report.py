@@ -61,6 +61,11 @@ from sopfast.ops import (  # noqa: E402
 )
 
 PEAK_GBPS_BY_NAME = {"H200": 4800.0, "H100": 3350.0}
+TOP_TAU_CHECK_ROWS = 129
+# the Triton launch-shape sweep: elements per program x elements per warp (top_tau), per program
+# (sparsemax); at most 16 elements per thread (32 spill registers: bench/triton_compile_check.py)
+SWEEP_ELEMENTS_PER_PROGRAM = (256, 512, 1024, 2048, 4096)
+SWEEP_ELEMENTS_PER_WARP = (128, 256, 512)
 TIME_BUDGET_S = 7.5 * 60  # stop starting checks after this: the run must fit in 8 minutes
 INF = float("inf")
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -217,7 +222,7 @@ def top_tau_logits(d: int, rows: int, dtype: torch.dtype, device: torch.device) 
 def check_top_tau(
     report: Report, d: int, grid, dtype: torch.dtype, ties_authors: bool, largest: bool, with_valid: bool, blur: int
 ) -> None:
-    rows = 129 if not report.dry_run else 9
+    rows = TOP_TAU_CHECK_ROWS if not report.dry_run else 9
     logits = top_tau_logits(d, rows, dtype, report.device)
     k = torch.full((rows,), max(1, d // 5), dtype=torch.int64, device=report.device)
     valid = None
@@ -320,12 +325,14 @@ def check_huge_gather(report: Report, b: int, t: int, e: int, m: int, k: int, pr
         report.run("ops", f"gather_tokens {backend} past 2^31: {rows:,} rows x E{e}", run)
 
 
-def ops_section(report: Report) -> None:
-    dry = report.dry_run
+def ops_checks(dry: bool) -> list[tuple[Callable[..., None], tuple]]:
+    """The checks of the ops section: ``(check, its arguments after the report)`` (also the shapes
+    bench/triton_compile_check.py compiles)."""
     dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+    checks: list[tuple[Callable[..., None], tuple]] = []
     for n in [3, 20, 70] if dry else [3, 20, 33, 1000, 5000, 20000]:
         for dtype in dtypes if n == 20 else [torch.float32, torch.bfloat16]:
-            check_sparsemax(report, n, dtype, 9 if dry else 257)
+            checks.append((check_sparsemax, (n, dtype, 9 if dry else 257)))
     shapes = (
         [(12, None), (49, (7, 7))]
         if dry
@@ -341,21 +348,29 @@ def ops_section(report: Report) -> None:
     )
     for d, grid in shapes:
         blur = 3 if d >= 12 else 0
-        check_top_tau(report, d, grid, torch.float32, True, True, False, blur)
-        check_top_tau(report, d, grid, torch.bfloat16, False, False, True, 0)
-        check_top_tau(report, d, grid, torch.float32, True, False, True, blur)
-        check_top_tau(report, d, grid, torch.float32, False, True, False, blur)
+        checks += [
+            (check_top_tau, (d, grid, torch.float32, True, True, False, blur)),
+            (check_top_tau, (d, grid, torch.bfloat16, False, False, True, 0)),
+            (check_top_tau, (d, grid, torch.float32, True, False, True, blur)),
+            (check_top_tau, (d, grid, torch.float32, False, True, False, blur)),
+        ]
     d, grid = shapes[-1] if dry else (196, (14, 14))
     for dtype in (torch.float16, torch.float64):
-        check_top_tau(report, d, grid, dtype, True, True, True, 3)
+        checks.append((check_top_tau, (d, grid, dtype, True, True, True, 3)))
     for dtype in dtypes:
-        check_gather(report, 2, 9, 12, 3, 5, 1, dtype) if dry else check_gather(report, 8, 197, 768, 20, 39, 1, dtype)
+        checks.append((check_gather, (2, 9, 12, 3, 5, 1, dtype) if dry else (8, 197, 768, 20, 39, 1, dtype)))
     if dry:
-        check_huge_gather(report, 2, 9, 4, 3, 5, 1, backward=True)
-        check_huge_gather(report, 1, 40, 1, 64, 1, 33, backward=False)
+        checks.append((check_huge_gather, (2, 9, 4, 3, 5, 1, True)))
+        checks.append((check_huge_gather, (1, 40, 1, 64, 1, 33, False)))
     else:
-        check_huge_gather(report, 16, 3000, 1024, 64, 2560, 1, backward=True)  # > 2^31 elements
-        check_huge_gather(report, 1, 4097, 1, 2**19, 1, 4096, backward=False)  # > 2^31 rows
+        checks.append((check_huge_gather, (16, 3000, 1024, 64, 2560, 1, True)))  # > 2^31 elements
+        checks.append((check_huge_gather, (1, 4097, 1, 2**19, 1, 4096, False)))  # > 2^31 rows
+    return checks
+
+
+def ops_section(report: Report) -> None:
+    for check, args in ops_checks(report.dry_run):
+        check(report, *args)
 
 
 # ----------------------------------------------------------------------------- 2. kernel timings
@@ -411,9 +426,9 @@ def sparsemax_timing_cases(rows: int, n: int, device: torch.device) -> list[Timi
     ]
 
 
-def top_tau_timing_case(
+def top_tau_timing_cases(
     rows: int, d: int, grid, blur: int, dtype: torch.dtype, ties_authors: bool, device
-) -> TimingCase:
+) -> list[TimingCase]:
     logits = torch.randn(rows, d, device=device, dtype=dtype)
     k_max = d // 5
     k = torch.full((rows,), k_max, device=device)
@@ -427,21 +442,23 @@ def top_tau_timing_case(
             return top_tau_reference(*args[:5], *args[6:], ties_authors=ties_authors)
 
     rule = "authors" if ties_authors else "logits"
-    return (
-        f"top_tau fwd {rows}x{d} {str(dtype)[6:]} {'blur3 ' if blur else ''}{rule}",
-        moved,
-        {**impls, "torch": reference},
-    )
+    return [
+        (
+            f"top_tau fwd {rows}x{d} {str(dtype)[6:]} {'blur3 ' if blur else ''}{rule}",
+            moved,
+            {**impls, "torch": reference},
+        )
+    ]
 
 
-def top_tau_backward_timing_case(rows: int, device: torch.device) -> TimingCase:
+def top_tau_backward_timing_cases(rows: int, device: torch.device) -> list[TimingCase]:
     a = torch.softmax(torch.randn(rows, 196, device=device), -1)
     mask = torch.rand(rows, 196, device=device) > 0.8
     lam, grad_lam, grad_a = torch.randn(rows, device=device), torch.randn(rows, device=device), torch.randn_like(a)
     args = (a, mask, lam, grad_lam, grad_a, gaussian_kernel1d(3, 1.0, device), 14, 14)
     impls = {b: (lambda b=b: kernel("top_tau_backward", b)(*args)) for b in native_backends(device)}
     moved = nbytes(a, mask, lam, grad_lam, grad_a, a)
-    return f"top_tau bwd {rows}x196 blur3", moved, {**impls, "torch": lambda: top_tau_backward_reference(*args)}
+    return [(f"top_tau bwd {rows}x196 blur3", moved, {**impls, "torch": lambda: top_tau_backward_reference(*args)})]
 
 
 def gather_timing_cases(b: int, t: int, e: int, m: int, k: int, device: torch.device) -> list[TimingCase]:
@@ -467,22 +484,29 @@ def gather_timing_cases(b: int, t: int, e: int, m: int, k: int, device: torch.de
     ]
 
 
-def timing_cases(device: torch.device, dry: bool) -> list[TimingCase]:
-    """Each op at SOP's shapes (ViT-B/16: d = 196 on a 14 × 14 grid, BERT: 512), every backend and the reference."""
+def timing_specs(dry: bool) -> list[tuple[Callable[..., list[TimingCase]], tuple]]:
+    """Each op at SOP's shapes (ViT-B/16: d = 196 on a 14 × 14 grid, BERT: 512): ``(case builder, its
+    arguments before the device)`` (also the shapes bench/triton_compile_check.py compiles)."""
     rows = 8 if dry else 4096
-    if dry:  # a few rows: the Triton interpreter is slow
-        cases = sparsemax_timing_cases(16, 20, device) + sparsemax_timing_cases(8, 70, device)
-    else:
-        cases = sparsemax_timing_cases(65536, 20, device) + sparsemax_timing_cases(8192, 1000, device)
+    sparsemax_shapes = [(16, 20), (8, 70)] if dry else [(65536, 20), (8192, 1000)]  # dry: a few rows, interpreted
+    specs: list[tuple[Callable[..., list[TimingCase]], tuple]] = [
+        (sparsemax_timing_cases, shape) for shape in sparsemax_shapes
+    ]
     for d, grid, blur, dtype in [
         (196, (14, 14), 3, torch.bfloat16),
         (196, (14, 14), 0, torch.float32),
         (512, None, 0, torch.bfloat16),
     ]:
         for ties_authors in (True, False):
-            cases.append(top_tau_timing_case(rows, d, grid, blur, dtype, ties_authors, device))
-    cases.append(top_tau_backward_timing_case(rows, device))
-    return cases + gather_timing_cases(*((1, 17, 8, 2, 3) if dry else (64, 197, 768, 20, 39)), device)
+            specs.append((top_tau_timing_cases, (rows, d, grid, blur, dtype, ties_authors)))
+    specs.append((top_tau_backward_timing_cases, (rows,)))
+    specs.append((gather_timing_cases, (1, 17, 8, 2, 3) if dry else (64, 197, 768, 20, 39)))
+    return specs
+
+
+def timing_cases(device: torch.device, dry: bool) -> list[TimingCase]:
+    """Every case of :func:`timing_specs`, on every backend and the reference."""
+    return [case for build, args in timing_specs(dry) for case in build(*args, device)]
 
 
 def timings_section(report: Report) -> None:
@@ -519,8 +543,8 @@ def timings_section(report: Report) -> None:
         logits = torch.randn(4096, 196, device=device)
         k = torch.full((4096,), 39, device=device)
         x = torch.randn(65536, 20, device=device)
-        for elements in (256, 1024, 2048, 4096, 8192):
-            for warp_elements in (256, 512, 1024):
+        for elements in SWEEP_ELEMENTS_PER_PROGRAM:
+            for warp_elements in SWEEP_ELEMENTS_PER_WARP:
                 triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP = elements, warp_elements
                 ms = time_ms(
                     lambda: kernel("top_tau_forward", "triton")(logits, k, 39, None, True, True, None, 0, 0), device, 30

@@ -14,7 +14,8 @@ namespace sopfast {
 
 // Source position of padded position q in [-pad, len + pad) under reflect padding
 // (torchvision / numpy "reflect": the edge is not repeated, -1 -> 1, len -> len - 2).
-SOPFAST_HD int64_t reflect_index(int64_t q, int64_t len) {
+template <typename Int>
+SOPFAST_HD Int reflect_index(Int q, Int len) {
   if (q < 0) q = -q;
   if (q >= len) q = 2 * (len - 1) - q;
   return q;

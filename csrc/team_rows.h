@@ -3,13 +3,17 @@
 // 4-8 lanes of a warp, a warp, or a block), g++ into csrc/tests, where a team of std::threads
 // runs the same code (csrc/tests/host_team.h).  No torch, no CUDA headers.
 //
-// A Team provides, for its size() threads of rank() 0..size()-1, each call made by all of them:
-//   sum(v), max(v)     the team-wide sum / maximum (max of values without NaN),
-//   count(flag)        how many threads pass flag = true,
-//   count_before(flag) how many threads of lower rank pass flag = true,
-//   sync()             a barrier that also orders memory (for the row buffer).
-// Thread `rank` holds the row's positions j = rank + size() * v, v < VPT, in registers: loads and
-// stores are coalesced, and the index order is v-major, rank-minor.
+// A Team provides, for its size() threads of rank() 0..size()-1 in groups of lanes() <= 32
+// threads (a warp; the whole team when it is part of a warp), this thread's group() and lane(),
+// and these calls, each made by all of them:
+//   sum(v), max(v)          the team-wide sum / maximum (max of values without NaN),
+//   ballot(flag)            bit l set when lane l of this thread's group passes flag = true,
+//   groups_before(c, &all)  c the same on every lane of a group: the sum of c over the lower groups
+//                           (and in `all` over every group) -- one scan per call, whatever the row,
+//   sync()                  a barrier that also orders memory (for the row buffer).
+// top_tau: thread (group g, lane l) holds the positions (g * vpt + v) * lanes() + l, v < vpt =
+// ceil(d / size()) <= VPT, in registers (slot_position): loads and stores are coalesced, and a
+// prefix count in index order is a ballot within the group plus one scan over the groups.
 #pragma once
 
 #include <cstdint>
@@ -19,132 +23,153 @@
 
 #if defined(__CUDACC__)
 #define SOPFAST_TEAM_FN __device__ __forceinline__
-#define SOPFAST_UNROLL _Pragma("unroll")  // keeps the per-thread arrays in registers
+#define SOPFAST_UNROLL _Pragma("unroll")       // keeps the per-thread arrays in registers
+#define SOPFAST_NO_UNROLL _Pragma("unroll 1")  // loops of runtime length that need no registers
 #else
 #define SOPFAST_TEAM_FN inline
 #define SOPFAST_UNROLL
+#define SOPFAST_NO_UNROLL
 #endif
 
 namespace sopfast {
+
+SOPFAST_HD int popcount(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __popc(bits);
+#else
+  return __builtin_popcount(bits);
+#endif
+}
+
+// Values per thread that hold a row of d (at most the VPT of the registers).
+template <typename Team>
+SOPFAST_TEAM_FN int values_per_thread(const Team& team, int d) {
+  return (d + team.size() - 1) / team.size();
+}
+
+// The row position of this thread's slot v (see the layout above).
+template <typename Team>
+SOPFAST_TEAM_FN int slot_position(const Team& team, int vpt, int v) {
+  return (team.group() * vpt + v) * team.lanes() + team.lane();
+}
 
 // ---- blur (reflect padding, torchvision semantics) ----
 
 template <typename acc_t>
 struct BlurSpec {
-  const acc_t* kernel = nullptr;  // [size] or nullptr: no blur
-  int64_t size = 0;
-  int64_t grid_h = 0, grid_w = 0;  // both > 0: separable 2-D blur on [grid_h, grid_w]; else 1-D
+  const acc_t* kernel = nullptr;  // [size]
+  int size = 0;
+  int grid_h = 0, grid_w = 0;  // both > 0: separable 2-D blur on [grid_h, grid_w]; else 1-D
 
-  SOPFAST_HD bool on() const { return kernel != nullptr && size > 0; }
   SOPFAST_HD bool two_d() const { return grid_h > 0 && grid_w > 0; }
 };
 
 // sum_t kernel[t] * in(reflect(pos + t - pad)) along one axis of length len; in(q) loads position q.
 template <typename acc_t, typename Load>
-SOPFAST_TEAM_FN acc_t blur_at(const BlurSpec<acc_t>& blur, int64_t pos, int64_t len, Load in) {
-  const int64_t pad = blur.size / 2;
+SOPFAST_TEAM_FN acc_t blur_at(const BlurSpec<acc_t>& blur, int pos, int len, Load in) {
+  const int pad = blur.size / 2;
   acc_t acc = 0;
-  for (int64_t t = 0; t < blur.size; ++t) acc += mul_rn(blur.kernel[t], in(reflect_index(pos + t - pad, len)));
+  SOPFAST_NO_UNROLL
+  for (int t = 0; t < blur.size; ++t) acc += mul_rn(blur.kernel[t], in(reflect_index(pos + t - pad, len)));
   return acc;
 }
 
 // Transpose of blur_at at position pos: sum of kernel[t] * g(j) over all (j, t) with
 // reflect(j + t - pad) == pos, i.e. j + t - pad is pos or one of its reflected images.
 template <typename acc_t, typename Load>
-SOPFAST_TEAM_FN acc_t blur_adjoint_at(const BlurSpec<acc_t>& blur, int64_t pos, int64_t len, Load g) {
-  const int64_t pad = blur.size / 2;
-  const int64_t images[3] = {pos, -pos, 2 * (len - 1) - pos};
-  const bool used[3] = {true, pos >= 1 && pos <= pad, pos <= len - 2 && pos >= len - 1 - pad};
+SOPFAST_TEAM_FN acc_t blur_adjoint_at(const BlurSpec<acc_t>& blur, int pos, int len, Load g) {
+  const int pad = blur.size / 2;
   acc_t acc = 0;
+  SOPFAST_NO_UNROLL
   for (int m = 0; m < 3; ++m) {
-    if (!used[m]) continue;
-    for (int64_t t = 0; t < blur.size; ++t) {
-      const int64_t j = images[m] - t + pad;
+    const int image = m == 0 ? pos : (m == 1 ? -pos : 2 * (len - 1) - pos);
+    const bool used = m == 0 || (m == 1 ? pos >= 1 && pos <= pad : pos <= len - 2 && pos >= len - 1 - pad);
+    if (!used) continue;
+    SOPFAST_NO_UNROLL
+    for (int t = 0; t < blur.size; ++t) {
+      const int j = image - t + pad;
       if (j >= 0 && j < len) acc += mul_rn(blur.kernel[t], g(j));
     }
   }
   return acc;
 }
 
-// x[VPT] (this thread's positions of a row of d) <- blur(x), through buffer[d] (shared by the team).
-// 2-D: along w, then along h (as the CPU kernels and the reference).
+// buffer[j] <- x[v] for this thread's positions j < d, then a barrier.
 template <int VPT, typename acc_t, typename Team>
-SOPFAST_TEAM_FN void team_blur(const Team& team, const BlurSpec<acc_t>& blur, int64_t d, acc_t* buffer,
-                               acc_t (&x)[VPT]) {
-  const int64_t size = team.size(), rank = team.rank();
+SOPFAST_TEAM_FN void team_stage(const Team& team, int d, int vpt, acc_t* buffer, const acc_t (&x)[VPT]) {
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    if (j < d) buffer[j] = x[v];
+    const int j = slot_position(team, vpt, v);
+    if (v < vpt && j < d) buffer[j] = x[v];
   }
   team.sync();
-  if (blur.two_d()) {
-    const int64_t h = blur.grid_h, w = blur.grid_w;
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_at(blur, j % w, w, [&](int64_t q) { return buffer[(j / w) * w + q]; });
-    }
-    team.sync();
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) buffer[j] = x[v];
-    }
-    team.sync();
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_at(blur, j / w, h, [&](int64_t q) { return buffer[q * w + j % w]; });
-    }
-  } else {
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_at(blur, j, d, [&](int64_t q) { return buffer[q]; });
-    }
-  }
-  team.sync();  // the buffer is free again
 }
 
-// x[VPT] <- blur^T(x) through buffer[d]: 2-D along h first, then along w (the transpose's order).
+// x[v] <- buffer[j] for this thread's positions j < d, then a barrier: the buffer is free again.
 template <int VPT, typename acc_t, typename Team>
-SOPFAST_TEAM_FN void team_blur_adjoint(const Team& team, const BlurSpec<acc_t>& blur, int64_t d, acc_t* buffer,
-                                       acc_t (&x)[VPT]) {
-  const int64_t size = team.size(), rank = team.rank();
+SOPFAST_TEAM_FN void team_load(const Team& team, int d, int vpt, const acc_t* buffer, acc_t (&x)[VPT]) {
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    if (j < d) buffer[j] = x[v];
+    const int j = slot_position(team, vpt, v);
+    if (v < vpt && j < d) x[v] = buffer[j];
   }
   team.sync();
-  if (blur.two_d()) {
-    const int64_t h = blur.grid_h, w = blur.grid_w;
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_adjoint_at(blur, j / w, h, [&](int64_t q) { return buffer[q * w + j % w]; });
-    }
-    team.sync();
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) buffer[j] = x[v];
-    }
-    team.sync();
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_adjoint_at(blur, j % w, w, [&](int64_t q) { return buffer[(j / w) * w + q]; });
-    }
-  } else {
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      const int64_t j = rank + size * v;
-      if (j < d) x[v] = blur_adjoint_at(blur, j, d, [&](int64_t q) { return buffer[q]; });
-    }
-  }
+}
+
+// out[j] <- at(j) for every j < d, the team's threads taking every size()-th position, then a
+// barrier.  A loop, not unrolled: the blur's taps need no registers per position.
+template <typename acc_t, typename Team, typename At>
+SOPFAST_TEAM_FN void team_fill(const Team& team, int d, acc_t* out, At at) {
+  SOPFAST_NO_UNROLL
+  for (int j = team.rank(); j < d; j += team.size()) out[j] = at(j);
   team.sync();
+}
+
+// x[VPT] (this thread's positions of a row of d) <- blur(x), through buffer[d] and spare[d] (each
+// shared by the team; spare may be an output row written afterwards).  2-D: along w, then along h
+// (as the CPU kernels and the reference).
+template <int VPT, typename acc_t, typename Team>
+SOPFAST_TEAM_FN void team_blur(const Team& team, const BlurSpec<acc_t>& blur, int d, int vpt, acc_t* buffer,
+                               acc_t* spare, acc_t (&x)[VPT]) {
+  team_stage(team, d, vpt, buffer, x);
+  if (!blur.two_d()) {
+    team_fill(team, d, spare, [&](int j) { return blur_at(blur, j, d, [&](int q) { return buffer[q]; }); });
+    team_load(team, d, vpt, spare, x);
+    return;
+  }
+  const int h = blur.grid_h, w = blur.grid_w;
+  team_fill(team, d, spare, [&](int j) {
+    const acc_t* line = buffer + (j / w) * w;
+    return blur_at(blur, j % w, w, [&](int q) { return line[q]; });
+  });
+  team_fill(team, d, buffer, [&](int j) {
+    const acc_t* column = spare + j % w;
+    return blur_at(blur, j / w, h, [&](int q) { return column[q * w]; });
+  });
+  team_load(team, d, vpt, buffer, x);
+}
+
+// x[VPT] <- blur^T(x) through buffer[d] and spare[d]: 2-D along h first, then along w (the
+// transpose's order).
+template <int VPT, typename acc_t, typename Team>
+SOPFAST_TEAM_FN void team_blur_adjoint(const Team& team, const BlurSpec<acc_t>& blur, int d, int vpt, acc_t* buffer,
+                                       acc_t* spare, acc_t (&x)[VPT]) {
+  team_stage(team, d, vpt, buffer, x);
+  if (!blur.two_d()) {
+    team_fill(team, d, spare, [&](int j) { return blur_adjoint_at(blur, j, d, [&](int q) { return buffer[q]; }); });
+    team_load(team, d, vpt, spare, x);
+    return;
+  }
+  const int h = blur.grid_h, w = blur.grid_w;
+  team_fill(team, d, spare, [&](int j) {
+    const acc_t* column = buffer + j % w;
+    return blur_adjoint_at(blur, j / w, h, [&](int q) { return column[q * w]; });
+  });
+  team_fill(team, d, buffer, [&](int j) {
+    const acc_t* line = spare + (j / w) * w;
+    return blur_adjoint_at(blur, j % w, w, [&](int q) { return line[q]; });
+  });
+  team_load(team, d, vpt, buffer, x);
 }
 
 // ---- top_tau ----
@@ -152,11 +177,12 @@ SOPFAST_TEAM_FN void team_blur_adjoint(const Team& team, const BlurSpec<acc_t>& 
 // One row of top_tau: its problem and its outputs.
 template <typename acc_t>
 struct TopTauRow {
-  int64_t d = 0, k = 0, k_max = 0;
+  int d = 0;
+  int64_t k = 0, k_max = 0;
   bool largest = true;
   bool ties_authors = false;  // rank the attention (equal: higher index first if largest), else the logits
-  BlurSpec<acc_t> blur;
-  acc_t* buffer = nullptr;  // [d], shared by the team: needed with a blur
+  BlurSpec<acc_t> blur;       // used when the kernel blurs (BLUR)
+  acc_t* buffer = nullptr;    // [d], shared by the team: needed with a blur
   int64_t* indices = nullptr;  // [k_max] out
   bool* mask = nullptr;        // [d] out
   acc_t* lam = nullptr;        // [1] out
@@ -164,27 +190,32 @@ struct TopTauRow {
 };
 
 // The forward of one row by a team, one pass over memory: logit(j) and valid(j) load position j.
-// Blur -> softmax over the valid features (+inf entries share the mass; NaN, or no finite valid
-// entry: NaN) -> the k valid features ranked first by rank_priority of the score (the attention for
-// the authors' rule, else the blurred logits), found by KthLargestSearch on team counts (early
-// exit), ties at the threshold by index through team prefix counts -> mask, attention, lam and the
-// ascending indices compacted by prefix counts.  k is clamped to [0, #valid].  VPT <= 32.
-template <int VPT, typename acc_t, typename Team, typename LoadLogit, typename LoadValid>
+// Blur (when BLUR; through row.buffer and the attention row) -> softmax over the valid features
+// (+inf entries share the mass; NaN, or no finite valid entry: NaN), written out -> the k valid
+// features ranked first by rank_priority of the score (the attention for the authors' rule, else
+// the blurred logits), found by KthLargestSearch on team counts (early exit) -> the selection in
+// index order: the features ranked above the threshold and the first `needed` tied ones (the last
+// ones when ties go to the higher index), placed by two prefix counts (ballots within a group, one
+// scan over the groups) -> mask, lam and the ascending indices.  One value per position in
+// registers after the softmax, the key of its score: the attention of the logits rule is
+// recomputed from it where it is summed.  k is clamped to [0, #valid].  d <= size() * VPT, VPT <= 32.
+template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadLogit, typename LoadValid>
 SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& row, LoadLogit logit,
                                       LoadValid valid) {
   static_assert(VPT >= 1 && VPT <= 32, "VPT must lie in [1, 32]");
   using Key = typename RankPriorityType<acc_t>::type;
   const acc_t inf = positive_infinity<acc_t>();
-  const int64_t size = team.size(), rank = team.rank(), d = row.d;
+  const int d = row.d, vpt = values_per_thread(team, d);
   acc_t s[VPT];
-  uint32_t eligible = 0;  // bit v: position rank + size * v is in the row and valid
+  uint32_t eligible = 0;  // bit v: slot v is in the row and valid
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    s[v] = j < d ? logit(j) : acc_t(0);
-    eligible |= (j < d && valid(j)) ? (1u << v) : 0u;
+    const int j = slot_position(team, vpt, v);
+    const bool in_row = v < vpt && j < d;
+    s[v] = in_row ? logit(j) : acc_t(0);
+    eligible |= (in_row && valid(j)) ? (1u << v) : 0u;
   }
-  if (row.blur.on()) team_blur<VPT>(team, row.blur, d, row.buffer, s);
+  if constexpr (BLUR) team_blur(team, row.blur, d, vpt, row.buffer, row.attention, s);
   auto ok = [eligible](int v) { return ((eligible >> v) & 1u) != 0; };
 
   // softmax over the eligible positions
@@ -209,24 +240,24 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
     for (int v = 0; v < VPT; ++v) total += (ok(v) && s[v] == s[v]) ? softmax_exp(s[v] - row_max) : acc_t(0);
   }
   const acc_t inv_total = acc_t(1) / team.sum(total);
-  acc_t a[VPT];
+  auto attention = [&](acc_t x, bool eligible_x) {  // of a (blurred) logit
+    if (n_posinf > 0) return (eligible_x && x == inf) ? acc_t(1) / acc_t(n_posinf) : acc_t(0);
+    if (undefined) return quiet_nan<acc_t>();
+    return (eligible_x && x == x) ? softmax_exp(x - row_max) * inv_total : acc_t(0);
+  };
+  // from here on the row is held as the keys of its scores (a score comes back from its key)
+  Key keys[VPT];
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    if (n_posinf > 0) {
-      a[v] = (ok(v) && s[v] == inf) ? acc_t(1) / acc_t(n_posinf) : acc_t(0);
-    } else if (undefined) {
-      a[v] = quiet_nan<acc_t>();
-    } else {
-      a[v] = (ok(v) && s[v] == s[v]) ? softmax_exp(s[v] - row_max) * inv_total : acc_t(0);
-    }
+    const int j = slot_position(team, vpt, v);
+    const acc_t a = attention(s[v], ok(v));
+    if (v < vpt && j < d) row.attention[j] = a;
+    keys[v] = rank_priority(row.ties_authors ? a : s[v], row.largest);
   }
 
   // the threshold priority of the k-th ranked eligible feature
-  auto key = [&](int v) { return rank_priority(row.ties_authors ? a[v] : s[v], row.largest); };
-  const int64_t kk = clamp_count(row.k, n_eligible);
+  const int kk = static_cast<int>(clamp_count(row.k, n_eligible));
   Key threshold = ~Key(0);
-  int64_t needed = 0;
-  int n_tied = 0;
   if (kk > 0) {
     KthLargestSearch<Key> search;
     search.exact = kk == n_eligible;  // threshold 0: every eligible feature
@@ -234,78 +265,92 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
       const Key candidate = search.candidate();
       int count = 0;
       SOPFAST_UNROLL
-      for (int v = 0; v < VPT; ++v) count += ok(v) && key(v) >= candidate;
+      for (int v = 0; v < VPT; ++v) count += ok(v) && keys[v] >= candidate;
       search.step(team.sum(count), kk);
     }
     threshold = search.threshold;
-    int above = 0, tied = 0;
-    SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) {
-      above += ok(v) && key(v) > threshold;
-      tied += ok(v) && key(v) == threshold;
-    }
-    needed = kk - team.sum(above);
-    n_tied = team.sum(tied);
   }
+  auto above = [&](int v) { return kk > 0 && ok(v) && keys[v] > threshold; };
+  auto tied = [&](int v) { return kk > 0 && ok(v) && keys[v] == threshold; };
 
-  // selection in index order: ties by prefix counts, indices compacted by prefix counts
+  // how many of each precede this thread's group, and in the row
+  int group_above = 0, group_tied = 0;
+  SOPFAST_UNROLL
+  for (int v = 0; v < VPT; ++v) {
+    if (v >= vpt) break;
+    group_above += popcount(team.ballot(above(v)));
+    group_tied += popcount(team.ballot(tied(v)));
+  }
+  int n_above = 0, n_tied = 0;
+  int above_before = team.groups_before(group_above, &n_above);
+  int tied_before = team.groups_before(group_tied, &n_tied);
+  const int needed = kk - n_above;      // tied features selected
+  const int skipped = n_tied - needed;  // tied features left out
   const bool higher_first = row.ties_authors && row.largest;
-  int tied_before = 0, selected_before = 0;
+  const uint32_t lower_lanes = (1u << team.lane()) - 1u;
   acc_t kept = 0;
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    const bool candidate = kk > 0 && ok(v);
-    const Key kv = key(v);
-    const bool tied = candidate && kv == threshold;
-    const int through = tied_before + team.count_before(tied) + (tied ? 1 : 0);
-    const int tie_rank = higher_first ? n_tied - through + (tied ? 1 : 0) : through;
-    const bool selected = candidate && (kv > threshold || (tied && tie_rank <= needed));
-    tied_before += team.count(tied);
-    if (j < d) {
-      row.mask[j] = selected;
-      row.attention[j] = a[v];
+    if (v >= vpt) break;
+    const int j = slot_position(team, vpt, v);
+    const bool is_above = above(v), is_tied = tied(v);
+    const uint32_t above_bits = team.ballot(is_above), tied_bits = team.ballot(is_tied);
+    const int above_rank = above_before + popcount(above_bits & lower_lanes);  // above features before j
+    const int tied_rank = tied_before + popcount(tied_bits & lower_lanes);     // tied features before j
+    const bool selected = is_above || (is_tied && (higher_first ? tied_rank >= skipped : tied_rank < needed));
+    if (j < d) row.mask[j] = selected;
+    if (selected) {
+      const acc_t score = score_from_priority(keys[v], row.largest);
+      kept += row.ties_authors ? score : attention(score, true);
     }
-    kept += selected ? a[v] : acc_t(0);
-    const int position = selected_before + team.count_before(selected);
+    const int tied_selected_before = higher_first ? (tied_rank > skipped ? tied_rank - skipped : 0)
+                                                  : (tied_rank < needed ? tied_rank : needed);
+    const int position = above_rank + tied_selected_before;
     if (selected && position < row.k_max) row.indices[position] = j;
-    selected_before += team.count(selected);
+    above_before += popcount(above_bits);
+    tied_before += popcount(tied_bits);
   }
   kept = team.sum(kept);
-  if (rank == 0) *row.lam = 2 * kept - 1;
-  for (int64_t position = selected_before + rank; position < row.k_max; position += size) row.indices[position] = -1;
+  if (team.rank() == 0) *row.lam = 2 * kept - 1;
+  for (int64_t position = kk + team.rank(); position < row.k_max; position += team.size()) {
+    row.indices[position] = -1;
+  }
 }
 
 // One row of the top_tau backward: grad_logits = blur^T(a * (grad_lam * (sigma - lam) + (ga - <a, ga>)))
-// with sigma = +1 in the mask, -1 outside; load_ga(j) is only called when has_grad_attention.
-template <int VPT, typename acc_t, typename Team, typename LoadA, typename LoadMask, typename LoadGa, typename Store>
-SOPFAST_TEAM_FN void top_tau_backward_team_row(const Team& team, int64_t d, acc_t lam, acc_t grad_lam,
+// with sigma = +1 in the mask, -1 outside (blur^T when BLUR, through buffer and spare, e.g. the
+// output row); load_ga(j) is only called when has_grad_attention.
+template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadA, typename LoadMask, typename LoadGa,
+          typename Store>
+SOPFAST_TEAM_FN void top_tau_backward_team_row(const Team& team, int d, acc_t lam, acc_t grad_lam,
                                                bool has_grad_attention, const BlurSpec<acc_t>& blur, acc_t* buffer,
-                                               LoadA load_a, LoadMask load_mask, LoadGa load_ga, Store store) {
-  const int64_t size = team.size(), rank = team.rank();
-  acc_t a[VPT], g[VPT];
+                                               acc_t* spare, LoadA load_a, LoadMask load_mask, LoadGa load_ga,
+                                               Store store) {
+  const int vpt = values_per_thread(team, d);
+  auto in_row = [&](int v, int j) { return v < vpt && j < d; };
   acc_t dot = 0;
-  SOPFAST_UNROLL
-  for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    a[v] = j < d ? load_a(j) : acc_t(0);
-    g[v] = (j < d && has_grad_attention) ? load_ga(j) : acc_t(0);
-    dot += a[v] * g[v];
+  if (has_grad_attention) {
+    SOPFAST_UNROLL
+    for (int v = 0; v < VPT; ++v) {
+      const int j = slot_position(team, vpt, v);
+      if (in_row(v, j)) dot += load_a(j) * load_ga(j);
+    }
+    dot = team.sum(dot);
   }
-  if (has_grad_attention) dot = team.sum(dot);
+  acc_t g[VPT];
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    const acc_t sign = (j < d && load_mask(j)) ? acc_t(1) : acc_t(-1);
-    acc_t value = a[v] * (grad_lam * (sign - lam));
-    if (has_grad_attention) value += a[v] * (g[v] - dot);
-    g[v] = value;
+    const int j = slot_position(team, vpt, v);
+    const acc_t a = in_row(v, j) ? load_a(j) : acc_t(0);
+    const acc_t sign = (in_row(v, j) && load_mask(j)) ? acc_t(1) : acc_t(-1);
+    g[v] = a * (grad_lam * (sign - lam));
+    if (has_grad_attention) g[v] += a * ((in_row(v, j) ? load_ga(j) : acc_t(0)) - dot);
   }
-  if (blur.on()) team_blur_adjoint<VPT>(team, blur, d, buffer, g);
+  if constexpr (BLUR) team_blur_adjoint(team, blur, d, vpt, buffer, spare, g);
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int64_t j = rank + size * v;
-    if (j < d) store(j, g[v]);
+    const int j = slot_position(team, vpt, v);
+    if (in_row(v, j)) store(j, g[v]);
   }
 }
 

@@ -114,6 +114,18 @@ SOPFAST_HD uint64_t rank_priority(double score, bool largest) {
   return largest ? order : ~order;
 }
 
+// The score of a rank priority (rank_priority inverted: -0 comes back as +0, every NaN as one NaN).
+SOPFAST_HD float score_from_priority(uint32_t priority, bool largest) {
+  const uint32_t order = largest ? priority : ~priority;
+  return float_from_bits((order & 0x80000000u) ? (order & 0x7FFFFFFFu) : ~order);
+}
+
+SOPFAST_HD double score_from_priority(uint64_t priority, bool largest) {
+  const uint64_t sign = uint64_t{1} << 63;
+  const uint64_t order = largest ? priority : ~priority;
+  return double_from_bits((order & sign) ? (order & ~sign) : ~order);
+}
+
 template <typename acc_t>
 struct RankPriorityType;
 template <>

@@ -2,14 +2,18 @@
 
 Forward: ``p = max(z − τ, 0)`` with ``z = x − max x`` and the simplex threshold ``τ``
 (``Σ max(z − τ, 0) = 1``), found without sorting: a few bisection steps on ``[−1, 0]`` bracket
-``τ`` from below, then Michelot steps ``τ ← (Σ_{z > τ} z − 1) / |{z > τ}|``, which from a lower
-bound only shrink the support, run until it stops shrinking — the support is then exact and ``τ``
-is the sort-based reference's formula.
+``τ`` from below, then Michelot steps ``τ ← max(τ, (Σ_{z > τ} z − 1) / |{z > τ}|)``, which from a
+lower bound only shrink the support (the ``max`` keeps rounding from undoing a step), run until it
+stops shrinking — the support is then exact and ``τ`` is the sort-based reference's formula.
 
 Rows holding ``+inf`` put uniform mass on their ``+inf`` entries (even beside a NaN); other rows of
 all ``−inf`` or holding NaN give NaN.  Math in fp32 for fp32/fp16/bf16, in fp64 for fp64.  Rows of up
 to ``MAX_BLOCK`` entries are held in registers, several per program; longer ones run the tiled
-kernels, one row per program, ``TILE`` entries per pass (Michelot's steps from ``τ = max − 1``).
+kernels, one row per program, ``TILE`` entries per pass.  Their Michelot steps (one pass over the
+row each) start from a lower bound found in the first pass, beside the row's maximum: the largest
+of the tiles' own bisection brackets (a tile's threshold is at most the row's, as a subset of the
+entries carries less mass above any τ).  That halves the passes of rows whose support spans many
+tiles (20,000 entries of N(0, 0.3²): about 6 instead of 10) and leaves the narrow supports' about 3.
 
 Backward: ``(g − mean_S g) · 1_S`` on the support ``S = {p > 0}``.
 """
@@ -27,6 +31,7 @@ FORWARD_ELEMENTS_PER_PROGRAM = 256
 BACKWARD_ELEMENTS_PER_PROGRAM = 2048
 ELEMENTS_PER_WARP = 512
 BISECTION_STEPS = 4  # a speed knob only: the Michelot steps make τ exact from any lower bound
+TILE_BISECTION_STEPS = 8  # per tile of a long row: the bound its Michelot passes start from
 # Rows of up to MAX_BLOCK entries are held in registers; longer ones are processed TILE at a time.
 MAX_BLOCK = 4096
 TILE = 1024
@@ -44,9 +49,9 @@ def _launch_shape(n_rows: int, n_cols: int, elements_per_program: int) -> tuple[
 
 
 @triton.jit
-def _sparsemax_threshold(z, BISECTION_STEPS: tl.constexpr):
-    """Per-row simplex threshold ``τ [ROWS]`` of shifted rows ``z [ROWS, BLOCK]`` (max 0, pads −inf):
-    bisection brackets it, then Michelot steps run until no row's support shrinks any more."""
+def _sparsemax_bracket(z, BISECTION_STEPS: tl.constexpr):
+    """Per row of shifted rows ``z [ROWS, BLOCK]`` (max 0, pads −inf), a lower bound ``[ROWS]`` of the
+    simplex threshold within ``2^-BISECTION_STEPS`` of it: bisection on ``[max − 1, max]``."""
     lo = tl.max(z, axis=1) - 1.0  # mass(lo) >= 1 > mass(hi) = 0
     hi = lo + 1.0
     for _ in range(BISECTION_STEPS):
@@ -54,12 +59,20 @@ def _sparsemax_threshold(z, BISECTION_STEPS: tl.constexpr):
         mass = tl.sum(tl.where(z > mid[:, None], z - mid[:, None], 0.0), axis=1)
         lo = tl.where(mass >= 1.0, mid, lo)
         hi = tl.where(mass >= 1.0, hi, mid)
-    tau = lo
+    return lo
+
+
+@triton.jit
+def _sparsemax_threshold(z, BISECTION_STEPS: tl.constexpr):
+    """Per-row simplex threshold ``τ [ROWS]`` of shifted rows ``z [ROWS, BLOCK]`` (max 0, pads −inf):
+    bisection brackets it, then Michelot steps run until no row's support shrinks any more."""
+    tau = _sparsemax_bracket(z, BISECTION_STEPS)
     size = tl.sum((z > tau[:, None]).to(tl.int32), axis=1)
     shrunk = tl.max(size) > 0
     while shrunk:
         support = z > tau[:, None]
-        tau = (tl.sum(tl.where(support, z, 0.0), axis=1) - 1.0) / tl.sum(support.to(z.dtype), axis=1)
+        step = (tl.sum(tl.where(support, z, 0.0), axis=1) - 1.0) / tl.sum(support.to(z.dtype), axis=1)
+        tau = tl.maximum(tau, step)
         new_size = tl.sum((z > tau[:, None]).to(tl.int32), axis=1)
         shrunk = tl.max(size - new_size) > 0
         size = new_size
@@ -116,22 +129,38 @@ def _sparsemax_backward_kernel(
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=in_bounds)
 
 
+TAU_MARGIN: tl.constexpr = tl.constexpr(2.0**-12)
+
+
 @triton.jit
-def _sparsemax_tiled_forward_kernel(x_ptr, p_ptr, n_cols, TILE: tl.constexpr, COMPUTE: tl.constexpr):
-    """Sparsemax of one long row per program, ``TILE`` entries per pass: the row's statistics, then
-    Michelot's steps ``τ ← (Σ_{z > τ} z − 1) / |{z > τ}|`` from ``τ = −1`` (a lower bound of the
-    threshold of the shifted row ``z = x − max``) until the support stops shrinking, then the output."""
+def _sparsemax_tiled_forward_kernel(
+    x_ptr, p_ptr, n_cols, TILE: tl.constexpr, COMPUTE: tl.constexpr, BISECTION_STEPS: tl.constexpr
+):
+    """Sparsemax of one long row per program, ``TILE`` entries per pass: the row's statistics and a
+    lower bound of its threshold (the largest tile threshold bracket, in ``x``), then Michelot's steps
+    ``τ ← (Σ_{z > τ} z − 1) / |{z > τ}|`` on ``z = x − max`` from that bound until the support stops
+    shrinking, then the output."""
     base = tl.program_id(0).to(tl.int64) * n_cols
     cols = tl.arange(0, TILE)
     row_max = tl.full([], float("-inf"), COMPUTE)
+    best_max = tl.full([], float("-inf"), COMPUTE)  # the bound: best_max + best_lo, kept apart so
+    best_lo = tl.full([], -1.0, COMPUTE)  # that huge entries do not round the bracket away
     n_posinf = tl.zeros([], COMPUTE)
     n_nan = tl.zeros([], tl.int32)
     for start in range(0, n_cols, TILE):
         x = tl.load(x_ptr + base + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(COMPUTE)
-        row_max = tl.maximum(row_max, tl.max(tl.where(x == x, x, float("-inf")), axis=0))
+        tile_max = tl.max(tl.where(x == x, x, float("-inf")), axis=0)
+        z = tl.where(x == x, x - tile_max, float("-inf"))[None, :]
+        tile_lo = tl.max(_sparsemax_bracket(z, BISECTION_STEPS), axis=0)
+        better = tile_max + tile_lo > best_max + best_lo  # NaN (tiles of -inf or +inf) never is
+        best_max = tl.where(better, tile_max, best_max)
+        best_lo = tl.where(better, tile_lo, best_lo)
+        row_max = tl.maximum(row_max, tile_max)
         n_posinf += tl.sum((x == float("inf")).to(COMPUTE), axis=0)
         n_nan += tl.sum((x != x).to(tl.int32), axis=0)
-    tau = tl.full([], -1.0, COMPUTE)
+    # in z: at least -1 (the maximum alone); less a margin for the rounding of the tile sums
+    tau = tl.maximum((best_max - row_max) + best_lo, -1.0)
+    tau = tl.maximum(tau - TAU_MARGIN, -1.0)
     size = tl.full([], -1, tl.int32)
     shrinking = (n_posinf == 0) & (n_nan == 0) & (row_max > float("-inf"))
     while shrinking:
@@ -165,7 +194,8 @@ def _sparsemax_tiled_backward_kernel(p_ptr, grad_ptr, out_ptr, n_cols, TILE: tl.
     for start in range(0, n_cols, TILE):
         in_row = start + cols < n_cols
         support = tl.load(p_ptr + base + start + cols, mask=in_row, other=0).to(COMPUTE) > 0
-        total += tl.sum(tl.where(support, tl.load(grad_ptr + base + start + cols, mask=in_row, other=0), 0.0), axis=0)
+        g = tl.load(grad_ptr + base + start + cols, mask=in_row, other=0).to(COMPUTE)
+        total += tl.sum(tl.where(support, g, 0.0), axis=0)
         size += tl.sum(support.to(COMPUTE), axis=0)
     mean = total / tl.maximum(size, 1.0)
     for start in range(0, n_cols, TILE):
@@ -193,7 +223,9 @@ def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
     compute = _compute_dtype(x.dtype)
     with on_device(x):
         if n_cols > MAX_BLOCK:
-            _sparsemax_tiled_forward_kernel[(n_rows,)](x, p, n_cols, TILE=TILE, COMPUTE=compute)
+            _sparsemax_tiled_forward_kernel[(n_rows,)](
+                x, p, n_cols, TILE=TILE, COMPUTE=compute, BISECTION_STEPS=TILE_BISECTION_STEPS
+            )
             return p
         block, rows, num_warps = _launch_shape(n_rows, n_cols, FORWARD_ELEMENTS_PER_PROGRAM)
         _sparsemax_forward_kernel[(triton.cdiv(n_rows, rows),)](

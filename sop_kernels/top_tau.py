@@ -4,7 +4,9 @@ Forward, per row (rows of up to ``MAX_BLOCK`` features in registers, several row
 
 1. ``s`` = logits in fp32 (fp64 for fp64), optionally blurred with reflect padding ``ks // 2``
    (2-D separable on the ``(grid_h, grid_w)`` grid — along w, then along h — or 1-D along d);
-   the shifted taps are in-register gathers (``tl.gather``);
+   the shifted taps are in-register gathers (``tl.gather``) for rows of up to ``MAX_GATHER_BLOCK``
+   features.  Longer rows are blurred by torch ops before the kernel: ``tl.gather`` is lowered
+   warp-local, thousands of shuffles per thread at BLOCK ≥ 1024 (spills, minutes of compilation);
 2. ``a`` = softmax of ``s`` over the valid keys (invalid → 0; ``+inf`` entries share the mass;
    NaN, or no finite valid entry, → NaN).  The exp keeps subnormal results as torch's softmax
    does (:func:`_softmax_exp`, the polynomial of ``csrc/top_tau_row.h``; ``tl.exp`` flushes them);
@@ -17,11 +19,12 @@ Forward, per row (rows of up to ``MAX_BLOCK`` features in registers, several row
    cumulative sum;
 4. ``λ = 2 Σ_{group} a − 1``; the group's indices are written ascending, ``-1``-padded.
 
-Longer rows run :func:`_top_tau_tiled_kernel`, one row per program, ``TILE`` features at a time
-(the blur, and its adjoint in the backward, then run as torch ops).
+Rows longer than ``MAX_BLOCK`` run :func:`_top_tau_tiled_kernel`, one row per program, ``TILE``
+features at a time.
 
 Backward: ``g_j = a_j (∂λ (σ_j − λ) + ∂a_j − Σ_i a_i ∂a_i)`` with ``σ = ±1`` in/out of the
-group, then the adjoint (transpose) of the blur, also as in-register gathers.
+group, then the adjoint (transpose) of the blur, also as in-register gathers up to
+``MAX_GATHER_BLOCK`` (torch ops after the kernel above it).
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ from ._launch import on_device
 
 # Launch shape (a speed knob; bench/gpu_report.py times alternatives): rows per program =
 # ELEMENTS_PER_PROGRAM // BLOCK (at least 1), one warp per ELEMENTS_PER_WARP elements (1 to 8).
-ELEMENTS_PER_PROGRAM = 2048
-ELEMENTS_PER_WARP = 512
+# 8 elements per thread: at 16 (2048 per program, 512 per warp) some variants spill registers
+# (bench/triton_compile_check.py).
+ELEMENTS_PER_PROGRAM = 1024
+ELEMENTS_PER_WARP = 256
 # Rows of up to MAX_BLOCK features are held in registers; longer ones are processed TILE at a time.
 MAX_BLOCK = 4096
 TILE = 1024
+# The blur runs in the kernel (in-register gathers) up to this block, as torch ops around it above.
+MAX_GATHER_BLOCK = 512
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -83,6 +90,19 @@ def _blur_args(blur_kernel: torch.Tensor | None, like: torch.Tensor, grid_h: int
 
 def _torch_grid(grid_h: int, grid_w: int) -> tuple[int, int] | None:
     return (grid_h, grid_w) if grid_h > 0 and grid_w > 0 else None
+
+
+def _blur_in_kernel(blur_kernel: torch.Tensor | None, d: int) -> bool:
+    """Whether the register kernel blurs (in-register gathers) rather than torch ops around it."""
+    return blur_kernel is not None and d <= MAX_BLOCK and triton.next_power_of_2(d) <= MAX_GATHER_BLOCK
+
+
+def _torch_blur(rows: torch.Tensor, blur_kernel: torch.Tensor, grid_h: int, grid_w: int, adjoint: bool) -> torch.Tensor:
+    """The blur of ``rows [N, d]`` (or its adjoint) as torch ops, in ``rows``' dtype."""
+    from sopfast.ops.blur import blur_adjoint_reference, blur_reference
+
+    blur = blur_adjoint_reference if adjoint else blur_reference
+    return blur(rows, blur_kernel.to(rows.dtype), _torch_grid(grid_h, grid_w))
 
 
 # ----------------------------------------------------------------------------- blur
@@ -587,14 +607,12 @@ def top_tau_forward(
     outputs = dict(indices_ptr=indices, mask_ptr=mask, lam_ptr=lam, attention_ptr=attention)
     valid_args = dict(valid_ptr=logits if valid is None else valid.contiguous(), HAS_VALID=valid is not None)
     with on_device(logits):
+        if blur_kernel is not None and not _blur_in_kernel(blur_kernel, d):
+            logits = _torch_blur(logits.to(compute), blur_kernel, grid_h, grid_w, adjoint=False)
+            blur = _blur_args(None, logits, grid_h, grid_w)
         if d > MAX_BLOCK:
-            s = logits.to(compute)
-            if blur_kernel is not None:
-                from sopfast.ops.blur import blur_reference  # torch ops for the rare long rows
-
-                s = blur_reference(s, blur_kernel.to(compute), _torch_grid(grid_h, grid_w))
             _top_tau_tiled_kernel[(n_rows,)](
-                s_ptr=s.contiguous(),
+                s_ptr=logits.to(compute),
                 k_ptr=k.contiguous(),
                 d=d,
                 k_max=k_max,
@@ -658,13 +676,12 @@ def top_tau_backward(
     with on_device(attention):
         if d > MAX_BLOCK:
             _top_tau_tiled_backward_kernel[(n_rows,)](TILE=TILE, **inputs)
-            if blur_kernel is None:
-                return out
-            from sopfast.ops.blur import blur_adjoint_reference  # torch ops for the rare long rows
-
-            return blur_adjoint_reference(out, blur_kernel.to(out.dtype), _torch_grid(grid_h, grid_w))
-        block, rows, num_warps = _launch_shape(n_rows, d)
-        _top_tau_backward_kernel[(triton.cdiv(n_rows, rows),)](
-            n_rows=n_rows, ROWS=rows, BLOCK=block, **inputs, **blur, num_warps=num_warps
-        )
-    return out
+        else:
+            block, rows, num_warps = _launch_shape(n_rows, d)
+            in_kernel = blur if _blur_in_kernel(blur_kernel, d) else _blur_args(None, attention, grid_h, grid_w)
+            _top_tau_backward_kernel[(triton.cdiv(n_rows, rows),)](
+                n_rows=n_rows, ROWS=rows, BLOCK=block, **inputs, **in_kernel, num_warps=num_warps
+            )
+        if blur_kernel is None or _blur_in_kernel(blur_kernel, d):
+            return out
+        return _torch_blur(out, blur_kernel, grid_h, grid_w, adjoint=True)

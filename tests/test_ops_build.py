@@ -1,6 +1,6 @@
-"""The build's CUDA decision (setup.py ``_cuda_wanted``, used by scripts/setup.sh): the CUDA kernels
-are compiled on a machine that can run them, and never by default on one without a GPU (they take
-minutes to compile)."""
+"""The build's CUDA decisions (setup.py ``_cuda_wanted`` and ``_cuda_arch_flags``, used by
+scripts/setup.sh): the CUDA kernels are compiled on a machine that can run them, never by default on
+one without a GPU, and for one architecture unless ``TORCH_CUDA_ARCH_LIST`` asks for more."""
 
 from __future__ import annotations
 
@@ -14,19 +14,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cuda_wanted():
-    """``_cuda_wanted`` from setup.py, without running setup()."""
+def from_setup_py(name: str):
+    """The function ``name`` of setup.py, without running setup()."""
     tree = ast.parse((ROOT / "setup.py").read_text())
-    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_cuda_wanted")
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name)
     namespace = {"os": os, "shutil": __import__("shutil"), "sys": __import__("sys")}
     exec(compile(ast.Module(body=[function], type_ignores=[]), "setup.py", "exec"), namespace)
-    return namespace["_cuda_wanted"]
+    return namespace[name]
 
 
-def fake_torch(cuda_build: bool, gpu: bool):
-    return SimpleNamespace(
-        version=SimpleNamespace(cuda="13.0" if cuda_build else None), cuda=SimpleNamespace(is_available=lambda: gpu)
+def cuda_wanted():
+    return from_setup_py("_cuda_wanted")
+
+
+def fake_torch(cuda_build: bool, gpu: bool, capabilities: tuple[tuple[int, int], ...] = ((9, 0),)):
+    cuda = SimpleNamespace(
+        is_available=lambda: gpu,
+        device_count=lambda: len(capabilities) if gpu else 0,
+        get_device_capability=lambda i: capabilities[i],
     )
+    return SimpleNamespace(version=SimpleNamespace(cuda="13.0" if cuda_build else None), cuda=cuda)
 
 
 @pytest.mark.parametrize(
@@ -65,3 +72,17 @@ def test_forcing_without_nvcc_or_a_bad_flag_stops_the_build(monkeypatch):
 def test_setup_script_builds_cuda_automatically():
     script = (ROOT / "scripts" / "setup.sh").read_text()
     assert 'SOPFAST_BUILD_CUDA="${SOPFAST_BUILD_CUDA:-auto}"' in script
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "gpu", "capabilities", "expected"),
+    [
+        ("", True, ((8, 0),), ["-gencode=arch=compute_80,code=sm_80"]),  # the visible GPU's
+        ("", True, ((9, 0), (9, 0)), ["-gencode=arch=compute_90,code=sm_90"]),
+        ("", False, (), ["-gencode=arch=compute_90,code=sm_90"]),  # SOPFAST_BUILD_CUDA=1 without a GPU
+        ("8.0;9.0", True, ((9, 0),), []),  # torch's cpp_extension adds the listed ones
+    ],
+)
+def test_cuda_kernels_compile_for_one_architecture(monkeypatch, arch_list, gpu, capabilities, expected):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    assert from_setup_py("_cuda_arch_flags")(fake_torch(True, gpu, capabilities)) == expected

@@ -167,6 +167,27 @@ def test_triton_long_rows_run_the_tiled_kernels(monkeypatch):
     assert_close(kernels.sparsemax_forward(x.double()), sparsemax_reference(x.double()), atol=1e-12, rtol=0)
 
 
+def test_triton_tiled_kernels_start_from_a_bound_and_accumulate_in_fp32(monkeypatch):
+    """The tiled forward's Michelot passes start from the largest tile bracket: exact for rows whose
+    support spans tiles, lies in one tile, or is one huge entry (a bound that must not round away);
+    the tiled backward sums fp16 gradients in fp32 (in fp16, 8 × 30000 overflows)."""
+    kernels = pytest.importorskip("sop_kernels.sparsemax")
+    monkeypatch.setattr(kernels, "MAX_BLOCK", 64)
+    monkeypatch.setattr(kernels, "TILE", 32)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 150, generator=gen) * torch.tensor([[0.01], [1.0], [1e29], [3.0], [1.0]])
+    x[3] += 1e4  # large offset: the bound is formed relative to the row's maximum
+    x[4, 100] = 50.0  # the support is one entry, far from the first tile
+    assert_close(kernels.sparsemax_forward(x), sparsemax_reference(x), atol=2e-6, rtol=0)
+    p = torch.zeros(2, 150, dtype=torch.float16)
+    p[:, 40:48] = 0.125
+    g = torch.full((2, 150), 30000.0, dtype=torch.float16)
+    g[:, 40] = 29000.0
+    out = kernels.sparsemax_backward(p, g)
+    assert torch.isfinite(out).all()
+    assert_close(out.float(), sparsemax_backward_reference(p.float(), g.float()), atol=1.0, rtol=0)
+
+
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
 def test_huge_half_logits_do_not_overflow(backend, device, use_backend):
     use_backend(backend)

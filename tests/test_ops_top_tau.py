@@ -328,6 +328,35 @@ def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):
             torch.testing.assert_close(grads("triton", kwargs), grads("torch", kwargs), atol=1e-5, rtol=1e-4)
 
 
+def test_triton_blurs_with_torch_ops_above_the_gather_block(monkeypatch, use_backend):
+    """Rows above MAX_GATHER_BLOCK are blurred by torch ops before the register kernel (and the
+    gradient after it): the in-kernel gathers are kept to short rows (issue #24)."""
+    kernels = pytest.importorskip("sop_kernels.top_tau")
+    monkeypatch.setattr(kernels, "MAX_GATHER_BLOCK", 32)
+    gen = torch.Generator().manual_seed(9)
+    for d, blur, grid in [(49, 3, (7, 7)), (60, 5, None)]:
+        logits = torch.randn(3, d, generator=gen)
+        weights = torch.randn(3, generator=gen), torch.randn(3, d, generator=gen)
+        for ties in TIES:
+            kwargs = dict(tau=0.2, ties=ties, blur_kernel_size=blur, grid=grid)
+            result = run_top_tau(use_backend, "triton", logits, **kwargs)
+            assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
+            torch.testing.assert_close(
+                weighted_grad(use_backend, "triton", logits, weights, **kwargs),
+                weighted_grad(use_backend, "torch", logits, weights, **kwargs),
+                atol=1e-5,
+                rtol=1e-4,
+            )
+
+
+def weighted_grad(use_backend, backend, logits, weights, **kwargs):
+    """d(Σ w_lam·lam + Σ w_att·attention)/d logits on ``backend``."""
+    leaf = logits.clone().requires_grad_()
+    result = run_top_tau(use_backend, backend, leaf, **kwargs)
+    ((result.lam * weights[0]).sum() + (result.attention * weights[1]).sum()).backward()
+    return leaf.grad
+
+
 # (tau, d) where floor(tau * d) in floating point is one short of the decimal product (issue #14)
 EXACT_K = [(0.29, 100, 29), (0.57, 100, 57), (0.58, 50, 29), (0.35, 180, 63), (0.41, 300, 123), (0.69, 300, 207)]
 

@@ -32,6 +32,15 @@ __device__ __forceinline__ float load_as<float, __nv_bfloat16>(const __nv_bfloat
   return __bfloat162float(*p);
 }
 
+// Element i of a row stored as float32, float16 or bfloat16 (`dtype`, the same for the whole
+// launch), as float: one kernel for the three storage types.
+__device__ __forceinline__ float load_float(const void* row, FloatType dtype, int64_t i) {
+  if (dtype == FloatType::kFloat32) return static_cast<const float*>(row)[i];
+  const unsigned short bits = static_cast<const unsigned short*>(row)[i];
+  return dtype == FloatType::kBFloat16 ? __uint_as_float(static_cast<uint32_t>(bits) << 16)
+                                       : __half2float(__ushort_as_half(bits));
+}
+
 template <typename T, typename acc_t>
 __device__ __forceinline__ T cast_to(acc_t v) {
   return static_cast<T>(v);
@@ -83,17 +92,17 @@ __device__ T block_allreduce(T v, Op op) {
   return total;
 }
 
-// Exclusive prefix count of `flag` over a block of THREADS threads, and the block's total.
+// Over the warps of a block of THREADS threads, each passing one `count` (the same on its lanes):
+// the sum of the counts of the lower warps, and in `total` of all of them.
 template <int THREADS>
-__device__ int block_exclusive_count(bool flag, int* total) {
+__device__ int block_warps_before(int count, int* total) {
   constexpr int warps = THREADS / kWarp;
   __shared__ int warp_counts[warps];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  const int warp = threadIdx.x / kWarp;
   __syncthreads();  // earlier readers of `warp_counts` are done
-  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  if (threadIdx.x % kWarp == 0) warp_counts[warp] = count;
   __syncthreads();
-  int before = __popc(ballot & ((1u << lane) - 1u)), sum = 0;
+  int before = 0, sum = 0;
 #pragma unroll
   for (int w = 0; w < warps; ++w) {
     before += w < warp ? warp_counts[w] : 0;

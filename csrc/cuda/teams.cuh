@@ -7,27 +7,30 @@
 namespace sopfast::cuda {
 
 // LANES consecutive lanes of a warp (LANES a power of two <= 32): shuffles and ballots restricted
-// to the team's lanes, so that teams of one warp may run loops of different lengths.
+// to the team's lanes, so that teams of one warp may run loops of different lengths.  One group.
 template <int LANES>
 struct WarpTeam {
   static_assert(LANES >= 2 && LANES <= kWarp && (LANES & (LANES - 1)) == 0, "LANES: a power of two in [2, 32]");
   static constexpr int kTeamsPerWarp = kWarp / LANES;
 
-  unsigned mask;       // the team's lanes within the warp
-  unsigned lower;      // the warp's lanes below this one
-  int team_rank;       // 0 .. LANES - 1
+  unsigned mask;   // the team's lanes within the warp
+  int first_lane;  // the team's first lane within the warp
+  int team_rank;   // 0 .. LANES - 1
 
   __device__ WarpTeam() {
     const int lane = static_cast<int>(threadIdx.x % kWarp);
     team_rank = lane % LANES;
-    mask = LANES == kWarp ? kFullMask : (((1u << LANES) - 1u) << (lane - team_rank));
-    lower = (1u << lane) - 1u;
+    first_lane = lane - team_rank;
+    mask = LANES == kWarp ? kFullMask : (((1u << LANES) - 1u) << first_lane);
   }
   // The team's index within its block.
   __device__ static int index_in_block() { return static_cast<int>(threadIdx.x) / LANES; }
 
   __device__ int rank() const { return team_rank; }
   __device__ int size() const { return LANES; }
+  __device__ int lanes() const { return LANES; }
+  __device__ int group() const { return 0; }
+  __device__ int lane() const { return team_rank; }
   template <typename T>
   __device__ T sum(T v) const {
 #pragma unroll
@@ -43,17 +46,23 @@ struct WarpTeam {
     }
     return v;
   }
-  __device__ int count(bool flag) const { return __popc(__ballot_sync(mask, flag) & mask); }
-  __device__ int count_before(bool flag) const { return __popc(__ballot_sync(mask, flag) & mask & lower); }
+  __device__ uint32_t ballot(bool flag) const { return (__ballot_sync(mask, flag) & mask) >> first_lane; }
+  __device__ int groups_before(int count, int* total) const {
+    *total = count;
+    return 0;
+  }
   __device__ void sync() const { __syncwarp(mask); }
 };
 
-// All THREADS threads of a block (a multiple of 32, at most 1024).
+// All THREADS threads of a block (a multiple of 32, at most 1024); a group is a warp.
 template <int THREADS>
 struct BlockTeam {
   __device__ static int index_in_block() { return 0; }
   __device__ int rank() const { return static_cast<int>(threadIdx.x); }
   __device__ int size() const { return THREADS; }
+  __device__ int lanes() const { return kWarp; }
+  __device__ int group() const { return static_cast<int>(threadIdx.x) / kWarp; }
+  __device__ int lane() const { return static_cast<int>(threadIdx.x) % kWarp; }
   template <typename T>
   __device__ T sum(T v) const {
     return block_allreduce<THREADS>(v, SumOp{});
@@ -62,11 +71,8 @@ struct BlockTeam {
   __device__ T max(T v) const {
     return block_allreduce<THREADS>(v, MaxOp{});
   }
-  __device__ int count(bool flag) const { return block_allreduce<THREADS>(flag ? 1 : 0, SumOp{}); }
-  __device__ int count_before(bool flag) const {
-    int total;
-    return block_exclusive_count<THREADS>(flag, &total);
-  }
+  __device__ uint32_t ballot(bool flag) const { return __ballot_sync(kFullMask, flag); }
+  __device__ int groups_before(int count, int* total) const { return block_warps_before<THREADS>(count, total); }
   __device__ void sync() const { __syncthreads(); }
 };
 

@@ -1,14 +1,15 @@
 // The per-row algorithms of the CUDA kernels (csrc/team_rows.h), run on the host by teams of
-// std::threads (host_team.h) of the sizes the GPU uses (8 lanes, a warp, a block), against the
-// CPU kernels: top_tau forward (both tie rules, blur 1-D / 2-D, valid masks, saturated, uniform and
-// tied rows) and backward, sparsemax forward (special rows) and backward, and the gather_tokens
-// backward through the inverted index.  Also bounds their work: collectives per row (counting
-// passes of the threshold search) and gradient rows read per token.
+// std::threads (host_team.h) of the sizes the GPU uses (8 lanes, a warp, a block of several warps),
+// against the CPU kernels: top_tau forward (both tie rules, blur 1-D / 2-D, valid masks, saturated,
+// uniform and tied rows) and backward, sparsemax forward (special rows) and backward, and the
+// gather_tokens backward through the inverted index.  Also bounds their work: team-wide collectives
+// per row (counting passes of the threshold search, none per value) and gradient rows read per token.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/sparsemax_kernels.h"
@@ -41,7 +42,7 @@ struct TopTauOutputs {
   std::vector<char> mask;
   std::vector<float> attention;
   float lam = 0;
-  int64_t collectives = 0;
+  sopfast::test::HostTeamWork work;
 };
 
 TopTauOutputs run_cpu(const TopTauCase& c) {
@@ -66,7 +67,7 @@ TopTauOutputs run_cpu(const TopTauCase& c) {
   return out;
 }
 
-template <int VPT>
+template <int VPT, bool BLUR>
 TopTauOutputs run_team(const TopTauCase& c, int team_size) {
   TopTauOutputs out;
   out.indices.assign(c.d, -7);
@@ -88,23 +89,25 @@ TopTauOutputs run_team(const TopTauCase& c, int team_size) {
   row.mask = mask.get();
   row.lam = &out.lam;
   row.attention = out.attention.data();
-  out.collectives = run_host_team(team_size, [&](const HostTeam& team) {
-    sopfast::top_tau_team_row<VPT>(
-        team, row, [&](int64_t j) { return c.logits[j]; }, [&](int64_t j) { return c.valid.empty() || c.valid[j]; });
+  out.work = run_host_team(team_size, [&](const HostTeam& team) {
+    sopfast::top_tau_team_row<VPT, BLUR>(
+        team, row, [&](int j) { return c.logits[j]; }, [&](int j) { return c.valid.empty() || c.valid[j]; });
   });
   out.mask.assign(mask.get(), mask.get() + c.d);
   return out;
 }
 
-// The team's values per thread for a row of d (as the CUDA dispatch picks them).
+template <int VPT>
+TopTauOutputs run_team_vpt(const TopTauCase& c, int team_size) {
+  return c.kernel.empty() ? run_team<VPT, false>(c, team_size) : run_team<VPT, true>(c, team_size);
+}
+
+// The bound on the values per thread of the CUDA dispatch: 8 lanes 4, a warp 8 (d <= 256) or 32, a
+// block 32 -- most slots unused for short rows, as on the GPU.
 TopTauOutputs run_team_for(const TopTauCase& c, int team_size) {
-  const int64_t vpt = (c.d + team_size - 1) / team_size;
-  if (vpt <= 1) return run_team<1>(c, team_size);
-  if (vpt <= 2) return run_team<2>(c, team_size);
-  if (vpt <= 4) return run_team<4>(c, team_size);
-  if (vpt <= 8) return run_team<8>(c, team_size);
-  if (vpt <= 16) return run_team<16>(c, team_size);
-  return run_team<32>(c, team_size);
+  if (team_size <= 8) return run_team_vpt<4>(c, team_size);
+  if (team_size <= 32 && c.d <= 256) return run_team_vpt<8>(c, team_size);
+  return run_team_vpt<32>(c, team_size);
 }
 
 void expect_same(const TopTauOutputs& got, const TopTauOutputs& expected) {
@@ -130,7 +133,8 @@ TopTauCase random_case(std::mt19937& rng, int64_t d, int kind) {
   return c;
 }
 
-// Team sizes of the GPU: 8 lanes (d <= 32), a warp, and a block (here 64 threads: the same code).
+// Team sizes of the GPU: 8 lanes (d <= 32), a warp, and a block (here 64 threads in two warps: the
+// same code, with the prefix counts across warps).
 TEST_CASE(top_tau_team_row_matches_the_cpu_kernel) {
   std::mt19937 rng(21);
   std::bernoulli_distribution coin(0.75);
@@ -188,7 +192,8 @@ TEST_CASE(top_tau_team_row_keeps_special_rows) {
 }
 
 // The threshold search stops early: a row of 196 costs a few dozen team collectives in all, not
-// the O(d^2) comparisons of ranking every feature against every other.
+// the O(d^2) comparisons of ranking every feature against every other; and the selection costs two
+// scans over the warps whatever the values per thread (ballots within a warp place the rest).
 TEST_CASE(top_tau_team_row_work_is_bounded) {
   std::mt19937 rng(5);
   int64_t total = 0;
@@ -197,12 +202,13 @@ TEST_CASE(top_tau_team_row_work_is_bounded) {
     TopTauCase c = random_case(rng, 196, 0);
     for (float& x : c.logits) x = std::normal_distribution<float>()(rng);
     c.k = 39;
-    const TopTauOutputs out = run_team_for(c, 32);
-    // 5 statistics + softmax sum + at most 32 search steps + 2 + 2 per slot (VPT 8) + lam
-    EXPECT(out.collectives <= 5 + 1 + 32 + 2 + 4 * 8 + 1);
-    total += out.collectives;
+    const TopTauOutputs out = run_team_for(c, 64);
+    // 4 statistics + softmax sum + at most 32 search steps + 2 scans + lam
+    EXPECT(out.work.collectives <= 4 + 1 + 32 + 2 + 1);
+    EXPECT(out.work.ballots == 2 * 2 * 4);  // 2 flags, in 2 passes, per used value of a thread (196 / 64 -> 4)
+    total += out.work.collectives;
   }
-  EXPECT(total / rows <= 5 + 1 + 20 + 2 + 4 * 8 + 1);
+  EXPECT(total / rows <= 4 + 1 + 20 + 2 + 1);
 }
 
 TEST_CASE(top_tau_backward_team_row_matches_the_cpu_kernel) {
@@ -230,14 +236,20 @@ TEST_CASE(top_tau_backward_team_row_matches_the_cpu_kernel) {
         spec.size = pb.blur_size;
         spec.grid_h = pb.grid_h;
         spec.grid_w = pb.grid_w;
-        std::vector<float> buffer(d);
-        run_host_team(32, [&](const HostTeam& team) {
-          sopfast::top_tau_backward_team_row<2>(
-              team, d, lam, grad_lam, with_ga, spec, buffer.data(), [&](int64_t j) { return a[j]; },
-              [&](int64_t j) { return mask[j]; }, [&](int64_t j) { return ga[j]; },
-              [&](int64_t j, float g) { got[j] = g; });
-        });
-        for (int64_t j = 0; j < d; ++j) EXPECT_NEAR(got[j], expected[j], 1e-6);
+        for (int team_size : {32, 64}) {  // a warp (2 values per thread), two warps (1)
+          std::vector<float> buffer(d), spare(d);
+          std::fill(got.begin(), got.end(), -7.0f);
+          run_host_team(team_size, [&](const HostTeam& team) {
+            auto run = [&](auto blur_flag) {
+              sopfast::top_tau_backward_team_row<2, decltype(blur_flag)::value>(
+                  team, static_cast<int>(d), lam, grad_lam, with_ga, spec, buffer.data(), spare.data(),
+                  [&](int j) { return a[j]; }, [&](int j) { return mask[j]; }, [&](int j) { return ga[j]; },
+                  [&](int j, float g) { got[j] = g; });
+            };
+            blur ? run(std::true_type{}) : run(std::false_type{});
+          });
+          for (int64_t j = 0; j < d; ++j) EXPECT_NEAR(got[j], expected[j], 1e-6);
+        }
       }
     }
   }

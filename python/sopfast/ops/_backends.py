@@ -13,6 +13,13 @@ All four take the same arguments.  :func:`select_backend` picks one for a tensor
 :func:`use_backend` (a context manager) or the environment variable
 ``SOPFAST_BACKEND=torch|cpp|triton|cuda`` overrides the choice, the context manager first (an
 unavailable backend is an error, never a silent fallback).
+
+Triton stays ahead of a built CUDA extension on CUDA tensors (decided in issue #24): the Triton
+kernels cover every row length and ran on an H200 (``bench/RESULTS.md`` §3), while no GPU run of
+the CUDA kernels is recorded yet — they are checked by nvcc and, through their per-row code
+(``csrc/team_rows.h``), by host-thread tests against the CPU kernels.  Building them now costs about
+a minute (one architecture), and ``SOPFAST_BACKEND=cuda`` selects them; the default should move to
+``cuda`` once ``bench/gpu_report.py`` has passed on a GPU with them ahead in its timings.
 """
 
 from __future__ import annotations
