@@ -125,7 +125,7 @@ setup(
     extras_require={
         "models": ["transformers>=4.40", "timm>=1.0", "torchvision"],  # HF / timm / torchvision backbones
         # your own data (image folders, CSV/JSONL, saved datasets) and stratified holdouts; the digits demo data
-        "data": ["datasets>=2.14", "scikit-learn"],
+        "data": ["datasets>=4.0", "scikit-learn"],
         "tensorboard": ["tensorboard"],  # TensorBoard events in run folders
         "explain": ["captum>=0.7", "quantus>=0.6"],  # the Captum / Quantus interop of sopfast.explain
         "theory": ["scipy"],  # sopfast theory
@@ -139,7 +139,7 @@ setup(
             "scikit-learn",
             "scipy",
             "ruff",
-            "datasets>=2.14",
+            "datasets>=4.0",
             "captum>=0.7",
             "quantus>=0.6",
             "accelerate",

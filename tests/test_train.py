@@ -60,7 +60,8 @@ def test_loss_decreases(mode):
     )
     losses = [r["loss"] for r in logs]
     assert len(losses) == 5
-    assert losses[-1] == min(losses) and losses[-1] < 0.98 * losses[0], losses
+    # learns (the default recipe's diversity term may tick the last step up a little: no strict minimum)
+    assert losses[-1] < 0.85 * losses[0] and min(losses[-2:]) == min(losses), losses
     assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in logs)
 
 
@@ -148,7 +149,7 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
         callbacks=[record_head],
     )
     assert heads == [0, 0, 1, 1]
-    expected = {"best", "last", "log.jsonl", STATE_NAME, "metrics.csv", "training_curves.png"}
+    expected = {"best", "last", "log.jsonl", STATE_NAME, "metrics.csv", "training_curves.png", "config.yaml"}
     assert {p.name for p in tmp_path.iterdir()} - {"tensorboard"} == expected
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("train") == 4
@@ -215,7 +216,7 @@ def test_lr_schedules():
         ({"grad_accum": 0}, "grad_accum"),
         ({"grad_clip": 0}, "grad_clip"),
         ({"warmup_steps": 3, "warmup_ratio": 0.1}, "warmup"),
-        ({"lr": math.inf}, "lr must be a finite number > 0.0, got inf"),
+        ({"lr": math.inf}, "lr must be a finite number > 0.0 or None, got inf"),
         ({"lr": math.nan}, "lr must be a finite number"),
         ({"weight_decay": math.inf}, "weight_decay must be a finite number"),
         ({"warmup_ratio": math.nan}, "warmup_ratio must be a finite number"),

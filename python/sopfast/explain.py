@@ -146,6 +146,8 @@ def example_name(dataset: Any, index: int, label: int | None, class_names: Seque
     e.g. image folders), else its true class; letters, digits, ``-`` and ``_`` only."""
     sources = getattr(dataset, "sources", None)
     source = sources[index] if sources is not None and index < len(sources) else None
+    if isinstance(source, dict):  # an undecoded datasets.Image
+        source = source.get("path")
     if isinstance(source, (str, os.PathLike)):
         stem = os.path.splitext(os.path.basename(os.fspath(source)))[0]
     elif label is not None:

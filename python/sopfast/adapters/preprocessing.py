@@ -67,17 +67,9 @@ class Preprocessing:
         if self.modality == "text":
             name = type(self.tokenizer).__name__ if self.tokenizer is not None else None
             return {"modality": "text", "tokenizer": name, "max_length": self.max_length, "notes": self.notes}
-        return {
-            "modality": "image",
-            "library": self.library,
-            "size": list(self.size) if self.size else None,
-            "channels": self.channels,
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "resize_to": self.resize_to,
-            "resample": self.resample,
-            "notes": self.notes,
-        }
+        keys = ("library", "size", "channels", "mean", "std", "resize_to", "resample", "notes")
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(self, k)) for k in keys)}
+        return {"modality": "image", **values}
 
     def _mode(self, image: PILImage.Image) -> PILImage.Image:
         return image.convert("L" if self.channels == 1 else "RGB")
@@ -131,21 +123,11 @@ def _hf_image(
         processor = AutoImageProcessor.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError) as err:
         raise PreprocessingError(f"cannot read the image processor in {directory}: {err}") from err
-    own = {k: v for k, v in dict(processor.size).items() if v is not None}
-    crop = {k: v for k, v in dict(getattr(processor, "crop_size", None) or {}).items() if v is not None}
     options: dict[str, Any] = {f"image_{k}": list(v) for k, v in stats.items()}
-    resize_to = None
-    if size is not None and "height" in own:
+    if size is not None and "height" in (processor.size or {}):
         options["size"] = {"height": size[0], "width": size[1]}
     elif size is not None:
         options.update(size={"shortest_edge": min(size)}, crop_size={"height": size[0], "width": size[1]})
-    elif "shortest_edge" in own:
-        final = (crop["height"], crop["width"]) if crop else _pair(own["shortest_edge"])
-        pct = getattr(processor, "crop_pct", None)
-        resize_to = int(own["shortest_edge"] / pct) if pct else int(own["shortest_edge"])
-        size = final
-    else:
-        size = (own["height"], own["width"])
     normalize = getattr(processor, "do_normalize", True)
     mean = stats.get("mean", tuple(processor.image_mean) if normalize else (0.0,) * prep.channels)
     std = stats.get("std", tuple(processor.image_std) if normalize else (1.0,) * prep.channels)
@@ -155,12 +137,18 @@ def _hf_image(
         mean=mean,
         std=std,
         library=f"transformers {type(processor).__name__}",
-        size=size,
-        resize_to=resize_to,
+        size=size or _output_size(partial(_hf_call, processor, options)),
         resample=RESAMPLE_NAMES.get(int(getattr(processor, "resample", 2) or 2), "bilinear"),
         transform=partial(_hf_call, processor, options),
         mask_transform=partial(_hf_call, processor, mask),
     )
+
+
+def _output_size(transform: Callable[[Any], torch.Tensor]) -> tuple[int, int]:
+    """The ``(H, W)`` that ``transform`` makes of an image (a processor sizes by its own config)."""
+    from PIL import Image
+
+    return tuple(transform(Image.new("RGB", (67, 61))).shape[-2:])  # type: ignore[return-value]
 
 
 def _timm_image(
@@ -189,27 +177,18 @@ def _timm_image(
     )
 
 
-def _torchvision_image(
-    prep: Preprocessing, size: tuple[int, int], stats: dict[str, tuple[float, ...]], assumed: tuple[float, ...]
-) -> Preprocessing:
-    """Resize to ``size``, to tensor, normalise with the ``stats`` given or the ``assumed`` mean and std
-    (said in ``notes``): for backbones that carry no preprocessing."""
+def _torchvision_image(prep: Preprocessing, size: tuple[int, int]) -> Preprocessing:
+    """Resize to ``size``, to tensor, normalise with ``prep.mean`` / ``prep.std``: for backbones that
+    carry no preprocessing."""
     from torchvision import transforms
 
-    if len(stats) < 2:
-        which = "0.5" if assumed == (0.5,) else "ImageNet's"
-        prep.notes.append(f"the backbone carries no normalisation statistics: {which} assumed")
-    mean = stats.get("mean", _stats("mean", assumed[:3] if assumed != (0.5,) else assumed, prep.channels))
-    std = stats.get("std", _stats("std", IMAGENET_STD if assumed != (0.5,) else assumed, prep.channels))
-
     nearest = transforms.InterpolationMode.NEAREST
+    normalize = transforms.Normalize(prep.mean, prep.std)
     return replace(
         prep,
         library="torchvision transforms",
         size=size,
-        mean=mean,
-        std=std,
-        transform=transforms.Compose([transforms.Resize(size), transforms.ToTensor(), transforms.Normalize(mean, std)]),
+        transform=transforms.Compose([transforms.Resize(size), transforms.ToTensor(), normalize]),
         mask_transform=transforms.Compose([transforms.Resize(size, interpolation=nearest), transforms.ToTensor()]),
     )
 
@@ -242,13 +221,18 @@ def preprocessing_for(
     stats = {k: _stats(k, v, channels) for k, v in (("mean", mean), ("std", std)) if v is not None}
     prep = Preprocessing("image", channels=channels, **common)
     built = None
-    assumed = IMAGENET_MEAN
     if source.kind == "hf" and source.directory is not None:
         built = _hf_image(source.directory, prep, size, stats)
-        assumed = (0.5,)
     elif source.kind == "timm":
         built = _timm_image(source.model, prep, size, stats)
-    return _checked(built or _torchvision_image(prep, size or (224, 224), stats, assumed))
+    if built is None:  # the backbone carries no preprocessing
+        hf = source.kind == "hf"
+        assumed = {"mean": (0.5,) if hf else IMAGENET_MEAN, "std": (0.5,) if hf else IMAGENET_STD}
+        if len(stats) < 2:
+            prep.notes.append(f"the backbone states no normalisation: {'0.5' if hf else 'ImageNet'} mean/std assumed")
+        stats = {k: stats.get(k, _stats(k, assumed[k], channels)) for k in ("mean", "std")}
+        built = _torchvision_image(replace(prep, **stats), size or (224, 224))
+    return _checked(built)
 
 
 def _checked(prep: Preprocessing) -> Preprocessing:

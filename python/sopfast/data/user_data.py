@@ -122,6 +122,8 @@ class Source:
 def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> tuple[str, Any]:
     """The training or the held-out part of ``split``: a ``fraction`` of each class (stratified where
     every class has two examples or more), cut with a fixed seed so every command cuts alike."""
+    import datasets
+
     n = len(split)
     if n < 2:
         raise DataError(f"split {name!r} has {n} example(s): too few to hold out a validation part")
@@ -133,7 +135,7 @@ def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> t
         held = min(max(held, k), n - k)  # at least one example of every class on each side
         names = sorted(counts)
         split = split.map(lambda row: {"__class__": names.index(str(row[label]))})
-        split = split.cast_column("__class__", _class_label(names))
+        split = split.cast_column("__class__", datasets.ClassLabel(names=names))
     parts = split.train_test_split(
         test_size=held, seed=HOLDOUT_SEED, stratify_by_column="__class__" if stratify else None
     )
@@ -154,12 +156,6 @@ def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> t
     how = "stratified" if stratify else "not stratified: too few examples per class"
     which = "training" if role == "train" else "held-out"
     return f"{name}, {which} part ({len(part)} of {n}, {how}, seed {HOLDOUT_SEED})", part
-
-
-def _class_label(names: Sequence[str]) -> Any:
-    import datasets
-
-    return datasets.ClassLabel(names=list(names))
 
 
 def _load(datasets: Any, path: str, builder: str, data_files: dict[str, str], **options: Any) -> Any:
@@ -354,22 +350,6 @@ def _class_id(value: Any) -> int:
 
 
 # -- datasets --------------------------------------------------------------------------------------
-class _Column(Sequence):
-    """One column of a Hugging Face dataset, read row by row; an undecoded image is its path (or bytes)."""
-
-    def __init__(self, dataset: Any, column: str):
-        self.dataset, self.column = dataset, column
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        value = self.dataset[int(i)][self.column]
-        return value["path"] if isinstance(value, dict) and value.get("path") and not value.get("bytes") else value
-
-
 def load_image(source: Any, base_dir: str = "") -> PILImage.Image:
     """A PIL image from a path (relative to ``base_dir``), a PIL image, encoded bytes or an array."""
     import io
@@ -378,8 +358,8 @@ def load_image(source: Any, base_dir: str = "") -> PILImage.Image:
 
     if isinstance(source, Image.Image):
         return source
-    if isinstance(source, dict) and source.get("bytes"):
-        source = io.BytesIO(source["bytes"])
+    if isinstance(source, dict):  # an undecoded datasets.Image: bytes or a path
+        source = io.BytesIO(source["bytes"]) if source.get("bytes") else source.get("path")
     if isinstance(source, (str, os.PathLike, io.BytesIO)):
         path = os.path.join(base_dir, source) if isinstance(source, (str, os.PathLike)) else source
         try:
@@ -439,13 +419,10 @@ def load_split(
             prep.tokenizer, data[chosen.inputs], ids, pairs, prep.max_length, classes=classes
         ), name
     read = lambda item: load_image(item, source.base_dir)
-    images = _Column(data, chosen.inputs)
-    masks = (
-        None
-        if object_masks is None
-        else _mask_reader(images, _Column(data, chosen.mask or ""), read, prep, object_masks)
-    )
-    return ImageDataset(images, labels, read, prep.image, label_of, classes, masks), name
+    images = data[chosen.inputs]  # a lazy column (datasets >= 4)
+    masks = data[chosen.mask] if chosen.mask else images
+    reader = None if object_masks is None else _mask_reader(images, masks, read, prep, object_masks)
+    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader), name
 
 
 def _mask_reader(
