@@ -54,14 +54,17 @@ def test_f_baseline_predicts_with_the_backbone_on_one_group(vit_model, x):
     torch.testing.assert_close(pred.attributions.sum(-1), pred.logits)
 
 
-def test_run_masks_falls_back_to_exact_for_unequal_groups_in_drop_mode(vit_model, x):
+def test_run_masks_runs_unequal_groups_in_drop_mode_each_at_its_size(vit_model, x):
     masks = torch.zeros(2, 2, 16, dtype=torch.bool)
     masks[:, 0, :2] = True
     masks[:, 1, 5:8] = True
     inputs = vit_model.prepare(x)
     drop = B.run_masks(vit_model, inputs, masks, "drop").logits
-    torch.testing.assert_close(drop, B.run_masks(vit_model, inputs, masks, "exact").logits)
-    torch.testing.assert_close(drop[:, 1], _backbone(vit_model, x * _pixel_mask(masks[:, 1])), atol=1e-5, rtol=0)
+    for j in range(2):  # each size alone is a plain equal-size drop pass
+        alone = B.run_masks(vit_model, inputs, masks[:, j : j + 1], "drop").logits[:, 0]
+        torch.testing.assert_close(drop[:, j], alone, atol=1e-6, rtol=0)
+    exact = B.run_masks(vit_model, inputs, masks, "exact").logits
+    torch.testing.assert_close(exact[:, 1], _backbone(vit_model, x * _pixel_mask(masks[:, 1])), atol=1e-5, rtol=0)
 
 
 def test_gradient_x_input_is_the_pixel_gradient_times_input_pooled_per_patch(vit_model, x):
@@ -237,11 +240,13 @@ def test_perturbation_methods_use_the_forward_budget(vit_model, x, method, monke
     pytest.importorskip("captum")
     pytest.importorskip("sklearn")
     rows = []
-    run = vit_model.adapter.run_groups
-    monkeypatch.setattr(vit_model.adapter, "run_groups", lambda i, g, *a: rows.append(g.mask.shape[0]) or run(i, g, *a))
+    run = sopfast.masking.captum.run_masked
+    monkeypatch.setattr(
+        sopfast.masking.captum, "run_masked", lambda a, i, e, m, *r: rows.append(len(m)) or run(a, i, e, m, *r)
+    )
     attr = B.captum_attribution(method, budget=7)(vit_model, vit_model.prepare(x), torch.tensor([0, 1]))
     assert attr.shape == (2, 16) and bool(torch.isfinite(attr).all())
-    assert sum(rows) == 2 * 7
+    assert sum(rows) == 2 + 2 * 7  # the unperturbed inputs once (Captum checks the output), then the budget
 
 
 def test_baselines_run_through_evaluate_with_zero_fidelity(vit_model, x):
@@ -253,8 +258,9 @@ def test_baselines_run_through_evaluate_with_zero_fidelity(vit_model, x):
         baselines=names,
         progress=False,
     )
-    assert set(res) == {"SOP", "GxI-F", "GradCAM-F", "FRESH", "Random", "PatchGrid"}
-    assert all(r["fidelity"] < 1e-6 and r["insertion"] > 0 for r in res.values())
+    assert set(res) == {"SOP", "GxI-F", "GradCAM-F", "FRESH", "Random", "PatchGrid", "RISE-F", "Backbone"}
+    assert set(res["Backbone"]) == {"examples", "accuracy"}  # the backbone alone: accuracy only
+    assert all(r["fidelity"] < 1e-6 and r["insertion"] > 0 for n, r in res.items() if n != "Backbone")
 
 
 def test_registry_and_argument_errors(monkeypatch):

@@ -1,8 +1,9 @@
 """sopfast: fast Sum-of-Parts self-attributing models."""
 
-from . import ops
+from . import masking, ops
 from .adapters import BackboneAdapter, get_adapter, register_adapter
 from .evaluation import baselines, evaluate, format_table, metrics
+from .masking import MaskedForward, masked_forward, rise
 from .model import SOP, SOPOutput
 from .training import Trainer, TrainResult, train
 from .version import __version__
@@ -10,6 +11,7 @@ from .version import __version__
 __all__ = [
     "SOP",
     "BackboneAdapter",
+    "MaskedForward",
     "SOPOutput",
     "TrainResult",
     "Trainer",
@@ -18,8 +20,11 @@ __all__ = [
     "evaluate",
     "format_table",
     "get_adapter",
+    "masked_forward",
+    "masking",
     "metrics",
     "ops",
     "register_adapter",
+    "rise",
     "train",
 ]

@@ -44,6 +44,8 @@ from ..types import FeatureInputs, GroupPredictions, Groups
 from .images import upsample_mask
 
 MODES = ("exact", "drop")
+#: About this many tokens (or feature cells) per backbone call when group passes are chunked.
+TOKENS_PER_CALL = 4096
 
 
 class AdapterHookMissing(NotImplementedError):
@@ -63,6 +65,9 @@ class BackboneAdapter(ABC):
     family: str = "custom backbone"
     modality: str = "image"
     supported_modes: tuple[str, ...] = ("exact",)
+    #: Modes whose group passes need every group of one call to keep the same number of features
+    #: (ViT ``drop``: a ``-1`` pad would run as a token that attends).
+    equal_size_modes: tuple[str, ...] = ()
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
     #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
     projection_source: str = ""

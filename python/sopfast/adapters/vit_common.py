@@ -29,6 +29,7 @@ class PatchGridAdapter(BackboneAdapter):
 
     modality = "image"
     supported_modes = ("exact", "drop")
+    equal_size_modes = ("drop",)
     supports_checkpointing = True
     image_size: tuple[int, int]
     grid: tuple[int, int]

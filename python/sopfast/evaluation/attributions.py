@@ -14,13 +14,14 @@ import torch
 from torch import nn
 
 from ..checks import check_int
+from ..masking import MaskedForward, rise
 from ..types import FeatureInputs
-from .methods import candidate_mask, run_masks
 
 if TYPE_CHECKING:
     from ..model.sop import SOP
 
-AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor], torch.Tensor]
+# (model, inputs, target [B], mode) → [B, d]; gradient methods run the full input whatever the mode
+AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor, str], torch.Tensor]
 FORWARD_BUDGET = 20
 INPUT_FIELDS = ("pixels", "input_ids", "attention_mask", "token_type_ids")
 
@@ -40,7 +41,7 @@ def _pick(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return logits.float().gather(1, target.view(-1, 1).to(logits.device)).sum()
 
 
-def gradient_x_input(model: SOP, inputs: FeatureInputs, target: torch.Tensor) -> torch.Tensor:
+def gradient_x_input(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
     """Gradient × input per feature ``[B, d]``: ``∂f_t/∂z`` at ``z = 1`` (:func:`soft_forward`), i.e.
     ``Σ_{pixels of the feature} x · ∂f_t/∂x`` for images.  One forward and one backward pass."""
     z = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device, requires_grad=True)
@@ -73,7 +74,7 @@ def _captured(module: nn.Module, pre: bool) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def grad_cam(model: SOP, inputs: FeatureInputs, target: torch.Tensor) -> torch.Tensor:
+def grad_cam(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
     """Grad-CAM per feature ``[B, d]``: ``ReLU(Σ_e w_e A_e)`` with ``w`` the feature-averaged gradient.
 
     ``A`` is the CNN's ``feature_layer`` map, or the tokens entering the last Transformer block.
@@ -102,10 +103,11 @@ def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 
     """A Captum attribution over the ``d`` features, as an :data:`AttributionFn`.
 
     ``"ig"``: Integrated Gradients from the blank input along :func:`soft_forward`, ``budget``
-    steps.  ``"lime"`` / ``"kernelshap"``: ``budget`` binary feature masks per example, each run
-    on the masked path (exact).  ``"occlusion"``: blanks ``window`` consecutive features at a
-    time — ``d / window`` passes, not matchable to the budget.  Needs ``pip install captum``
-    (LIME and KernelSHAP also scikit-learn).
+    steps.  ``"lime"`` / ``"kernelshap"``: ``budget`` binary feature masks per example;
+    ``"occlusion"``: removes ``window`` consecutive features at a time (``d / window`` passes, not
+    matchable to the budget).  The perturbed inputs run on :class:`sopfast.masking.MaskedForward`
+    in the evaluation's mode (``drop``: only the kept tokens).  Needs ``pip install captum`` (LIME
+    and KernelSHAP also scikit-learn).
     """
     if method not in CAPTUM_METHODS:
         raise ValueError(f"method must be one of {CAPTUM_METHODS}, got {method!r}")
@@ -113,23 +115,17 @@ def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 
     check_int("window", window, 1)
     if not captum_available(method):
         raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
-    return lambda model, inputs, target: _captum(method, budget, window, model, inputs, target)
+    return lambda model, inputs, target, mode="exact": _captum(method, budget, window, model, inputs, target, mode)
 
 
-def _hard_forward(model: SOP, names: tuple[str, ...]) -> Callable[..., torch.Tensor]:
-    def forward(z: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        batch = FeatureInputs(**dict(zip(names, tensors)))
-        return run_masks(model, batch, (z > 0.5).unsqueeze(1), "exact").logits[:, 0]
-
-    return forward
-
-
-def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor):
+def _captum(
+    method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str
+) -> torch.Tensor:
     import captum.attr as ca
 
-    names, tensors = _fields(inputs)
-    ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
     if method == "ig":
+        names, tensors = _fields(inputs)
+        ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
 
         def forward(z, *t):
             return soft_forward(model, FeatureInputs(**dict(zip(names, t))), z)
@@ -148,47 +144,36 @@ def _captum(method: str, budget: int, window: int, model: SOP, inputs: FeatureIn
                 .detach()
                 .float()
             )
-    hard = _hard_forward(model, names)
+    forward = MaskedForward(model.adapter, inputs, mode=mode)
+    common = {"target": target, "additional_forward_args": forward.example_ids}
     if method == "occlusion":
-        return (
-            ca.Occlusion(hard)
-            .attribute(
-                ones,
-                sliding_window_shapes=(window,),
-                strides=window,
-                baselines=0.0,
-                target=target,
-                additional_forward_args=tensors,
-                perturbations_per_eval=model.group_chunk_size(ones.shape[1] + 1),
-            )
-            .float()
-        )
-    explainer = ca.Lime(hard) if method == "lime" else ca.KernelShap(hard)
-    valid = candidate_mask(model, inputs)
-    rows = []
-    for b in range(inputs.batch_size):
-        ids = torch.where(valid[b], valid[b].long().cumsum(0) - 1, valid[b].sum()).unsqueeze(0)
-        with _quiet_surrogate_fit():
-            rows.append(
-                explainer.attribute(
-                    ones[b : b + 1],
-                    baselines=0.0,
-                    target=target[b : b + 1],
-                    feature_mask=ids,
-                    additional_forward_args=tuple(t[b : b + 1] for t in tensors),
-                    n_samples=budget,
-                    perturbations_per_eval=budget,
-                )
-            )
-    return torch.cat(rows).float()
+        windows = -(-forward.presence.shape[1] // window)
+        occlusion = ca.Occlusion(forward)
+        return occlusion.attribute(
+            forward.presence, sliding_window_shapes=(window,), strides=window, perturbations_per_eval=windows, **common
+        ).float()
+    explainer = ca.Lime(forward) if method == "lime" else ca.KernelShap(forward)
+    with _quiet_surrogate_fit():
+        return explainer.attribute(forward.presence, n_samples=budget, perturbations_per_eval=budget, **common).float()
+
+
+def rise_attribution(num_masks: int = FORWARD_BUDGET, keep: float = 0.5, cells: int = 7) -> AttributionFn:
+    """RISE (:func:`sopfast.masking.rise`) with ``num_masks`` random masks per example, as an
+    :data:`AttributionFn` running its masks in the evaluation's mode."""
+    check_int("num_masks", num_masks, 1)
+    return lambda model, inputs, target, mode="exact": rise(
+        model.adapter, inputs, target, num_masks=num_masks, keep=keep, cells=cells, mode=mode
+    )
 
 
 @contextmanager
 def _quiet_surrogate_fit() -> Iterator[None]:
-    """Without scikit-learn's ``ConvergenceWarning`` s from LIME's Lasso surrogate: at a budget of a few
-    hundred samples its coordinate descent often stops at ``max_iter``, one warning per example, and
-    the attribution is still the fitted coefficients (what Captum returns)."""
+    """Without two warnings that say nothing here: scikit-learn's ``ConvergenceWarning`` from LIME's
+    Lasso surrogate (at a budget of a few hundred samples its coordinate descent often stops at
+    ``max_iter``; the attribution is still the fitted coefficients, what Captum returns), and
+    Captum's note that a batch fits one surrogate per example (it does, as intended)."""
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
         try:
             from sklearn.exceptions import ConvergenceWarning
         except ImportError:

@@ -10,7 +10,8 @@ as the SOP model it is compared with (``model.adapter.run_groups``, exact or dro
   dependency: gradient × input (:func:`gradient_x_input`) and Grad-CAM on the last feature
   map / token layer (:func:`grad_cam`).  With Captum installed: Integrated Gradients,
   Occlusion, LIME and KernelSHAP (:func:`captum_attribution`), budget-matched to SOP's 20
-  forward passes where the method allows.
+  forward passes where the method allows; RISE (:func:`rise_attribution`, no dependency).
+  Perturbed inputs run on :mod:`sopfast.masking` in the evaluation's mode.
 * **FRESH** (:class:`Fresh`): one group from attention — the backbone's last-layer CLS
   attention (Transformers) or the mean of the SOP generator's attention rows.
 * **Random groups** (:class:`RandomGroups`): ``m`` random groups of ``k`` features, combined by
@@ -26,6 +27,7 @@ the attributions are in :mod:`sopfast.evaluation.attributions`.  This module is 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -44,6 +46,7 @@ from .attributions import (
     grad_cam,
     gradient_x_input,
     has_cls_attention,
+    rise_attribution,
     soft_forward,
 )
 from .methods import (
@@ -63,28 +66,37 @@ if TYPE_CHECKING:
 
 
 class AttributionBaseline(ScoreBaseline):
-    """ "-F": the top-τ features of ``attribute(model, inputs, target) → [B, d]`` form one group.
+    """ "-F": the top-τ features of ``attribute(model, inputs, target[, mode]) → [B, d]`` form one group.
 
     The target is the backbone's full-input prediction (classification) or, for regression,
     each output in turn (one group per output, ``combine="per_output"``).
     """
 
-    def __init__(self, name: str, attribute: AttributionFn):
+    def __init__(self, name: str, attribute: AttributionFn | Callable[..., torch.Tensor]):
         self.name = name
         self.attribute = attribute
+        # a function of (model, inputs, target) also works: it gets no mode
+        parameters = inspect.signature(attribute).parameters.values()
+        variadic = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+        self._takes_mode = variadic or len(parameters) >= 4
+
+    def _attribute(self, model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str) -> torch.Tensor:
+        return (
+            self.attribute(model, inputs, target, mode) if self._takes_mode else self.attribute(model, inputs, target)
+        )
 
     def combine_mode(self, model: SOP) -> str:
         return "per_output" if model.task == "regression" else "mean"
 
-    def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    def scores(self, model: SOP, inputs: FeatureInputs, mode: str = "exact") -> torch.Tensor:
         logits = backbone_logits(model, inputs)
         if model.task == "regression":
             rows = [
-                self.attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long))
+                self._attribute(model, inputs, torch.full_like(logits[:, 0], c, dtype=torch.long), mode)
                 for c in range(logits.shape[1])
             ]
             return torch.stack(rows, dim=1)
-        return self.attribute(model, inputs, logits.argmax(dim=-1)).unsqueeze(1)
+        return self._attribute(model, inputs, logits.argmax(dim=-1), mode).unsqueeze(1)
 
 
 class Fresh(ScoreBaseline):
@@ -104,7 +116,7 @@ class Fresh(ScoreBaseline):
         self.source = source
         self.name = "FRESH"
 
-    def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    def scores(self, model: SOP, inputs: FeatureInputs, mode: str = "exact") -> torch.Tensor:
         source = self.source
         if source == "auto":
             source = "cls" if has_cls_attention(model) else "generator"
@@ -128,7 +140,7 @@ class RandomGroups(ScoreBaseline):
         self.combine = combine
         self.generator = torch.Generator().manual_seed(seed)
 
-    def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    def scores(self, model: SOP, inputs: FeatureInputs, mode: str = "exact") -> torch.Tensor:
         m = self.num_groups or model.num_groups
         d = model.adapter.num_features(inputs)
         return torch.rand(inputs.batch_size, m, d, generator=self.generator).to(inputs.device)
@@ -223,6 +235,7 @@ BASELINES: dict[str, Callable[..., Method]] = {
     "occlusion-f": _captum_baseline("Occlusion-F", "occlusion"),
     "lime-f": _captum_baseline("LIME-F", "lime"),
     "kernelshap-f": _captum_baseline("KernelSHAP-F", "kernelshap"),
+    "rise-f": lambda **kw: AttributionBaseline("RISE-F", rise_attribution(**kw)),
     "fresh": Fresh,
     "random": RandomGroups,
     "patches": PatchGrid,
@@ -265,6 +278,7 @@ __all__ = [
     "has_cls_attention",
     "make_baseline",
     "patch_ids",
+    "rise_attribution",
     "run_masks",
     "soft_forward",
     "top_tau_masks",

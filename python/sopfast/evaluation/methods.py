@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import torch
 
+from ..masking import run_masked
 from ..ops import aggregate, top_tau
 from ..types import FeatureInputs, GroupPredictions, Groups
 
@@ -86,18 +87,13 @@ def top_tau_masks(scores: torch.Tensor, valid: torch.Tensor, tau: float, largest
 
 
 def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str) -> GroupPredictions:
-    """The frozen backbone on every mask of ``masks [B, P, d]`` → logits ``[B, P, C]``, keys ``[B, P, H]``.
-
-    ``drop`` on an image backbone needs equal-size groups (``-1`` padding would add zero tokens
-    that attend); masks of different sizes therefore run ``exact`` there.
-    """
-    sizes = masks.sum(dim=-1)
-    if mode == "drop" and model.adapter.modality == "image" and bool((sizes != sizes.flatten()[:1]).any()):
-        mode = "exact"
-    with torch.no_grad():
-        groups = Groups.from_masks(masks)
-        chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode))
-        return model.adapter.run_groups(inputs, groups, mode, chunk)
+    """The frozen backbone on every mask of ``masks [B, P, d]`` → logits ``[B, P, C]``, keys ``[B, P, H]``
+    (:func:`sopfast.masking.masked_forward`: a ViT in ``drop`` mode runs masks of each size together;
+    masks that keep nothing run as the input with every feature removed)."""
+    b, p, d = masks.shape
+    example = torch.arange(b, device=masks.device).repeat_interleave(p)
+    out = run_masked(model.adapter, inputs, example, masks.reshape(b * p, d), mode, allow_empty=True)
+    return GroupPredictions(out.logits.view(b, p, -1), out.embeddings.view(b, p, -1))
 
 
 def combine_groups(model: SOP, preds: GroupPredictions, masks: torch.Tensor, how: str) -> Prediction:
@@ -138,14 +134,15 @@ class ScoreBaseline(Method[torch.Tensor]):
     combine: str = "mean"
 
     @abstractmethod
-    def scores(self, model: SOP, inputs: FeatureInputs) -> torch.Tensor:
-        """``[B, m, d]`` feature scores, one row per group (higher = kept first)."""
+    def scores(self, model: SOP, inputs: FeatureInputs, mode: str = "exact") -> torch.Tensor:
+        """``[B, m, d]`` feature scores, one row per group (higher = kept first); perturbation
+        methods run their masked inputs in ``mode``."""
 
     def combine_mode(self, model: SOP) -> str:
         return self.combine
 
     def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> torch.Tensor:
-        return self.scores(model, inputs).detach()
+        return self.scores(model, inputs, mode).detach()
 
     def predict(
         self,

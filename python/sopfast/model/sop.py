@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
-from ..adapters.base import check_mode
+from ..adapters.base import TOKENS_PER_CALL, check_mode
 from ..adapters.sources import Backbone, inferred_source, load_recorded
 from ..checks import check_bool, check_choice, check_int, check_number, check_tau
 from ..ops import aggregate, num_kept
@@ -27,7 +27,6 @@ from .recipes import DEFAULT_RECIPE, RecipeName, get_recipe, resolve_options
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
-TOKENS_PER_CALL = 4096
 # Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
 # peak memory stops growing with the batch size.
 TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
