@@ -248,3 +248,10 @@ def test_rise_argument_errors(vit, x):
         rise(vit, x, torch.tensor([1, 0]), keep=0.0)
     with pytest.raises(ValueError, match="num_masks must be an integer ≥ 1"):
         rise(vit, x, torch.tensor([1, 0]), num_masks=0)
+
+
+def test_probabilities_instead_of_logits(vit, x):
+    logits = MaskedForward(vit, x)
+    probabilities = MaskedForward(vit, x, probabilities=True)
+    rows = torch.ones(2, 16)
+    torch.testing.assert_close(probabilities(rows, torch.arange(2)), logits(rows, torch.arange(2)).softmax(-1))

@@ -1,4 +1,5 @@
-"""The opt-in generator changes of docs/quality.md: off by default, exact semantics when on."""
+"""The generator changes of docs/quality.md (the "sopfast" recipe; off in the "paper" recipe): exact
+semantics when on."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from sopfast.model.generator import GroupGenerator, diverse_positions
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 
-def test_defaults_keep_the_authors_algorithm():
-    model = sopfast.SOP(make_hf_vit())
+def test_the_paper_recipe_keeps_the_authors_algorithm():
+    model = sopfast.SOP(make_hf_vit(), recipe="paper")
     assert (model.generator.center, model.generator.queries) == (False, "fixed")
     assert all(p.requires_grad for p in model.projection.layers[0].parameters())
 
@@ -187,7 +188,7 @@ def test_saliency_weight_adds_its_term_and_trains_the_generator():
     from sopfast.model.losses import feature_saliency, saliency_alignment
 
     torch.manual_seed(0)
-    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, saliency_weight=2.0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, saliency_weight=2.0, diversity_weight=0.0)
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     out = model(x)
     expected = saliency_alignment(out.attention, feature_saliency(model, model.prepare(x), 0.25))

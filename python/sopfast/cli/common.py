@@ -170,9 +170,7 @@ def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: s
     from ..data.user_data import Columns
 
     options = DataOptions(
-        columns=Columns(
-            args.image_column, args.text_column, args.text_pair_column, args.label_column, args.object_masks
-        ),
+        columns=Columns(args.image_column, args.text_column, args.text_pair_column, args.label_column),
         train_split=getattr(args, "train_split", None),
         val_split=getattr(args, "val_split", None),
         split=getattr(args, "split", None),

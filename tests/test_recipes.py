@@ -1,0 +1,83 @@
+"""Recipes (sopfast.model.recipes): the default one, the authors' one, explicit options winning,
+training defaults, and checkpoints that record what they were trained with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import sopfast
+from sopfast.cli.app import main
+from sopfast.model.recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RECIPES, get_recipe
+from sopfast.testing import make_hf_vit
+from sopfast.training import Trainer
+
+
+def _options(model: sopfast.SOP) -> dict:
+    return {name: model.config[name] for name in RECIPE_OPTIONS}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_a_recipe_fills_every_option_not_given(name):
+    model = sopfast.SOP(make_hf_vit(), recipe=name)
+    assert model.config["recipe"] == name and model.recipe is RECIPES[name]
+    assert _options(model) == RECIPES[name].model
+
+
+def test_the_default_is_sopfast_and_paper_is_the_authors_algorithm():
+    assert DEFAULT_RECIPE == "sopfast" and sopfast.SOP(make_hf_vit()).config["recipe"] == "sopfast"
+    paper = RECIPES["paper"].model
+    assert paper["group_gen_scale"] == 1.0 and paper["queries"] == "fixed"
+    assert not paper["normalize_logits"] and not paper["center_embeddings"]
+    assert paper["diversity_weight"] == 0.0 and paper["saliency_weight"] == 0.0
+    assert RECIPES["paper"].training == {"lr": 5e-6, "warmup_ratio": 0.0}
+
+
+def test_options_given_win_over_the_recipe():
+    model = sopfast.SOP(make_hf_vit(), queries="fixed", diversity_weight=0.25, group_gen_scale=3.0)
+    assert model.config["queries"] == "fixed" and model.generator.queries == "fixed"
+    assert model.config["diversity_weight"] == 0.25 and model.generator.scale == 3.0
+    rest = {
+        k: v for k, v in RECIPES["sopfast"].model.items() if k not in ("queries", "diversity_weight", "group_gen_scale")
+    }
+    assert {k: model.config[k] for k in rest} == rest
+
+
+def test_training_defaults_come_from_the_model_recipe_unless_given():
+    data = TensorDataset(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))
+    for name, recipe in RECIPES.items():
+        trainer = Trainer(sopfast.SOP(make_hf_vit(), recipe=name), data, batch_size=2, progress=False)
+        assert (trainer.config.lr, trainer.config.warmup_ratio) == (
+            recipe.training["lr"],
+            recipe.training["warmup_ratio"],
+        )
+    given = Trainer(sopfast.SOP(make_hf_vit()), data, batch_size=2, lr=0.01, warmup_steps=3, progress=False)
+    assert (given.config.lr, given.config.warmup_ratio, given.config.warmup_steps) == (0.01, 0.0, 3)
+
+
+def test_checkpoints_record_the_recipe_and_old_ones_load_as_the_paper(tmp_path):
+    backbone = make_hf_vit()
+    model = sopfast.SOP(backbone, recipe="sopfast", diversity_weight=0.5)
+    model.save_pretrained(tmp_path / "new")
+    loaded = sopfast.SOP.from_pretrained(tmp_path / "new", backbone)
+    assert loaded.config["recipe"] == "sopfast" and _options(loaded) == _options(model)
+    old = sopfast.SOP(backbone, recipe="paper")
+    old.save_pretrained(tmp_path / "old")
+    config_file = tmp_path / "old" / "sop_config.json"
+    saved = json.loads(config_file.read_text())
+    del saved["config"]["recipe"]  # written before recipes existed: every option explicit
+    config_file.write_text(json.dumps(saved))
+    assert sopfast.SOP.from_pretrained(tmp_path / "old", backbone).config["recipe"] == "paper"
+
+
+def test_bad_recipe_names_the_choices(capsys, tmp_path):
+    with pytest.raises(ValueError, match=r"recipe must be one of \('paper', 'sopfast'\)|recipe must be one of"):
+        get_recipe("fast")
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        sopfast.SOP(make_hf_vit(), recipe="fast")
+    make_hf_vit().save_pretrained(tmp_path / "vit")
+    assert main(["train", "--backbone", str(tmp_path / "vit"), "--recipe", "fast"]) == 2
+    assert "--recipe: invalid choice: 'fast'" in capsys.readouterr().err
