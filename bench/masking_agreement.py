@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "quality"))
 
-import common  # noqa: E402
+import common
 
-import sopfast  # noqa: E402
-from sopfast.masking import rise  # noqa: E402
+import sopfast
+from sopfast.masking import rise
 
 TOP = 0.2
 

@@ -17,8 +17,8 @@ from sopfast.training.trainer import train
 RUN = dict(epochs=2, lr=1e-3, warmup_steps=1, log_every=1, eval_every=2, progress=False, device="cpu", seed=3)
 
 
-def make_model() -> sopfast.SOP:
-    return sopfast.SOP(make_hf_vit(), num_groups=4, mode="drop")
+def make_model(recipe: str = "sopfast") -> sopfast.SOP:
+    return sopfast.SOP(make_hf_vit(), num_groups=4, mode="drop", recipe=recipe)
 
 
 def make_data(n: int, seed: int) -> TensorDataset:
@@ -30,9 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--recipe", default="sopfast")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = make_model()
+    model = make_model(args.recipe)
     result = train(
         model, make_data(8, 0), make_data(6, 1), batch_size=args.batch_size, output_dir=args.out / "run", **RUN
     )

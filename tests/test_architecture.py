@@ -29,6 +29,7 @@ LAYERS = {
     "theory": 2,
     "adapters": 3,
     "model": 4,
+    "masking": 4,
     "data": 4,
     "training": 5,
     "evaluation": 5,

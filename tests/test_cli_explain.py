@@ -9,7 +9,7 @@ import torch
 
 import sopfast
 from sopfast.cli.app import CLIError, build_parser, main
-from sopfast.model.pictures import explain_image, explain_text, used_groups
+from sopfast.model.pictures import distinct_used_groups, explain_image, explain_text, used_groups
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 SUBCOMMANDS = ("demo", "train", "evaluate", "explain", "bench", "theory")
@@ -77,7 +77,7 @@ def test_explain_image_draws_used_groups(tmp_path):
     path = tmp_path / "pic.png"
     panels = explain_image(x[0], out, 0, (4, 4), str(path), class_names=["a", "b", "c"], label=1, max_groups=6)
     used = used_groups(out, 0, int(out.logits[0].argmax()))
-    assert panels == 2 + len(used)
+    assert panels == 2 + len(distinct_used_groups(out, 0, int(out.logits[0].argmax())))
     assert _is_png(path) and matplotlib.image.imread(str(path)).shape[2] in (3, 4)
     weights = sum(w for _, w in used)
     assert weights == pytest.approx(float(out.logits[0].max()), abs=1e-5)
@@ -91,9 +91,11 @@ def test_explain_text_highlights_group_tokens(tmp_path):
     tokens = [f"tok{i}" for i in range(ids.shape[1])]
     path = tmp_path / "t.html"
     spans = explain_text(tokens, out, 0, str(path))
-    used = used_groups(out, 0, int(out.logits[0].argmax()))
-    expected = sum(int(out.group_masks[0, g].sum()) for g, _ in used)
+    pred = int(out.logits[0].argmax())
+    shown = distinct_used_groups(out, 0, pred)  # groups with the same tokens drawn once
+    assert shown and sum(len(d.groups) for d in shown) <= len(used_groups(out, 0, pred))
+    expected = sum(int(out.group_masks[0, d.first].sum()) for d in shown)
     page = path.read_text()
     assert spans == expected == page.count('class="sop-group"')
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert page.count("<p><b>group") == len(used)
+    assert page.count("<p><b>group") == len(shown)

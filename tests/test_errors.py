@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import sopfast
+from sopfast.model.recipes import RECIPE_OPTIONS, RECIPES
 from sopfast.testing import make_cnn, make_hf_vit, text_batch
 
 
@@ -30,7 +31,7 @@ def test_num_groups_below_one(hf_vit, m):
 
 def test_more_groups_than_features_repeat_query_rows(hf_vit):
     """As in the authors' code, rows floor(j·d/m) repeat when m > d: no error, repeated groups."""
-    model = sopfast.SOP(hf_vit, num_groups=20).eval()  # d = 16 patches
+    model = sopfast.SOP(hf_vit, num_groups=20, recipe="paper").eval()  # d = 16 patches, fixed query rows
     with torch.no_grad():
         out = model(torch.randn(1, 3, 32, 32))
     rows = [j * 16 // 20 for j in range(20)]
@@ -312,6 +313,9 @@ def test_labels_outside_the_classes(hf_vit):
 @pytest.mark.parametrize("name", ["deletion", "center_embeddings", "normalize_logits", "freeze_projection"])
 @pytest.mark.parametrize("value", ["yes", 1, None, torch.tensor(True)])
 def test_switches_take_only_booleans(hf_vit, name, value):
+    if value is None and name in RECIPE_OPTIONS:  # None: the recipe's value
+        assert sopfast.SOP(hf_vit, **{name: value}).config[name] == RECIPES["sopfast"].model[name]
+        return
     with pytest.raises(TypeError, match=rf"{name} must be True or False, got"):
         sopfast.SOP(hf_vit, **{name: value})
 

@@ -49,7 +49,7 @@ def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None
     if attention.dim() != 3:
         raise ValueError(f"attention must have shape [B, m, d], got {tuple(attention.shape)}")
     b, m, _ = attention.shape
-    if m < 2:
+    if m < 2 or b == 0:  # no pairs (an empty batch has none either)
         return attention.new_zeros(())
     a = attention.float()
     if valid is not None:
@@ -92,6 +92,8 @@ def saliency_alignment(
             f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
             f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
         )
+    if attention.shape[0] == 0 or attention.shape[1] == 0:
+        return attention.new_zeros(())
     w = torch.ones_like(saliency) if valid is None else valid.to(saliency.dtype)
     count = w.sum(dim=-1, keepdim=True).clamp_min(1)
     mean = (saliency * w).sum(dim=-1, keepdim=True) / count

@@ -50,9 +50,9 @@ class DistinctGroup:
         return f"group {self.first}{also}"
 
 
-def distinct_used_groups(out: SOPOutput, example: int, cls: int, min_weight: float = 5e-4) -> list[DistinctGroup]:
+def distinct_used_groups(out: SOPOutput, example: int, cls: int, min_share: float = 1e-3) -> list[DistinctGroup]:
     """The used groups of ``cls`` merged by identical masks, largest |summed weight| first; groups whose
-    weight rounds to zero (``|c·λ·y| < min_weight``) are left out."""
+    weight is negligible (``|c·λ·y|`` below ``min_share`` of the largest) are left out."""
     merged: dict[bytes, DistinctGroup] = {}
     masks = out.group_masks[example].cpu()
     for g, w in used_groups(out, example, cls):
@@ -62,7 +62,8 @@ def distinct_used_groups(out: SOPOutput, example: int, cls: int, min_weight: flo
             merged[key].weight += w
         else:
             merged[key] = DistinctGroup([g], w)
-    kept = [d for d in merged.values() if abs(d.weight) >= min_weight]
+    largest = max((abs(d.weight) for d in merged.values()), default=0.0)
+    kept = [d for d in merged.values() if abs(d.weight) >= min_share * largest and d.weight != 0.0]
     return sorted(kept, key=lambda d: -abs(d.weight))
 
 
@@ -112,7 +113,7 @@ def explain_image(
     _panel(axes[0, 0], shown, None, title)
     for ax, group in zip(axes[0, 1:], shown_groups):
         colour = POSITIVE if group.weight >= 0 else NEGATIVE
-        _panel(ax, shown, masks[group.first].numpy(), f"{group.title()}\nc·λ·y = {group.weight:+.3f}", colour)
+        _panel(ax, shown, masks[group.first].numpy(), f"{group.title()}\nc·λ·y = {group.weight:+.3g}", colour)
     used = {g for d in distinct for g in d.groups} | {g for g, _ in used_groups(out, example, pred)}
     unused = torch.ones(out.group_masks.shape[1], dtype=torch.bool)
     unused[sorted(used)] = False
@@ -186,7 +187,7 @@ def explain_text(
                 )
             else:
                 words.append(f'<span class="sop-off">{text}</span>')
-        rows.append(f"<p><b>{group.title()}</b> (c·λ·y = {group.weight:+.3f}): {' '.join(words)}</p>")
+        rows.append(f"<p><b>{group.title()}</b> (c·λ·y = {group.weight:+.3g}): {' '.join(words)}</p>")
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
         "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}"

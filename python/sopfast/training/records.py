@@ -132,6 +132,18 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
 CONFIG_NAME = "config.yaml"
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as YAML writes it: numbers, strings, booleans, lists and mappings as they are; anything
+    else (a path, a ``torch.device``) as its string."""
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
 def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> Path:
     """``config.yaml`` in ``config.output_dir``: the resolved model options (``model``: a
     :class:`sopfast.SOP`) and training options (``config``: a resolved
@@ -152,7 +164,7 @@ def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> Path:
     entries.update(dict(model.config))
     skipped = ("resume", "log_file", "find_unused_parameters")
     entries.update({k: v for k, v in dataclasses.asdict(config).items() if k not in skipped})
-    entries = {k: (str(v) if isinstance(v, Path) else v) for k, v in entries.items() if v is not None}
+    entries = {k: _plain(v) for k, v in entries.items() if v is not None}
     path = Path(config.output_dir) / CONFIG_NAME
     header = "# sopfast train: `sopfast train --config config.yaml` runs this training again (flags win over it)\n"
     path.write_text(header + yaml.safe_dump(entries, sort_keys=False), encoding="utf-8")
