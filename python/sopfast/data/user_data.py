@@ -409,6 +409,14 @@ def load_split(
     first = next(iter(source.splits.values()))
     all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
     label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path)
+    logger.debug(
+        "%s: %s source, splits %s; columns %s; classes %s",
+        path,
+        source.kind,
+        list(source.splits),
+        vars(chosen),
+        classes,
+    )
     with _quiet_datasets():
         name, data = source.resolve(role, split, holdout, chosen.label)
     if limit is not None:
