@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import sopfast
-from sopfast.model.recipes import RECIPE_OPTIONS, RECIPES
+from sopfast.model.recipes import RECIPE_OPTIONS, RECIPES, resolve_options
 from sopfast.testing import make_cnn, make_hf_vit, text_batch
 
 
@@ -246,6 +246,9 @@ def test_custom_adapter_protocol_is_usable():
     model = sopfast.SOP(net, num_groups=3, tau=0.5, adapter=TabularAdapter(net))
     out = model(torch.randn(4, 6))
     assert out.logits.shape == (4, 2) and out.group_masks.sum(-1).eq(3).all()
+    assert model.saliency_weight == 0.0  # the default recipe's saliency teacher needs soft_forward
+    with pytest.raises(ValueError, match="saliency_weight > 0 needs the adapter's soft_forward"):
+        sopfast.SOP(net, num_groups=3, tau=0.5, adapter=TabularAdapter(net), saliency_weight=1.0)
 
 
 @pytest.mark.parametrize("family", ["hf_vit", "timm_vit", "cnn", "bert"])
@@ -310,11 +313,24 @@ def test_labels_outside_the_classes(hf_vit):
         out.loss(torch.tensor([0.0, 1.0]))
 
 
-@pytest.mark.parametrize("name", ["deletion", "center_embeddings", "normalize_logits", "freeze_projection"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deletion",
+        "center_embeddings",
+        "normalize_logits",
+        "freeze_projection",
+        "key_score",
+        "unit_lambda",
+        "demote_blank",
+        "keep_special_tokens",
+    ],
+)
 @pytest.mark.parametrize("value", ["yes", 1, None, torch.tensor(True)])
 def test_switches_take_only_booleans(hf_vit, name, value):
-    if value is None and name in RECIPE_OPTIONS:  # None: the recipe's value
-        assert sopfast.SOP(hf_vit, **{name: value}).config[name] == RECIPES["sopfast"].model[name]
+    if value is None and name in RECIPE_OPTIONS:  # None: the recipe's value (for this backbone)
+        model = sopfast.SOP(hf_vit, **{name: value})
+        assert model.config[name] == resolve_options(RECIPES["sopfast"], {}, model.adapter)[name]
         return
     with pytest.raises(TypeError, match=rf"{name} must be True or False, got"):
         sopfast.SOP(hf_vit, **{name: value})

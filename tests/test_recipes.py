@@ -81,3 +81,23 @@ def test_bad_recipe_names_the_choices(capsys, tmp_path):
     make_hf_vit().save_pretrained(tmp_path / "vit")
     assert main(["train", "--backbone", str(tmp_path / "vit"), "--recipe", "fast"]) == 2
     assert "--recipe: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_checkpoints_from_before_an_option_existed_load_with_it_off(tmp_path):
+    backbone = make_hf_vit()
+    old_sopfast = {"diversity_weight": 1.0, "saliency_weight": 0.0, "key_score": False, "unit_lambda": False}
+    model = sopfast.SOP(backbone, num_groups=4, demote_blank=False, **old_sopfast).eval()
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "sop_config.json"
+    saved = json.loads(config_file.read_text())
+    new = ("saliency_loss", "saliency_levels", "key_score", "unit_lambda", "demote_blank", "keep_special_tokens")
+    for name in new:
+        del saved["config"][name]
+    config_file.write_text(json.dumps(saved))
+    loaded = sopfast.SOP.from_pretrained(tmp_path, backbone).eval()
+    assert {n: loaded.config[n] for n in new if n != "saliency_levels"} == {
+        n: RECIPES["paper"].model[n] for n in new if n != "saliency_levels"
+    }
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, model(x).logits)

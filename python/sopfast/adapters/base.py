@@ -27,6 +27,15 @@ that lacks one raises :class:`AdapterHookMissing` naming it:
   :attr:`has_cls_attention`;
 * :meth:`reference_embed` – the generator embedding computed the authors' way (a full forward of
   the projection with ``output_hidden_states``), for :mod:`sopfast.model.reference`; defaults to :meth:`embed`.
+
+Hooks of SOP's opt-in options (``docs/quality.md``), with defaults:
+
+* :meth:`blank_features` – features without content, ranked last by ``SOP(demote_blank=True)``
+  (images with a feature grid: all-background cells; text: the special tokens);
+* :attr:`has_soft_forward` – whether :meth:`soft_forward` exists, which ``SOP(saliency_weight=...)``
+  needs (the default recipe turns the teacher off for adapters without it);
+* :attr:`has_special_tokens` / :attr:`keep_special_tokens` – text backbones whose special tokens
+  ([CLS]/[SEP]) ``SOP(keep_special_tokens=True)`` takes out of the candidates and always runs.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -82,6 +92,12 @@ class BackboneAdapter(ABC):
     #: Text backbones: the longest input (position table) and the id of the padding token.
     max_tokens: int | None = None
     pad_token_id: int | None = None
+    #: Whether the inputs carry special tokens (BERT's [CLS]/[SEP]) that :attr:`keep_special_tokens`
+    #: can take out of the candidates.
+    has_special_tokens: bool = False
+    #: Special tokens are no candidates but always run, set by ``SOP(keep_special_tokens=...)``;
+    #: honoured by adapters with :attr:`has_special_tokens`.
+    keep_special_tokens: bool = False
 
     def __init__(self, backbone: nn.Module):
         # A third-party model whose submodules and config the adapter reads by name: typed ``Any``.
@@ -216,9 +232,34 @@ class BackboneAdapter(ABC):
         grid = self.feature_grid(inputs)
         pixels = inputs.pixels
         if pixels is None or grid is None:
-            raise AdapterHookMissing(self, "soft_forward", "gradient and Integrated-Gradients attributions")
+            raise AdapterHookMissing(
+                self, "soft_forward", "gradient and Integrated-Gradients attributions (and SOP's saliency_weight)"
+            )
         mask = upsample_mask(presence.view(-1, *grid), (pixels.shape[-2], pixels.shape[-1])).unsqueeze(1)
         return self.full_forward(FeatureInputs(pixels=pixels * mask.to(pixels.dtype)))[0]
+
+    @property
+    def has_soft_forward(self) -> bool:
+        """Whether :meth:`soft_forward` is available: the adapter implements it, or has a feature grid
+        for the image default (``SOP(saliency_weight=...)`` needs it)."""
+        own = type(self).soft_forward is not BackboneAdapter.soft_forward
+        return own or type(self).feature_grid is not BackboneAdapter.feature_grid
+
+    def blank_features(self, inputs: FeatureInputs) -> torch.Tensor | None:
+        """``[B, d]`` bool: features without content (``SOP(demote_blank=True)`` ranks them last), or
+        ``None`` when the adapter knows of none.
+
+        Image backbones with a feature grid: the cells whose pixels, in every channel, all lie within
+        1e-3 of the image's darkest value (plain background, as on Fashion-MNIST).
+        """
+        grid = self.feature_grid(inputs)
+        pixels = inputs.pixels
+        if pixels is None or grid is None:
+            return None
+        x = pixels.float()
+        low = x.flatten(1).min(dim=1).values.view(-1, 1, 1, 1)
+        lit = ((x - low).abs() > 1e-3).float().amax(dim=1, keepdim=True)
+        return F.adaptive_max_pool2d(lit, grid).flatten(1) == 0
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:
         """``(module, read its input?, prefix tokens)``: the activation Grad-CAM weighs — a feature

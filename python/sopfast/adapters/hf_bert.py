@@ -44,6 +44,7 @@ class HFBertAdapter(BackboneAdapter):
     supported_modes = ("exact", "drop")
     supports_checkpointing = True
     projection_source = "bert"
+    has_special_tokens = True
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
@@ -97,11 +98,32 @@ class HFBertAdapter(BackboneAdapter):
         return int(inputs.require_input_ids().shape[1])
 
     def candidates(self, inputs: FeatureInputs) -> torch.Tensor:
-        return inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 0)
+        first = inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 0)
+        return first & ~self.special_tokens(inputs) if self.keep_special_tokens else first
 
     def always_kept(self, inputs: FeatureInputs) -> torch.Tensor:
-        """``[B, T]`` bool: the second segment, never masked."""
-        return inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 1)
+        """``[B, T]`` bool: the second segment, never masked (with :attr:`keep_special_tokens` also the
+        first segment's special tokens)."""
+        second = inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 1)
+        return second | self.special_tokens(inputs) if self.keep_special_tokens else second
+
+    def special_tokens(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, T]`` bool: the first segment's special tokens — position 0 ([CLS]), its last token
+        ([SEP]) and any token whose id the config names as CLS/SEP/BOS/EOS."""
+        ids = inputs.require_input_ids()
+        first = inputs.require_attention_mask().bool() & (inputs.require_token_type_ids() == 0)
+        pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        last = torch.where(first, pos, torch.full_like(pos, -1)).amax(dim=1, keepdim=True)
+        out = first & ((pos == 0) | (pos == last))
+        for name in ("cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id"):
+            token = getattr(self.backbone.config, name, None)
+            if token is not None:
+                out |= first & (ids == int(token))
+        return out
+
+    def blank_features(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, T]`` bool: :meth:`special_tokens` (``SOP(demote_blank=True)`` ranks them last)."""
+        return self.special_tokens(inputs)
 
     def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
         if mode == "exact":

@@ -166,6 +166,7 @@ class _SOPState:
     emb: torch.Tensor
     valid: torch.Tensor
     grid: tuple[int, int] | None
+    demote: torch.Tensor | None = None
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
@@ -179,14 +180,15 @@ class SOPMethod(Method[_SOPState]):
     def prepare(self, model: SOP, inputs: FeatureInputs, mode: str) -> _SOPState:
         with torch.no_grad():
             emb = model.adapter.embed(model.projection, inputs)
-        return _SOPState(emb, candidate_mask(model, inputs), model.adapter.feature_grid(inputs))
+        grid = model.adapter.feature_grid(inputs)
+        return _SOPState(emb, candidate_mask(model, inputs), grid, model.demoted(inputs))
 
     def groups(self, model: SOP, state: _SOPState, tau: float, largest: bool, num_groups: int | None = None) -> Groups:
         """What ``model.make_groups`` returns for this τ (eval mode; ``largest=False`` = ``deletion=True``)."""
         m = model.num_groups if num_groups is None else num_groups
         if m not in state.logits:
             with torch.no_grad(), torch.autocast(device_type=state.emb.device.type, enabled=False):
-                state.logits[m] = model.generator.logits(state.emb, state.valid, m, None)
+                state.logits[m] = model.generator.logits(state.emb, state.valid, m, None, state.demote)
         return model.generator.binarise(state.logits[m], state.valid, tau, deletion=not largest, grid=state.grid)
 
     def predict(

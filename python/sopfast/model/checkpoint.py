@@ -34,6 +34,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from ..version import __version__
+from .recipes import RECIPES
 
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
@@ -384,6 +385,8 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
         raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from err
     options = dict(meta["config"])
     options.setdefault("recipe", "paper")  # saved before recipes existed: every option was explicit
+    for name, off in RECIPES["paper"].model.items():
+        options.setdefault(name, off)  # saved before the option existed: it was off
     upgrade_legacy_state(state, options)
     if "selector.class_queries" in state:
         # The saved queries stand in for a classifier the backbone may not have.

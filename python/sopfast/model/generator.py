@@ -74,6 +74,15 @@ def standardize_rows(s: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) ->
     return (s - mean) / (var + eps).sqrt()
 
 
+def demote_features(s: torch.Tensor, valid: torch.Tensor, demote: torch.Tensor) -> torch.Tensor:
+    """``s [B, m, d]`` with the ``demote [B, d]`` features of each row set to 2 below the row's lowest
+    other ``valid [B, d]`` logit (a constant: no gradient reaches them); every row needs one such."""
+    rows = demote.unsqueeze(1).expand_as(s)
+    others = (valid & ~demote).unsqueeze(1).expand_as(s)
+    low = torch.where(others, s, torch.full_like(s, float("inf"))).amin(dim=-1, keepdim=True)
+    return torch.where(rows, low.detach() - 2.0, s)
+
+
 class GroupGenerator(nn.Module):
     """Attention logits for the ``m`` kept query rows, then :func:`sopfast.ops.top_tau`.
 
@@ -83,7 +92,7 @@ class GroupGenerator(nn.Module):
     use rows ``E:2E``, queries rows ``2E:3E``; logits ``s = scale · Q_h K_hᵀ`` (no 1/√E).
     ``ties`` is the top-τ tie rule (:func:`sopfast.ops.top_tau`).
 
-    Three opt-in changes beyond the authors' algorithm (all off by default; ``docs/quality.md``):
+    Opt-in changes beyond the authors' algorithm (all off by default; ``docs/quality.md``):
 
     * ``center=True`` subtracts each example's mean candidate embedding before the projections,
       so a direction shared by every feature (``μ``) cannot rank the keys alike for every query
@@ -95,7 +104,13 @@ class GroupGenerator(nn.Module):
     * ``normalize_logits=True`` standardises each logit row over its candidate features (zero
       mean, unit variance) before the scale ``γ``, so ``γ`` alone sets how sharp the attention
       is: training cannot raise λ by inflating the logits (which saturates the softmax and stops
-      the generator learning), only by choosing which features a group keeps.
+      the generator learning), only by choosing which features a group keeps;
+    * ``key_score=True`` adds a query-independent score ``v·e_j`` (``v`` :attr:`key_score` ``[E]``,
+      zero at init, so an untrained generator is unchanged) to every row before any
+      standardisation: with centred embeddings and queries pointing every way the bilinear term
+      alone cannot rank one feature high in every row, so nothing could teach it usefulness;
+    * ``demote [B, d]`` (:meth:`logits`) ranks the given features last in every row and leaves them
+      out of the query rows (``SOP(demote_blank=True)``).
     """
 
     def __init__(
@@ -109,6 +124,7 @@ class GroupGenerator(nn.Module):
         center: bool = False,
         queries: str = "fixed",
         normalize_logits: bool = False,
+        key_score: bool = False,
     ):
         super().__init__()
         if ties not in TIES:
@@ -127,23 +143,38 @@ class GroupGenerator(nn.Module):
         self.heads = nn.ParameterList(
             nn.Parameter(nn.init.xavier_uniform_(torch.empty(3 * embed_dim, embed_dim))) for _ in range(num_heads)
         )
+        self.key_score = nn.Parameter(torch.zeros(embed_dim)) if key_score else None
 
-    def logits(self, emb: torch.Tensor, valid: torch.Tensor, num_groups: int, head: int | None) -> torch.Tensor:
+    def logits(
+        self,
+        emb: torch.Tensor,
+        valid: torch.Tensor,
+        num_groups: int,
+        head: int | None,
+        demote: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attention logits ``[B, m, d]`` of the kept query rows (fp32) from ``emb [B, d, E]``.
 
         ``head`` picks one head for every row (training); ``None`` stacks the heads (evaluation).
+        ``demote [B, d]`` bool: valid features whose logit is set 2 below the lowest other valid logit
+        of the row (after any standardisation, before ``γ``) and that no query row is taken from; an
+        example whose valid features are all demoted is left as it is.
         """
         b, _, e = emb.shape
         emb = emb.float()
         if self.center:
             emb = emb - masked_mean(emb, valid)
-        head_idx, cand = query_rows(valid.sum(dim=1), num_groups, self.num_heads, head)
+        if demote is not None:
+            demote = demote & valid
+            demote = demote & (valid & ~demote).any(dim=1, keepdim=True)
+        qvalid = valid if demote is None else valid & ~demote
+        head_idx, cand = query_rows(qvalid.sum(dim=1), num_groups, self.num_heads, head)
         if self.queries == "diverse":
-            qpos = diverse_positions(emb, valid, num_groups)
+            qpos = diverse_positions(emb, qvalid, num_groups)
             if head is None:
                 head_idx = (torch.arange(num_groups, device=emb.device) * self.num_heads // num_groups).expand_as(qpos)
         else:
-            qpos = candidate_positions(valid).gather(1, cand)
+            qpos = candidate_positions(qvalid).gather(1, cand)
         q_emb = emb.gather(1, qpos.unsqueeze(-1).expand(b, num_groups, e))
 
         def head_logits(h: int) -> torch.Tensor:
@@ -154,8 +185,12 @@ class GroupGenerator(nn.Module):
         out = head_logits(heads[0])
         for h in heads[1:]:
             out = torch.where((head_idx == h).unsqueeze(-1), head_logits(h), out)
+        if self.key_score is not None:
+            out = out + (emb @ self.key_score.float()).unsqueeze(1)
         if self.normalize_logits:
             out = standardize_rows(out, valid)
+        if demote is not None:
+            out = demote_features(out, valid, demote)
         return self.scale * out
 
     def binarise(
@@ -195,13 +230,15 @@ class GroupGenerator(nn.Module):
         head: int | None = None,
         deletion: bool = False,
         grid: tuple[int, int] | None = None,
+        demote: torch.Tensor | None = None,
     ) -> Groups:
-        """Groups from feature embeddings ``emb [B, d, E]`` (``valid [B, d]`` bool or ``None``)."""
+        """Groups from feature embeddings ``emb [B, d, E]`` (``valid [B, d]`` bool or ``None``; ``demote``
+        see :meth:`logits`)."""
         b, d, _ = emb.shape
         if valid is None:
             valid = torch.ones(b, d, dtype=torch.bool, device=emb.device)
         with torch.autocast(device_type=emb.device.type, enabled=False):
-            s = self.logits(emb, valid, num_groups, head)
+            s = self.logits(emb, valid, num_groups, head, demote)
         return self.binarise(s, valid, tau, deletion, grid)
 
 

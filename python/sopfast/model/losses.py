@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+
+from .generator import standardize_rows
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -60,6 +64,12 @@ def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None
     return (gram * off_diagonal).sum() / (b * m * (m - 1))
 
 
+def mean_saliency(model, inputs, levels: Sequence[float]) -> torch.Tensor:
+    """``[B, d]``: :func:`feature_saliency` averaged over the presence ``levels`` (one backbone backward
+    each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients)."""
+    return torch.stack([feature_saliency(model, inputs, z) for z in levels]).mean(dim=0)
+
+
 def feature_saliency(model, inputs, level: float) -> torch.Tensor:
     """``[B, d]``: how much each feature raises the frozen backbone's logit for its own full-input
     prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (the adapter's ``soft_forward``:
@@ -100,3 +110,28 @@ def saliency_alignment(
     std = (((saliency - mean) * w).pow(2).sum(dim=-1, keepdim=True) / count).sqrt().clamp_min(1e-12)
     score = ((saliency - mean) / std * w).float()
     return -(attention.float() * score.unsqueeze(1)).sum(dim=-1).mean()
+
+
+def saliency_kl(
+    attention: torch.Tensor, saliency: torch.Tensor, valid: torch.Tensor | None = None, gamma: float = 1.0
+) -> torch.Tensor:
+    """``mean_{b,i} KL(p_b ‖ a_bi)`` with the target ``p_b = softmax(γ · ŝ_b)`` over the ``valid`` features.
+
+    ``attention [B, m, d]`` (softmax rows), ``saliency [B, d]`` standardised over each input's ``valid
+    [B, d]`` features into ``ŝ`` (mean 0, variance 1), ``gamma`` the generator's γ.  Unlike
+    :func:`saliency_alignment`, which rewards putting all the mass on the most salient feature, it
+    teaches the whole ranking, so every top-τ prefix is salient.  An opt-in training signal for the
+    generator (``SOP(saliency_loss="kl")``), not part of the paper.
+    """
+    if attention.dim() != 3 or saliency.shape != (attention.shape[0], attention.shape[2]):
+        raise ValueError(
+            f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
+            f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
+        )
+    if attention.shape[0] == 0 or attention.shape[1] == 0:
+        return attention.new_zeros(())
+    valid = torch.ones_like(saliency, dtype=torch.bool) if valid is None else valid
+    score = gamma * standardize_rows(saliency.float().unsqueeze(1), valid)
+    target = torch.softmax(score.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
+    log_ratio = target.clamp_min(1e-30).log() - attention.float().clamp_min(1e-30).log()
+    return (target * log_ratio).masked_fill(~valid.unsqueeze(1), 0.0).sum(dim=-1).mean()

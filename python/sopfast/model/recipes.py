@@ -2,9 +2,10 @@
 
 ``"paper"`` is the authors' algorithm exactly (what :meth:`sopfast.SOP.from_authors` and the parity
 tests use, and what ``mode="exact"`` then reproduces).  ``"sopfast"``, the default, is the measured
-setting that learns distinct groups that beat random ones (``docs/quality.md``).  An option given
-explicitly to :class:`sopfast.SOP` (or a training option to :func:`sopfast.train`) wins over the
-recipe; a checkpoint saves the resolved values.
+setting that learns distinct groups that beat random ones (``docs/quality.md``).
+
+An option given explicitly to :class:`sopfast.SOP` (or a training option to :func:`sopfast.train`)
+wins over the recipe; a checkpoint saves the resolved values.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ RECIPES: dict[str, Recipe] = {
             "queries": "fixed",
             "diversity_weight": 0.0,
             "saliency_weight": 0.0,
+            "saliency_loss": "align",
+            "saliency_levels": None,
+            "key_score": False,
+            "unit_lambda": False,
+            "demote_blank": False,
+            "keep_special_tokens": False,
         },
         training={"lr": 5e-6, "warmup_ratio": 0.0},
     ),
@@ -52,11 +59,21 @@ RECIPES: dict[str, Recipe] = {
             "queries": "diverse",
             "diversity_weight": 1.0,
             "saliency_weight": 0.0,
+            "saliency_loss": "align",
+            "saliency_levels": None,
+            "key_score": False,
+            "unit_lambda": False,
+            "demote_blank": False,
+            "keep_special_tokens": False,
         },
         training={"lr": 1e-3, "warmup_ratio": 0.05},
     ),
 }
 RECIPE_OPTIONS = tuple(RECIPES["paper"].model)
+#: Recipe options that need a capability of the backbone's adapter (the adapter attribute named): for an
+#: adapter without it a recipe gives the option its ``"paper"`` value (off) instead, so that the default
+#: recipe runs on every backbone (``keep_special_tokens`` on text backbones with [CLS]/[SEP] only).
+REQUIRES = {"saliency_weight": "has_soft_forward", "keep_special_tokens": "has_special_tokens"}
 
 
 def get_recipe(name: object) -> Recipe:
@@ -66,6 +83,15 @@ def get_recipe(name: object) -> Recipe:
     return RECIPES[name]
 
 
-def resolve_options(recipe: Recipe, given: dict[str, Any]) -> dict[str, Any]:
-    """The recipe-governed options: those ``given`` (not ``None``), the rest from ``recipe``."""
-    return {name: given[name] if given.get(name) is not None else value for name, value in recipe.model.items()}
+def resolve_options(recipe: Recipe, given: dict[str, Any], adapter: object = None) -> dict[str, Any]:
+    """The recipe-governed options: those ``given`` (not ``None``), the rest from ``recipe`` (the
+    ``"paper"`` value for an option that needs a capability ``adapter`` lacks, see :data:`REQUIRES`)."""
+    out = {}
+    for name, value in recipe.model.items():
+        if given.get(name) is not None:
+            out[name] = given[name]
+        elif name in REQUIRES and not getattr(adapter, REQUIRES[name], False):
+            out[name] = RECIPES["paper"].model[name]
+        else:
+            out[name] = value
+    return out

@@ -20,16 +20,26 @@ from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
 from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
 from .generator import GroupGenerator, check_finite_lam
-from .losses import attention_overlap, feature_saliency, saliency_alignment
+from .losses import attention_overlap, mean_saliency, saliency_alignment, saliency_kl
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .pictures import explain_image, explain_text, image_grid
 from .recipes import DEFAULT_RECIPE, RecipeName, get_recipe, resolve_options
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
+SALIENCY_LOSSES = ("align", "kl")
 # Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
 # peak memory stops growing with the batch size.
 TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
+
+
+def check_levels(levels: object) -> tuple[float, ...] | None:
+    """``saliency_levels`` as a non-empty tuple of presence levels in ``(0, 1]`` (``None`` passes)."""
+    if levels is None:
+        return None
+    if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence) or len(levels) == 0:
+        raise ValueError(f"saliency_levels must be a non-empty sequence of levels in (0, 1] or None, got {levels!r}")
+    return tuple(check_tau(z, f"saliency_levels[{i}]") for i, z in enumerate(levels))
 
 
 class SOPConfig(dict):
@@ -85,9 +95,25 @@ class SOP(nn.Module):
             option ``freeze_projection``); only the generator weight and the selector train.
         diversity_weight: in training, add ``diversity_weight ·`` :func:`sopfast.model.losses.attention_overlap`
             of the generator's attention rows to ``out.loss`` (from the recipe; 0 is the paper's loss).
-        saliency_weight: in training, add ``saliency_weight ·`` :func:`sopfast.model.losses.saliency_alignment`
-            with the backbone's :func:`sopfast.model.losses.feature_saliency` at ``z = τ``: a teacher
-            signal towards features that move the backbone (from the recipe; 0 is the paper's loss).
+        saliency_weight: in training, add ``saliency_weight ·`` a saliency loss (``saliency_loss``) between
+            the generator's attention rows and the backbone's :func:`sopfast.model.losses.feature_saliency`:
+            a teacher signal towards features that move the backbone (from the recipe, for adapters with a
+            ``soft_forward``; 0 is the paper's loss).
+        saliency_loss: ``"align"`` (:func:`sopfast.model.losses.saliency_alignment`, ``−Σ a ŝ``) or ``"kl"``
+            (:func:`sopfast.model.losses.saliency_kl`, KL of each row to ``softmax(γ·ŝ)``: the whole
+            ranking); from the recipe.
+        saliency_levels: the presence levels ``z`` in ``(0, 1]`` the saliency is averaged over, one backbone
+            backward each (from the recipe: ``(0.2, 0.6)`` for ``"sopfast"``; ``None`` after the recipe:
+            the single level ``z = τ``).
+        key_score: add a query-independent score ``v·e_j`` (zero at init) to every attention row, so the
+            generator can rank a feature high in every group (from the recipe; beyond the paper).
+        unit_lambda: predict with ``λ = 1`` (as random groups do) while λ's gradient still reaches the
+            generator: ``λ → 1 + λ − λ.detach()`` (from the recipe; beyond the paper).
+        demote_blank: rank the features the adapter finds blank (``blank_features``: all-background patches,
+            [CLS]/[SEP]) last in every row and take no query row from them (from the recipe).
+        keep_special_tokens: text backbones with special tokens (BERT): [CLS]/[SEP] are no candidates but
+            always run, so groups are made of words (from the recipe, which sets it only for such
+            backbones; ``True`` for a backbone without special tokens is a ValueError).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
@@ -120,6 +146,12 @@ class SOP(nn.Module):
         freeze_projection: bool = False,
         diversity_weight: float | None = None,
         saliency_weight: float | None = None,
+        saliency_loss: Literal["align", "kl"] | None = None,
+        saliency_levels: Sequence[float] | None = None,
+        key_score: bool | None = None,
+        unit_lambda: bool | None = None,
+        demote_blank: bool | None = None,
+        keep_special_tokens: bool | None = None,
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
@@ -137,6 +169,15 @@ class SOP(nn.Module):
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
         self.recipe = get_recipe(recipe)
+        self.num_groups = check_int("num_groups", num_groups, 1)
+        self.tau = tau
+        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
+        self.task = check_choice("task", task, TASKS)
+        self.deletion = check_bool("deletion", deletion)
+        backbone.requires_grad_(False)
+        backbone.eval()
+        self.backbone = backbone
+        self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
         given = {
             "group_gen_scale": group_gen_scale,
             "center_embeddings": center_embeddings,
@@ -144,25 +185,26 @@ class SOP(nn.Module):
             "normalize_logits": normalize_logits,
             "diversity_weight": diversity_weight,
             "saliency_weight": saliency_weight,
+            "saliency_loss": saliency_loss,
+            "saliency_levels": saliency_levels,
+            "key_score": key_score,
+            "unit_lambda": unit_lambda,
+            "demote_blank": demote_blank,
+            "keep_special_tokens": keep_special_tokens,
         }
-        resolved = resolve_options(self.recipe, given)
-        group_gen_scale, center_embeddings, queries = (
-            resolved[k] for k in ("group_gen_scale", "center_embeddings", "queries")
-        )
-        normalize_logits, diversity_weight, saliency_weight = (
-            resolved[k] for k in ("normalize_logits", "diversity_weight", "saliency_weight")
-        )
-        self.num_groups = check_int("num_groups", num_groups, 1)
-        self.tau = tau
-        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
-        self.task = check_choice("task", task, TASKS)
-        self.deletion = check_bool("deletion", deletion)
-        self.diversity_weight = check_number("diversity_weight", diversity_weight, 0.0)
-        self.saliency_weight = check_number("saliency_weight", saliency_weight, 0.0)
-        backbone.requires_grad_(False)
-        backbone.eval()
-        self.backbone = backbone
-        self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
+        resolved = resolve_options(self.recipe, given, self.adapter)
+        self.diversity_weight = check_number("diversity_weight", resolved["diversity_weight"], 0.0)
+        self.saliency_weight = check_number("saliency_weight", resolved["saliency_weight"], 0.0)
+        if self.saliency_weight > 0 and not self.adapter.has_soft_forward:
+            raise ValueError(
+                f"saliency_weight > 0 needs the adapter's soft_forward (the backbone's saliency); "
+                f"{type(self.adapter).__name__} has none: implement it, or pass saliency_weight=0"
+            )
+        self.saliency_loss = check_choice("saliency_loss", resolved["saliency_loss"], SALIENCY_LOSSES)
+        self.saliency_levels = check_levels(resolved["saliency_levels"])
+        self.unit_lambda = check_bool("unit_lambda", resolved["unit_lambda"])
+        self.demote_blank = check_bool("demote_blank", resolved["demote_blank"])
+        self.adapter.keep_special_tokens = self._check_keep_special(resolved["keep_special_tokens"])
         self.mode = mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
@@ -171,13 +213,14 @@ class SOP(nn.Module):
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
-            scale=check_number("group_gen_scale", group_gen_scale, 0.0, above=True),
+            scale=check_number("group_gen_scale", resolved["group_gen_scale"], 0.0, above=True),
             blur_kernel_size=check_int("blur_kernel_size", blur_kernel_size),
             blur_sigma=check_number("blur_sigma", blur_sigma, 0.0, above=True),
             ties=ties,
-            center=check_bool("center_embeddings", center_embeddings),
-            queries=queries,
-            normalize_logits=check_bool("normalize_logits", normalize_logits),
+            center=check_bool("center_embeddings", resolved["center_embeddings"]),
+            queries=resolved["queries"],
+            normalize_logits=check_bool("normalize_logits", resolved["normalize_logits"]),
+            key_score=check_bool("key_score", resolved["key_score"]),
         )
         selector_scale = check_number("group_sel_scale", group_sel_scale, 0.0, above=True)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
@@ -190,23 +233,29 @@ class SOP(nn.Module):
                 "recipe": recipe,
                 "num_heads": num_heads,
                 "ties": ties,
-                "group_gen_scale": group_gen_scale,
                 "group_sel_scale": group_sel_scale,
                 "blur_kernel_size": blur_kernel_size,
                 "blur_sigma": blur_sigma,
                 "deletion": deletion,
-                "center_embeddings": center_embeddings,
-                "queries": queries,
-                "normalize_logits": normalize_logits,
+                **{k: v for k, v in resolved.items() if k != "saliency_levels"},
+                "saliency_levels": None if self.saliency_levels is None else list(self.saliency_levels),
                 "freeze_projection": freeze_projection,
-                "diversity_weight": diversity_weight,
-                "saliency_weight": saliency_weight,
                 "group_batch_size": group_batch_size,
                 "checkpoint_projection": checkpoint_projection,
                 "task": task,
                 **adapter_kwargs,
             }
         )
+
+    def _check_keep_special(self, value: object) -> bool:
+        """``keep_special_tokens`` checked against the adapter (True needs special tokens to keep)."""
+        keep = check_bool("keep_special_tokens", value)
+        if keep and not self.adapter.has_special_tokens:
+            raise ValueError(
+                f"keep_special_tokens=True needs a text backbone with special tokens ([CLS]/[SEP], e.g. BERT); "
+                f"{type(self.adapter).__name__} has none"
+            )
+        return keep
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
@@ -302,9 +351,15 @@ class SOP(nn.Module):
             )
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
+        grid = self.adapter.feature_grid(inputs)
         return self.generator(
-            emb, valid, m, tau, head=head, deletion=self.deletion, grid=self.adapter.feature_grid(inputs)
+            emb, valid, m, tau, head=head, deletion=self.deletion, grid=grid, demote=self.demoted(inputs)
         )
+
+    def demoted(self, inputs: FeatureInputs) -> torch.Tensor | None:
+        """``[B, d]`` bool: the features the generator ranks last (``demote_blank``: the adapter's
+        ``blank_features``), or ``None``."""
+        return self.adapter.blank_features(inputs) if self.demote_blank else None
 
     def forward(
         self,
@@ -357,14 +412,20 @@ class SOP(nn.Module):
 
     def training_penalty(self, inputs: FeatureInputs, groups: Groups, tau: float | None = None) -> torch.Tensor:
         """The opt-in generator terms added to the loss: ``diversity_weight ·`` attention overlap
-        ``+ saliency_weight ·`` saliency alignment (both 0 by default)."""
+        ``+ saliency_weight ·`` the ``saliency_loss`` to the backbone's saliency, averaged over
+        ``saliency_levels`` (default: ``z = τ``); both 0 in the ``"paper"`` recipe."""
         valid = self.adapter.candidates(inputs)
         penalty = groups.lam.new_zeros(())
         if self.diversity_weight > 0:
             penalty = penalty + self.diversity_weight * attention_overlap(groups.attention, valid)
-        if self.saliency_weight > 0:
-            saliency = feature_saliency(self, inputs, self.tau if tau is None else tau)
-            penalty = penalty + self.saliency_weight * saliency_alignment(groups.attention, saliency, valid)
+        if self.saliency_weight > 0 and inputs.batch_size > 0:
+            levels = self.saliency_levels or (self.tau if tau is None else tau,)
+            saliency = mean_saliency(self, inputs, levels)
+            if self.saliency_loss == "kl":
+                term = saliency_kl(groups.attention, saliency, valid, self.generator.scale)
+            else:
+                term = saliency_alignment(groups.attention, saliency, valid)
+            penalty = penalty + self.saliency_weight * term
         return penalty
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
@@ -386,12 +447,14 @@ class SOP(nn.Module):
                 preds = self.adapter.run_groups(inputs, groups, mode, chunk)
             check_finite_group_logits(preds.logits)
         scores = self.selector(preds.keys)
-        logits = aggregate(scores, groups.lam, preds.logits)
+        # unit_lambda: λ = 1 in the prediction, λ's gradient kept for the generator
+        lam = 1.0 + groups.lam - groups.lam.detach() if self.unit_lambda else groups.lam
+        logits = aggregate(scores, lam, preds.logits)
         return SOPOutput(
             logits=logits,
             group_logits=preds.logits.float(),
             group_scores=scores,
-            lam=groups.lam,
+            lam=lam,
             group_masks=groups.mask,
             group_indices=groups.indices,
             attention=groups.attention,
