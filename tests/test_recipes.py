@@ -11,8 +11,8 @@ from torch.utils.data import TensorDataset
 
 import sopfast
 from sopfast.cli.app import main
-from sopfast.model.recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RECIPES, get_recipe
-from sopfast.testing import make_hf_vit
+from sopfast.model.recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RECIPES, REQUIRES, get_recipe, resolve_options
+from sopfast.testing import make_bert, make_hf_vit
 from sopfast.training import Trainer
 
 
@@ -21,10 +21,12 @@ def _options(model: sopfast.SOP) -> dict:
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_a_recipe_fills_every_option_not_given(name):
-    model = sopfast.SOP(make_hf_vit(), recipe=name)
+@pytest.mark.parametrize("make", [make_hf_vit, make_bert])
+def test_a_recipe_fills_every_option_not_given(name, make):
+    model = sopfast.SOP(make(), recipe=name)
     assert model.config["recipe"] == name and model.recipe is RECIPES[name]
-    assert _options(model) == RECIPES[name].model
+    text = model.adapter.modality == "text"
+    assert _options(model) == {**RECIPES[name].model, "keep_special_tokens": text and name == "sopfast"}
 
 
 def test_the_default_is_sopfast_and_paper_is_the_authors_algorithm():
@@ -33,16 +35,52 @@ def test_the_default_is_sopfast_and_paper_is_the_authors_algorithm():
     assert paper["group_gen_scale"] == 1.0 and paper["queries"] == "fixed"
     assert not paper["normalize_logits"] and not paper["center_embeddings"]
     assert paper["diversity_weight"] == 0.0 and paper["saliency_weight"] == 0.0
+    assert (paper["saliency_loss"], paper["saliency_levels"]) == ("align", None)
+    assert not any(paper[k] for k in ("key_score", "unit_lambda", "demote_blank", "keep_special_tokens"))
     assert RECIPES["paper"].training == {"lr": 5e-6, "warmup_ratio": 0.0}
+
+
+def test_sopfast_is_the_research_winner():
+    """``FINAL`` of bench/quality/sweep.py (docs/quality.md, "Research (issue #11)"), plus
+    keep_special_tokens, which the research used on text."""
+    assert RECIPES["sopfast"].model == {
+        "group_gen_scale": 2.0,
+        "normalize_logits": True,
+        "center_embeddings": True,
+        "queries": "diverse",
+        "diversity_weight": 8.0,
+        "saliency_weight": 1.0,
+        "saliency_loss": "kl",
+        "saliency_levels": (0.2, 0.6),
+        "key_score": True,
+        "unit_lambda": True,
+        "demote_blank": True,
+        "keep_special_tokens": True,
+    }
+    assert RECIPES["sopfast"].training == {"lr": 1e-3, "warmup_ratio": 0.05}
+    model = sopfast.SOP(make_hf_vit())
+    assert model.generator.key_score is not None and model.unit_lambda and model.demote_blank
+    assert (model.saliency_weight, model.saliency_loss, model.saliency_levels) == (1.0, "kl", (0.2, 0.6))
+
+
+def test_options_that_need_an_adapter_capability_are_off_where_it_lacks():
+    assert set(REQUIRES) == {"saliency_weight", "keep_special_tokens"}
+    vit, bert = sopfast.SOP(make_hf_vit()), sopfast.SOP(make_bert())
+    assert not vit.adapter.keep_special_tokens and bert.adapter.keep_special_tokens
+    assert vit.saliency_weight == bert.saliency_weight == 1.0
+    assert resolve_options(RECIPES["sopfast"], {}, object())["saliency_weight"] == 0.0
+    assert (
+        resolve_options(RECIPES["sopfast"], {"keep_special_tokens": False}, bert.adapter)["keep_special_tokens"]
+        is False
+    )
 
 
 def test_options_given_win_over_the_recipe():
     model = sopfast.SOP(make_hf_vit(), queries="fixed", diversity_weight=0.25, group_gen_scale=3.0)
     assert model.config["queries"] == "fixed" and model.generator.queries == "fixed"
     assert model.config["diversity_weight"] == 0.25 and model.generator.scale == 3.0
-    rest = {
-        k: v for k, v in RECIPES["sopfast"].model.items() if k not in ("queries", "diversity_weight", "group_gen_scale")
-    }
+    given = ("queries", "diversity_weight", "group_gen_scale")
+    rest = {k: v for k, v in resolve_options(RECIPES["sopfast"], {}, model.adapter).items() if k not in given}
     assert {k: model.config[k] for k in rest} == rest
 
 

@@ -60,8 +60,8 @@ def test_loss_decreases(mode):
     )
     losses = [r["loss"] for r in logs]
     assert len(losses) == 5
-    # learns (the default recipe's diversity term may tick the last step up a little: no strict minimum)
-    assert losses[-1] < 0.85 * losses[0] and min(losses[-2:]) == min(losses), losses
+    # learns (the default recipe's diversity and saliency terms make single steps tick up: no strict minimum)
+    assert losses[-1] < 0.85 * losses[0] and max(losses[-2:]) < min(losses[:2]), losses
     assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in logs)
 
 
