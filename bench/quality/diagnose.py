@@ -125,6 +125,7 @@ def main() -> None:
             backbone,
             num_groups=m,
             tau=0.2,
+            recipe="paper",  # the flags below name every change from the authors' algorithm
             group_gen_scale=args.gamma,
             ties=args.ties,
             center_embeddings=args.center,

@@ -3,11 +3,15 @@
 Every row trains SOP on the cached demo backbone (``common.image_backbone``) with one recipe
 and scores it on the first ``--test`` Fashion-MNIST test images: SOP accuracy (exact and drop),
 Random groups through the same selector, and the group diversity (distinct groups of 20,
-mean pairwise IoU, union coverage, groups used).  Results are appended to
-``bench/quality/results.jsonl``; ``--table`` prints them as markdown.
+mean pairwise IoU, union coverage, groups used); with ``--curves`` instead SOP against random
+groups over τ × m (``curves.py``, the targets of issue #11).  Every row starts from
+``recipe="paper"`` (the authors' algorithm) and names each option it changes, as when the rows were
+run (before the default recipe existed).  Results are appended to ``bench/quality/results.jsonl``;
+``--table`` and ``--curve-table`` print them as markdown.
 
-    python bench/quality/sweep.py --rows demo-0.1 paper ...      # run rows (see ROWS)
-    python bench/quality/sweep.py --table                         # the table of all results
+    python bench/quality/sweep.py --rows demo-0.1 paper ...             # run rows (see ROWS)
+    python bench/quality/sweep.py --curves --rows c-ig2-div8-unit-blank-long --seeds 0 1  # τ × m
+    python bench/quality/sweep.py --table                                # the table of all results
 """
 
 from __future__ import annotations
@@ -41,6 +45,22 @@ PAPER = {"group_gen_scale": 0.06, "group_sel_scale": 0.01, "blur_kernel_size": 3
 PAPER_TRAIN = {**SHORT, "heads": "authors"}
 FIX = {"center_embeddings": True, "queries": "diverse"}
 NORM = {"normalize_logits": True, "group_gen_scale": 2.0}
+
+RECIPE = {**FIX, **NORM, "diversity_weight": 1.0}
+WIN = {
+    **RECIPE,
+    "key_score": True,
+    "saliency_weight": 1.0,
+    "saliency_loss": "kl",
+    "saliency_levels": (0.2, 0.6),
+    "diversity_weight": 6.0,
+    "unit_lambda": True,
+}
+# The winner: the default recipe, RECIPES["sopfast"] in sopfast/model/recipes.py (which adds
+# keep_special_tokens for text backbones with special tokens).
+FINAL = {**WIN, "diversity_weight": 8.0, "demote_blank": True}
+USER = {**DEMO_TRAIN, "epochs": 4, "n_train": 512, "track_every": 16}
+KL = {**RECIPE, "key_score": True, "saliency_weight": 1.0, "saliency_loss": "kl"}
 
 # The 0.1 text demo: 3,000 tweets, one epoch, batch 16, lr 5e-4 (188 steps).
 TEXT_DEMO_TRAIN = {"lr": 5e-4, "epochs": 1, "n_train": 3000, "batch_size": 16, "warmup_ratio": 0.05}
@@ -151,6 +171,147 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {**FIX, **NORM, "diversity_weight": 1.0, "saliency_weight": 1.0},
         DEMO_TRAIN,
     ),
+    # -- issue #11 research rows (score with --curves) --
+    # Not here: the rows of options that were not ported from branch quality-research (c-aux1,
+    # c-st1, c-st01, c-st1a, c-taus, c-teach1, c-teach03, c-ks-teach03, c-ks-aux1, c-ks-salkey1,
+    # c-ks-salkey3, c-final-mlp-long, c-final-plr01-long, c-final-hlr3-long: group_loss_weight,
+    # straight_through_*, train_taus, saliency_loss="key", key_score="mlp", projection_lr_scale).
+    # Their results stay in results.jsonl; their code is on that branch.
+    "c-init": ("untrained, the demo recipe", RECIPE, {"epochs": 0}),
+    "c-base": ("the demo recipe (normalize γ 2 + center + diverse + diversity 1), 188 steps", RECIPE, SHORT),
+    "c-blank": ("recipe + demote_blank (background patches ranked last)", {**RECIPE, "demote_blank": True}, SHORT),
+    "c-unit": ("recipe + unit_lambda (λ = 1 forward, λ's gradient backward)", {**RECIPE, "unit_lambda": True}, SHORT),
+    "c-sal1": ("recipe + saliency teacher 1", {**RECIPE, "saliency_weight": 1.0}, SHORT),
+    "c-sal03": ("recipe + saliency teacher 0.3", {**RECIPE, "saliency_weight": 0.3}, SHORT),
+    "c-sal3": ("recipe + saliency teacher 3", {**RECIPE, "saliency_weight": 3.0}, SHORT),
+    "c-ks": ("recipe + key_score (query-independent v·e_j in every row)", {**RECIPE, "key_score": True}, SHORT),
+    "c-ks-sal1": ("recipe + key_score + saliency 1", {**RECIPE, "key_score": True, "saliency_weight": 1.0}, SHORT),
+    "c-ks-salkl1": (
+        "recipe + key_score + saliency KL (every row) 1",
+        {**RECIPE, "key_score": True, "saliency_weight": 1.0, "saliency_loss": "kl"},
+        SHORT,
+    ),
+    "c-kl1-div2": ("key_score + saliency KL 1, diversity 2", {**KL, "diversity_weight": 2.0}, SHORT),
+    "c-kl03": ("key_score + saliency KL 0.3", {**KL, "saliency_weight": 0.3}, SHORT),
+    "c-kl1-unit": ("key_score + saliency KL 1 + unit_lambda", {**KL, "unit_lambda": True}, SHORT),
+    "c-kl03-unit": (
+        "key_score + saliency KL 0.3 + unit_lambda",
+        {**KL, "saliency_weight": 0.3, "unit_lambda": True},
+        SHORT,
+    ),
+    "c-kl1-nokey": ("saliency KL 1 without key_score", {**KL, "key_score": False}, SHORT),
+    "c-kl1-div2-g4": (
+        "key_score + saliency KL 1, diversity 2, γ 4",
+        {**KL, "diversity_weight": 2.0, "group_gen_scale": 4.0},
+        SHORT,
+    ),
+    "c-kl1-div2-unit": (
+        "key_score + saliency KL 1, diversity 2, unit_lambda",
+        {**KL, "diversity_weight": 2.0, "unit_lambda": True},
+        SHORT,
+    ),
+    "c-kl1-div3-unit": (
+        "key_score + saliency KL 1, diversity 3, unit_lambda",
+        {**KL, "diversity_weight": 3.0, "unit_lambda": True},
+        SHORT,
+    ),
+    "c-kl1-div2-long": (
+        "key_score + saliency KL 1, diversity 2, 1,125 steps",
+        {**KL, "diversity_weight": 2.0},
+        DEMO_TRAIN,
+    ),
+    "text-c-base": ("text, the demo recipe (curves)", RECIPE, {}),
+    "text-c-keep": (
+        "text, recipe + keep_special_tokens ([CLS]/[SEP] always kept, not candidates)",
+        {**RECIPE, "keep_special_tokens": True},
+        {},
+    ),
+    "text-c-kl-keep": (
+        "text, key_score + saliency KL 1 + diversity 2 + keep_special_tokens",
+        {**KL, "diversity_weight": 2.0, "keep_special_tokens": True},
+        {},
+    ),
+    "text-c-win-keep": (
+        "text, key_score + saliency KL 1 + diversity 3 + unit_lambda + keep_special_tokens",
+        {**KL, "diversity_weight": 3.0, "unit_lambda": True, "keep_special_tokens": True},
+        {},
+    ),
+    "text-c-win": (
+        "text, key_score + saliency KL 1 + diversity 3 + unit_lambda",
+        {**KL, "diversity_weight": 3.0, "unit_lambda": True},
+        {},
+    ),
+    "text-c-kl": ("text, key_score + saliency KL 1 + diversity 2", {**KL, "diversity_weight": 2.0}, {}),
+    "c-kl1-div3-unit-long": (
+        "key_score + saliency KL 1, diversity 3, unit_lambda, 1,125 steps",
+        {**KL, "diversity_weight": 3.0, "unit_lambda": True},
+        DEMO_TRAIN,
+    ),
+    "c-kl1-div3-long": (
+        "key_score + saliency KL 1, diversity 3, 1,125 steps",
+        {**KL, "diversity_weight": 3.0},
+        DEMO_TRAIN,
+    ),
+    "c-ig2-div3-unit-long": (
+        "key_score + KL to 2-level saliency (z 0.2, 0.6) 1, diversity 3, unit_lambda, 1,125 steps",
+        {**KL, "saliency_levels": (0.2, 0.6), "diversity_weight": 3.0, "unit_lambda": True},
+        DEMO_TRAIN,
+    ),
+    "c-ig2-div6-unit-long": (
+        "key_score + KL to 2-level saliency 1, diversity 6, unit_lambda, 1,125 steps",
+        {**KL, "saliency_levels": (0.2, 0.6), "diversity_weight": 6.0, "unit_lambda": True},
+        DEMO_TRAIN,
+    ),
+    "c-ig2-div6-unit": (
+        "key_score + KL to 2-level saliency 1, diversity 6, unit_lambda, 188 steps",
+        {**KL, "saliency_levels": (0.2, 0.6), "diversity_weight": 6.0, "unit_lambda": True},
+        SHORT,
+    ),
+    "c-ig2-div10-unit": (
+        "key_score + KL to 2-level saliency 1, diversity 10, unit_lambda, 188 steps",
+        {**KL, "saliency_levels": (0.2, 0.6), "diversity_weight": 10.0, "unit_lambda": True},
+        SHORT,
+    ),
+    "c-user-recipe": ("first user run: 512 images × 4 epochs (64 steps), the demo recipe", RECIPE, USER),
+    "c-user-win": (
+        "first user run: 512 images × 4 epochs (64 steps), key_score + KL 2-level saliency + div 3 + unit_lambda",
+        {**KL, "saliency_levels": (0.2, 0.6), "diversity_weight": 3.0, "unit_lambda": True},
+        USER,
+    ),
+    "c-ig2-div8-unit-blank-long": (
+        "key_score + KL 2-level saliency 1, diversity 8, unit_lambda, demote_blank, 1,125 steps",
+        {**WIN, "diversity_weight": 8.0, "demote_blank": True},
+        DEMO_TRAIN,
+    ),
+    "c-ig2-div6-unit-blank-kl3-long": (
+        "key_score + KL 2-level saliency 3, diversity 6, unit_lambda, demote_blank, 1,125 steps",
+        {**WIN, "saliency_weight": 3.0, "demote_blank": True},
+        DEMO_TRAIN,
+    ),
+    "c-final-init": ("the final image recipe, untrained", FINAL, {"epochs": 0}),
+    "c-final-user": ("the final image recipe, first user run: 512 images × 4 epochs (64 steps)", FINAL, USER),
+    "c-final-user100": ("the final image recipe, 800 images × 4 epochs (100 steps)", FINAL, {**USER, "n_train": 800}),
+    "c-final-short": ("the final image recipe, 188 steps", FINAL, SHORT),
+    "c-final-nounit-long": (
+        "the final image recipe without unit_lambda, 1,125 steps",
+        {**FINAL, "unit_lambda": False},
+        DEMO_TRAIN,
+    ),
+    "text-c-final-keep": (
+        "text, the final image recipe (demote_blank = [CLS]/[SEP] ranked last) + keep_special_tokens",
+        {**FINAL, "keep_special_tokens": True},
+        {},
+    ),
+    "text-c-final-keep-2ep": (
+        "text, the final image recipe + keep_special_tokens, 2 epochs (376 steps)",
+        {**FINAL, "keep_special_tokens": True},
+        {"epochs": 2},
+    ),
+    "text-c-final5-keep": (
+        "text, the final recipe, 5-level saliency teacher (z 0.1 … 0.9: IG-quality on text), keep_special_tokens",
+        {**FINAL, "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "keep_special_tokens": True},
+        {},
+    ),
     "gamma-16": ("γ = 16 (saturated attention: λ ≈ 1, groups barely train)", {"group_gen_scale": 16.0}, SHORT),
 }
 
@@ -238,6 +399,82 @@ def group_stats(model: SOP, task: str, data, n: int) -> dict[str, float]:
     return dict(zip(keys, means))
 
 
+def _train_model(name: str, sop_options: dict, train_options: dict, task: str, seed: int):
+    """Build and train one SOP recipe on the cached backbone.
+
+    Returns ``(model, test data, options, train cfg, seconds, trace)``."""
+    if task == "image":
+        backbone, (train_set, test), m, defaults = image_backbone(), image_data(), 20, DEMO_TRAIN
+    else:
+        backbone, (train_set, test), m, defaults = text_backbone(), text_data(), 8, TEXT_DEMO_TRAIN
+    options = {"num_groups": m, "tau": 0.2, "mode": "drop", "recipe": "paper", **sop_options}
+    torch.manual_seed(seed)
+    model = SOP(backbone, **options)
+    cfg = {**defaults, **train_options}
+    n, epochs = cfg.pop("n_train"), cfg.pop("epochs")
+    offset = cfg.pop("offset", 0)
+    track = cfg.pop("track_every", 50)
+    trace: list[dict] = []
+    start = time.perf_counter()
+    if epochs > 0:
+        if task == "image":
+            data = torch.utils.data.TensorDataset(
+                train_set.x[-n - offset : len(train_set.x) - offset],
+                train_set.y[-n - offset : len(train_set.y) - offset],
+            )
+        else:
+            data = torch.utils.data.Subset(train_set, range(offset, offset + n))
+        callbacks = []
+        if track:
+            probe = (*model_args(task, test, slice(0, 200)), labels_of(task, test)[:200])
+            callbacks.append(tracker(model, probe, trace, every=track))
+        if cfg.pop("heads", None) == "authors":
+            callbacks.append(authors_heads(model, epochs * -(-n // cfg["batch_size"])))
+        train(model, data, None, epochs=epochs, resume=False, progress=False, seed=seed, callbacks=callbacks, **cfg)
+    seconds = time.perf_counter() - start
+    return model, test, options, {"epochs": epochs, "n_train": n, "offset": offset, **cfg}, seconds, trace
+
+
+def run_curve_row(
+    name: str, sop_options: dict, train_options: dict, n_test: int, task: str = "image", seed: int = 0
+) -> dict:
+    """Train one recipe and score it on the targets of issue #11 (:mod:`curves`): SOP vs random
+    groups over τ ∈ {0.05, 0.1, 0.2, 0.4} × m ∈ {1, 5, m_train}, distinct groups, on-object share,
+    λ per τ, single-group accuracy; appended to ``results.jsonl`` with ``"kind": "curves"``."""
+    from curves import GROUP_COUNTS, curves, format_curves
+
+    model, test, options, cfg, seconds, trace = _train_model(name, sop_options, train_options, task, seed)
+    n_test = min(n_test, len(labels_of(task, test)))
+    ms = GROUP_COUNTS if task == "image" else (1, 4, 8)
+    start = time.perf_counter()
+    batches, pixels = [], None
+    for s in range(0, n_test, 100):
+        batches.append(model.prepare(*model_args(task, test, slice(s, min(n_test, s + 100)))))
+    if task == "image":
+        pixels = test.x[:n_test]
+    res = curves(
+        model, batches, labels_of(task, test)[:n_test], group_counts=ms, pixels=pixels, m_ref=ms[-1], seed=seed
+    )
+    eval_seconds = time.perf_counter() - start
+    print(name, f"seed {seed}", "\n" + format_curves(res, group_counts=ms), flush=True)
+    row = {
+        "row": name,
+        "kind": "curves",
+        "task": task,
+        "seed": seed,
+        **res,
+        "train_seconds": round(seconds, 1),
+        "eval_seconds": round(eval_seconds, 1),
+        "options": {k: v for k, v in options.items() if k not in ("num_groups", "tau")},
+        "train": cfg,
+        "trace": trace,
+    }
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    model.save_pretrained(os.path.join(CACHE, "sweep", f"{name}-s{seed}"))
+    return row
+
+
 def run_row(name: str, sop_options: dict, train_options: dict, n_test: int, task: str = "image", seed: int = 0) -> dict:
     """Train one SOP recipe on the cached backbone and score it (see the module docstring)."""
     if task == "image":
@@ -245,7 +482,7 @@ def run_row(name: str, sop_options: dict, train_options: dict, n_test: int, task
     else:
         backbone, (train_set, test), m, defaults = text_backbone(), text_data(), 8, TEXT_DEMO_TRAIN
     n_test = min(n_test, len(labels_of(task, test)))
-    options = {"num_groups": m, "tau": 0.2, "mode": "drop", **sop_options}
+    options = {"num_groups": m, "tau": 0.2, "mode": "drop", "recipe": "paper", **sop_options}
     torch.manual_seed(seed)
     model = SOP(backbone, **options)
     cfg = {**defaults, **train_options}
@@ -306,12 +543,43 @@ COLUMNS = (
 
 def table(rows: list[dict]) -> str:
     """Markdown table of sweep results (one line per row, the last run of each name, images then text)."""
-    latest = {r["row"]: r for r in rows}
+    latest = {r["row"]: r for r in rows if r.get("kind") != "curves"}
     latest = dict(sorted(latest.items(), key=lambda kv: kv[1].get("task", "image") == "text"))
     lines = ["| " + " | ".join(c[1] for c in COLUMNS) + " | what |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, r in latest.items():
         what = ROWS[name][0] if name in ROWS else ""
         lines.append("| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + f" | {what} |")
+    return "\n".join(lines)
+
+
+def curve_table(rows: list[dict]) -> str:
+    """Markdown table of the curve rows: per row name, the mean over its seeds (latest run of each seed)."""
+    latest: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        if r.get("kind") == "curves":
+            latest[(r["row"], r["seed"])] = r
+    names = list(dict.fromkeys(name for name, _ in latest))
+    keys = [f"{t}/{m}" for m in (1, 5, 20) for t in (0.05, 0.1, 0.2, 0.4)]
+    tkeys = [f"{t}/{m}" for m in (1, 4, 8) for t in (0.05, 0.1, 0.2, 0.4)]
+    head = "| row | seeds | " + " | ".join(f"τ{k}" for k in keys) + " | distinct | obj | obj used | grp acc | train s |"
+    lines = [head, "|" + "---|" * (len(keys) + 7)]
+    for name in names:
+        runs = [r for (n, _), r in latest.items() if n == name]
+        ks = tkeys if runs[0]["task"] == "text" else keys
+
+        def avg(get, runs=runs):
+            vals = [get(r) for r in runs]
+            vals = [v for v in vals if v is not None]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        cells = [f"{avg(lambda r, k=k: r['sop'][k]):.3f}/{avg(lambda r, k=k: r['random'][k]):.3f}" for k in ks]
+        lines.append(
+            f"| {name} | {len(runs)} | "
+            + " | ".join(cells)
+            + f" | {avg(lambda r: r['distinct_groups']):.1f} | {avg(lambda r: r['object_share']):.2f}"
+            + f" | {avg(lambda r: r['object_share_used']):.2f} | {avg(lambda r: r['group_acc']):.3f}"
+            + f" | {avg(lambda r: r['train_seconds']):.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -321,12 +589,22 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=1000, help="test images to score on")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--table", action="store_true", help="print the table of bench/quality/results.jsonl")
+    parser.add_argument("--curves", action="store_true", help="score rows on the τ × m targets (curves.py) instead")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0], help="training seeds (with --curves)")
+    parser.add_argument("--curve-table", action="store_true", help="print the table of the curve rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.rows:
         _, sop_options, train_options = ROWS[name]
         task = "text" if name.startswith("text-") else "image"
-        print(json.dumps(run_row(name, sop_options, train_options, args.test, task)), flush=True)
+        if args.curves:
+            for seed in args.seeds:
+                run_curve_row(name, sop_options, train_options, args.test, task, seed)
+        else:
+            print(json.dumps(run_row(name, sop_options, train_options, args.test, task)), flush=True)
+    if args.curve_table and os.path.exists(RESULTS):
+        with open(RESULTS, encoding="utf-8") as f:
+            print(curve_table([json.loads(line) for line in f]))
     if args.table and os.path.exists(RESULTS):
         with open(RESULTS, encoding="utf-8") as f:
             print(table([json.loads(line) for line in f]))
