@@ -85,7 +85,7 @@ def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str)
         mode = "exact"
     with torch.no_grad():
         groups = Groups.from_masks(masks)
-        chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode))
+        chunk = model.group_chunk_size(model.adapter.tokens_per_group(inputs, groups, mode), inputs.device)
         return model.adapter.run_groups(inputs, groups, mode, chunk)
 
 
