@@ -1,25 +1,37 @@
-"""The GPU report of sopfast (issue #12): correctness, kernel bandwidth and end-to-end speed on one
-GPU, in one command of at most 8 minutes on an H100 or H200::
+"""The GPU report of sopfast (issues #12, #24): end-to-end speed, correctness and kernel bandwidth on
+one GPU, in one command of at most 8 minutes on an H100 or H200, from the source tree::
 
     PYTHONPATH=.:python python bench/gpu_report.py                 # writes bench/RESULTS_gpu.md
     PYTHONPATH=.:python python bench/gpu_report.py --dry-run       # tiny shapes on the CPU, same code paths
 
+Lease-ready: the headline numbers come first, every section may start checks only within its own
+budget (``SECTION_BUDGET_S``, 7 minutes in all), and the Markdown is rewritten after every check, so a
+run that is cut off keeps what it measured.  The CUDA extension is optional: build it in the
+background and pass ``--extension-built FILE`` (the build writes its exit status there); the report
+runs end to end on Triton meanwhile and waits for the build (at most 150 s) before the ops checks.
+
 Sections (each check runs in isolation: a failure is recorded and the next check runs):
 
-1. **ops vs reference** — every op (sparsemax, top_tau with both tie rules, gather_tokens) on the
+In the order they run:
+
+1. **end to end** — ViT-B/16 at 224 (random-init HF ``ViTForImageClassification``, 1000 classes;
+   forward at batch 64 and 128, training step at 16 and 32) and BERT-base at 512 tokens (forward 16,
+   training step 4), m = 20, τ = 0.2, bf16 autocast: the authors' algorithm
+   (``sopfast.model.reference.reference_forward``), ``mode="exact"`` and ``mode="drop"`` (also on the
+   other backends) interleaved in one process, 3 warm-up rounds, 10 timed: median/min/max ms,
+   samples/s, × reference and ``max_memory_allocated``; a training step is loss backward + AdamW
+   on ``model.trainable_parameters()``; then masks and logits of exact and drop against the
+   reference in bf16;
+2. **CPU = device** — the same SOP weights on the CPU and on the GPU (fp32): identical groups,
+   logits within 1e-3;
+3. **ops vs reference** — every op (sparsemax, top_tau with both tie rules, gather_tokens) on the
    ``cuda`` and ``triton`` backends against the PyTorch reference over shapes (register and
    block/tiled paths), dtypes and special values (NaN, NaN with the sign bit, ±inf, +inf beside NaN,
    ties, saturated and uniform rows, subnormal attention), forward and backward; gather_tokens also
    past 2³¹ output elements and past 2³¹ output rows (checked on sampled rows);
-2. **kernel timings** — CUDA events, median of repeated launches, GB/s of the bytes an ideal kernel
-   moves and % of the card's peak bandwidth (H100 3350 GB/s, H200 4800 GB/s, found by name), for
-   each backend and the PyTorch reference; plus Triton launch-shape alternatives;
-3. **end to end** — ViT-B/16 at 224 (random-init HF ``ViTForImageClassification``, 1000 classes) and
-   BERT-base at 512 tokens, m = 20, τ = 0.2, bf16 autocast: the authors' algorithm
-   (``sopfast.model.reference.reference_forward``) vs ``mode="exact"`` vs ``mode="drop"``, forward and a
-   training step (loss backward + AdamW on ``model.trainable_parameters()``), samples/s;
-4. **CPU = CUDA** — the same SOP weights on the CPU and on the GPU (fp32): identical groups, logits
-   within 1e-3.
+4. **kernel timings** — Triton's ``do_bench`` (median) at 65,536 rows or more, GB/s of the bytes an
+   ideal kernel moves and % of the card's peak bandwidth (H100 3350 GB/s, H200 4800 GB/s, found by
+   name), for each backend and the PyTorch reference; plus Triton launch-shape alternatives.
 
 ``--dry-run`` runs the same functions on tiny shapes on the CPU: the native backends are then ``cpp``
 and ``triton`` (its interpreter), timings use ``time.perf_counter`` and the backbones are tiny.
@@ -30,10 +42,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib.metadata
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -49,6 +63,7 @@ if DRY_RUN or not torch.cuda.is_available():
 
 import sopfast  # noqa: E402
 from sopfast.benchmark import step_functions  # noqa: E402
+from sopfast.model.reference import reference_forward  # noqa: E402
 from sopfast.ops import (  # noqa: E402
     _backends,
     gather_tokens_backward_reference,
@@ -66,7 +81,11 @@ TOP_TAU_CHECK_ROWS = 129
 # (sparsemax); at most 16 elements per thread (32 spill registers: bench/triton_compile_check.py)
 SWEEP_ELEMENTS_PER_PROGRAM = (256, 512, 1024, 2048, 4096)
 SWEEP_ELEMENTS_PER_WARP = (128, 256, 512)
-TIME_BUDGET_S = 7.5 * 60  # stop starting checks after this: the run must fit in 8 minutes
+TIME_BUDGET_S = 7 * 60  # stop starting checks after this: the run must fit in 8 minutes
+# seconds each section may start checks for, in the order they run (end to end first)
+SECTION_BUDGET_S = {"e2e": 200.0, "agreement": 25.0, "ops": 80.0, "timings": 100.0}
+TIMING_ROWS = 65536  # kernel timings at >= 64k rows: the GPU full, launch cost amortised
+EXTENSION_WAIT_S = 150.0
 INF = float("inf")
 ATOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
@@ -90,11 +109,23 @@ class Report:
     deadline: float
     checks: list[Check] = field(default_factory=list)
     tables: dict[str, list[str]] = field(default_factory=dict)
+    output: Path | None = None  # rewritten after every check: a run cut off keeps what it has
+    started: float = field(default_factory=time.monotonic)
+    section_deadline: float = math.inf
+    environment: list[str] = field(default_factory=list)
+
+    def begin(self, section: str, seconds: float) -> None:
+        """Starts a section that may start checks for ``seconds`` (and not past the run's deadline)."""
+        self.section_deadline = time.monotonic() + seconds
+        print(f"== {section} (at most {seconds:.0f} s)", flush=True)
 
     def run(self, section: str, name: str, fn: Callable[[], str | None]) -> None:
         """Runs one check in isolation; ``fn`` returns a detail string, raises AssertionError to fail."""
-        if time.monotonic() > self.deadline:
-            self.checks.append(Check(section, name, "skipped", "time budget spent"))
+        now = time.monotonic()
+        if now > self.deadline or now > self.section_deadline:
+            which = "run" if now > self.deadline else "section"
+            self.checks.append(Check(section, name, "skipped", f"{which} time budget spent"))
+            self.write()
             return
         start = time.monotonic()
         try:
@@ -109,6 +140,11 @@ class Report:
         print(f"[{status:>5}] {section} / {name} {detail[:160]}", flush=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        self.write()
+
+    def write(self) -> None:
+        if self.output is not None:
+            write_markdown(self, self.output, self.started)
 
     def row(self, table: str, cells: list[object]) -> None:
         self.tables.setdefault(table, []).append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -377,22 +413,20 @@ def ops_section(report: Report) -> None:
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds per call: CUDA events on a GPU, perf_counter on the CPU."""
+    """Median milliseconds per call: Triton's ``do_bench`` on a GPU (L2 flushed between calls, at
+    least ``repeats`` calls), ``time.perf_counter`` on the CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        fn()  # compiles outside the timed calls
+        return float(do_bench(fn, warmup=25, rep=max(100, repeats * 2), return_mode="median"))
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -487,8 +521,10 @@ def gather_timing_cases(b: int, t: int, e: int, m: int, k: int, device: torch.de
 def timing_specs(dry: bool) -> list[tuple[Callable[..., list[TimingCase]], tuple]]:
     """Each op at SOP's shapes (ViT-B/16: d = 196 on a 14 × 14 grid, BERT: 512): ``(case builder, its
     arguments before the device)`` (also the shapes bench/triton_compile_check.py compiles)."""
-    rows = 8 if dry else 4096
-    sparsemax_shapes = [(16, 20), (8, 70)] if dry else [(65536, 20), (8192, 1000)]  # dry: a few rows, interpreted
+    rows = 8 if dry else TIMING_ROWS
+    sparsemax_shapes = (
+        [(16, 20), (8, 70)] if dry else [(TIMING_ROWS, 20), (TIMING_ROWS, 1000)]
+    )  # dry: a few rows, interpreted
     specs: list[tuple[Callable[..., list[TimingCase]], tuple]] = [
         (sparsemax_timing_cases, shape) for shape in sparsemax_shapes
     ]
@@ -500,7 +536,7 @@ def timing_specs(dry: bool) -> list[tuple[Callable[..., list[TimingCase]], tuple
         for ties_authors in (True, False):
             specs.append((top_tau_timing_cases, (rows, d, grid, blur, dtype, ties_authors)))
     specs.append((top_tau_backward_timing_cases, (rows,)))
-    specs.append((gather_timing_cases, (1, 17, 8, 2, 3) if dry else (64, 197, 768, 20, 39)))
+    specs.append((gather_timing_cases, (1, 17, 8, 2, 3) if dry else (128, 197, 768, 20, 39)))  # 102,400 rows
     return specs
 
 
@@ -540,8 +576,8 @@ def timings_section(report: Report) -> None:
     def sweep() -> str:
         """Triton launch shapes: elements per program (rows per program = that // BLOCK)."""
         best = {}
-        logits = torch.randn(4096, 196, device=device)
-        k = torch.full((4096,), 39, device=device)
+        logits = torch.randn(TIMING_ROWS, 196, device=device)
+        k = torch.full((TIMING_ROWS,), 39, device=device)
         x = torch.randn(65536, 20, device=device)
         for elements in SWEEP_ELEMENTS_PER_PROGRAM:
             for warp_elements in SWEEP_ELEMENTS_PER_WARP:
@@ -551,7 +587,10 @@ def timings_section(report: Report) -> None:
                 )
                 report.row(
                     "triton launch shapes",
-                    [f"top_tau 4096x196 authors: {elements} per program, {warp_elements} per warp", f"{ms:.4f}"],
+                    [
+                        f"top_tau {TIMING_ROWS}x196 authors: {elements} per program, {warp_elements} per warp",
+                        f"{ms:.4f}",
+                    ],
                 )
                 best["top_tau"] = min(best.get("top_tau", (math.inf, None)), (ms, (elements, warp_elements)))
             triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM = elements
@@ -627,45 +666,182 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+E2E_WARMUP, E2E_REPEATS = 3, 10
+
+
+def end_to_end_cases(dry: bool) -> list[tuple[str, int, bool]]:
+    """``(backbone, batch, training step)`` in the order they run: the headline numbers first."""
+    if dry:
+        return [("vit", 2, False), ("vit", 2, True), ("bert", 1, False), ("bert", 1, True)]
+    return [
+        ("vit", 64, False),
+        ("vit", 16, True),
+        ("bert", 16, False),
+        ("bert", 4, True),
+        ("vit", 128, False),
+        ("vit", 32, True),
+    ]
+
+
+def _call_ms(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def interleaved_ms(
+    fns: dict[str, Callable[[], object]], device: torch.device, warmup: int, repeats: int
+) -> dict[str, tuple[list[float], float | None, str]]:
+    """Each function's milliseconds per call over ``repeats`` rounds, the functions taking turns, after
+    ``warmup`` rounds; its ``max_memory_allocated`` in MiB during its last call (weights and inputs
+    included; ``None`` on the CPU); and an error (``"OOM"``, …) that took it out of the rounds."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    peaks: dict[str, float | None] = dict.fromkeys(fns)
+    errors: dict[str, str] = dict.fromkeys(fns, "")
+    for round_ in range(warmup + repeats):
+        for name, fn in fns.items():
+            if errors[name]:
+                continue
+            last = round_ == warmup + repeats - 1
+            try:
+                if last and device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                ms = _call_ms(fn, device)
+                if last and device.type == "cuda":
+                    peaks[name] = torch.cuda.max_memory_allocated(device) / 2**20
+            except torch.OutOfMemoryError:
+                errors[name] = "OOM"
+            except RuntimeError as error:
+                errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
+            if errors[name] and device.type == "cuda":
+                torch.cuda.empty_cache()
+            if not errors[name] and round_ >= warmup:
+                times[name].append(ms)
+    return {name: (times[name], peaks[name], errors[name]) for name in fns}
+
+
+def _model_label(kind: str, dry: bool) -> str:
+    return f"tiny {kind}" if dry else ("ViT-B/16 224" if kind == "vit" else "BERT-base 512")
+
+
 def end_to_end_section(report: Report) -> None:
+    """Reference (the authors' algorithm), exact and drop interleaved in one process, bf16 autocast;
+    drop also on the other backends; then masks and logits of exact and drop against the reference."""
     device, dry = report.device, report.dry_run
-    report.row("end to end", ["model", "step", "variant", "backend", "ms", "samples/s", "× reference"])
-    report.row("end to end", ["---", "---", "---", "---", "---:", "---:", "---:"])
-    for kind, batch in [("vit", 2 if dry else 16), ("bert", 1 if dry else 8)]:
-        for train in (False, True):
+    report.row(
+        "end to end",
+        [
+            "model",
+            "step",
+            "batch",
+            "variant",
+            "backend",
+            "median ms",
+            "min ms",
+            "max ms",
+            "samples/s",
+            "× reference",
+            "peak MiB",
+        ],
+    )
+    report.row("end to end", ["---", "---", "---:", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"])
+    report.row(
+        "agreement in bf16",
+        [
+            "model",
+            "batch",
+            "variant",
+            "mask cells equal to the reference",
+            "examples with equal masks",
+            "max logit diff / max logit, on those",
+            "… on all",
+        ],
+    )
+    report.row("agreement in bf16", ["---", "---:", "---", "---:", "---:", "---:", "---:"])
+    models: dict[str, sopfast.SOP] = {}
 
-            def run(kind=kind, batch=batch, train=train) -> str:
-                torch.manual_seed(0)
-                backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
-                model = sopfast.SOP(backbone, num_groups=20, tau=0.2).to(device)
-                model.train(train)
-                args = model_inputs(kind, batch, dry, device)
-                labels = torch.zeros(batch, dtype=torch.long, device=device)
+    def model_for(kind: str) -> sopfast.SOP:
+        if kind not in models:
+            torch.manual_seed(0)
+            backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
+            models[kind] = sopfast.SOP(backbone, num_groups=20, tau=0.2).to(device)
+        return models[kind]
+
+    agreed: set[str] = set()
+    for kind, batch, train in end_to_end_cases(dry):
+        step = "train step" if train else "forward"
+
+        def run(kind=kind, batch=batch, train=train, step=step) -> str:
+            model = model_for(kind)
+            model.train(train)
+            args = model_inputs(kind, batch, dry, device)
+            labels = torch.zeros(batch, dtype=torch.long, device=device)
+            default = _backends.backends()[device.type]
+            variants: dict[str, Callable[[], object]] = {}
+            for backend in [default] + [b for b in (*native_backends(device), "torch") if b != default]:
                 fns = step_functions(model, args, labels, train)
-                measured = {}
-                default = _backends.backends()[device.type]
-                others = [b for b in native_backends(device) if b != default]  # drop on the other native backends
-                for name, backend in [(name, default) for name in fns] + [("drop", b) for b in others]:
-                    with forced_backend(backend), autocast(device):
-                        ms = time_ms(fns[name], device, 1 if dry else 3, warmup=1)
-                    measured[(name, backend)] = ms
-                reference_ms = measured[("reference", default)]
-                for (name, backend), ms in measured.items():
-                    report.row(
-                        "end to end",
-                        [
-                            f"tiny {kind}" if dry else ("ViT-B/16 224" if kind == "vit" else "BERT-base 512"),
-                            "train step" if train else "forward",
-                            name,
-                            backend,
-                            f"{ms:.1f}",
-                            f"{batch / ms * 1e3:.1f}",
-                            f"{reference_ms / ms:.2f}",
-                        ],
-                    )
-                return ", ".join(f"{n}/{b} {ms:.1f} ms" for (n, b), ms in measured.items())
+                names = fns if backend == default else ["drop"]
+                for name in names:
+                    fn = fns[name]
 
-            report.run("end to end", f"{kind} {'train step' if train else 'forward'} batch {batch}", run)
+                    def call(fn=fn, backend=backend) -> object:
+                        with forced_backend(backend), autocast(device):
+                            return fn()
+
+                    variants[f"{name}/{backend}"] = call
+            measured = interleaved_ms(variants, device, 1 if dry else E2E_WARMUP, 1 if dry else E2E_REPEATS)
+            reference = measured[f"reference/{default}"][0]
+            reference_ms = statistics.median(reference) if reference else math.nan
+            for key, (times, peak, error) in measured.items():
+                name, backend = key.split("/")
+                if error:
+                    cells = [error, "", "", "", "", ""]
+                else:
+                    ms = statistics.median(times)
+                    cells = [f"{ms:.1f}", f"{min(times):.1f}", f"{max(times):.1f}", f"{batch / ms * 1e3:.0f}"]
+                    cells += [f"{reference_ms / ms:.2f}", "" if peak is None else f"{peak:.0f}"]
+                report.row("end to end", [_model_label(kind, dry), step, batch, name, backend, *cells])
+            if not train and kind not in agreed:
+                agreed.add(kind)
+                agreement_rows(report, model, kind, batch, args)
+            return ", ".join(
+                f"{key} {statistics.median(t):.1f} ms" if t else f"{key} {e}" for key, (t, _, e) in measured.items()
+            )
+
+        report.run("end to end", f"{kind} {step} batch {batch}", run)
+
+
+def agreement_rows(report: Report, model: sopfast.SOP, kind: str, batch: int, args: tuple) -> None:
+    """Masks and logits of exact and drop against the reference forward, all in bf16 autocast.  A
+    near-tie attention value may round to the other side of the top-τ cut in bf16, and one flipped
+    cell changes that example's logits: logits are compared on the examples whose masks all agree.
+    Fails when exact differs in more than 1 % of the mask cells, or by 5 % of the largest logit on
+    the examples with equal masks."""
+    device = report.device
+    with torch.no_grad(), autocast(device):
+        reference = reference_forward(model, *args)
+        outputs = {mode: model(*args, mode=mode) for mode in ("exact", "drop") if mode in model.adapter.supported_modes}
+    scale = reference.logits.float().abs().max().clamp_min(1e-6)
+    for mode, out in outputs.items():
+        equal_cells = out.group_masks == reference.group_masks
+        equal = equal_cells.float().mean().item()
+        same = equal_cells.flatten(1).all(1)
+        diff = (out.logits.float() - reference.logits.float()).abs().amax(-1) / scale
+        same_diff = diff[same].max().item() if bool(same.any()) else math.nan
+        cells = [f"{equal:.4f}", f"{int(same.sum())} of {batch}", f"{same_diff:.2e}", f"{diff.max().item():.2e}"]
+        report.row("agreement in bf16", [_model_label(kind, report.dry_run), batch, mode, *cells])
+        if mode == "exact":
+            assert equal >= 0.99 and not same_diff > 0.05, (
+                f"{kind} exact vs reference in bf16: masks {equal:.4f}, logits {same_diff:.2e} on equal masks"
+            )
 
 
 # ----------------------------------------------------------------------------- 4. CPU = CUDA
@@ -715,6 +891,7 @@ def write_markdown(report: Report, path: Path, started: float) -> None:
         f"in {time.monotonic() - started:.0f} s: torch {torch.__version__}, triton {_triton_version()}, "
         f"backends {_backends.backends()['available']}.",
         f"Peak memory bandwidth used for %: {peak_gbps(device) or 'n/a'} GB/s.",
+        *report.environment,
         "",
         "## Checks",
         "",
@@ -738,29 +915,84 @@ def _triton_version() -> str:
         return "n/a"
 
 
+def environment(device: torch.device) -> list[str]:
+    """The card, its clocks and the software versions, as Markdown lines."""
+    lines = [
+        f"Python {platform.python_version()}, CUDA {torch.version.cuda}, transformers {_version_of('transformers')}."
+    ]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        lines.append(f"{props.name}: {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB.")
+        query = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
+        try:
+            smi = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True, timeout=20
+            )
+            lines.append(f"nvidia-smi: `{' / '.join(smi.stdout.strip().splitlines())}`.")
+        except (OSError, subprocess.SubprocessError) as error:
+            lines.append(f"nvidia-smi failed: {error}.")
+    return lines
+
+
+def _version_of(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "n/a"
+
+
+def wait_for_extension(path: Path | None) -> str:
+    """Waits (at most EXTENSION_WAIT_S) for a background build of the extension to write ``path``
+    (its exit status), then lets the dispatcher look for ``sopfast._C`` again."""
+    if path is None:
+        return ""
+    deadline = time.monotonic() + EXTENSION_WAIT_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(2)
+    _backends.native_extension.cache_clear()
+    status = path.read_text().strip() if path.exists() else "not finished"
+    return f"extension build: {status}; CUDA kernels {'loaded' if _backends.has_cuda_kernels() else 'not loaded'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU through the same code paths")
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("RESULTS_gpu.md"))
-    parser.add_argument("--sections", default="ops,timings,e2e,agreement", help="comma-separated subset")
+    parser.add_argument(
+        "--sections", default=",".join(SECTION_BUDGET_S), help=f"comma-separated subset of {list(SECTION_BUDGET_S)}"
+    )
+    parser.add_argument(
+        "--extension-built",
+        type=Path,
+        help="a file a background build of the extension writes its exit status to: waited for before 'ops'",
+    )
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_report: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    sections = {
+        "e2e": end_to_end_section,
+        "agreement": agreement_section,
+        "ops": ops_section,
+        "timings": timings_section,
+    }
+    chosen = [name.strip() for name in args.sections.split(",")]
+    unknown = [name for name in chosen if name not in sections]
+    if unknown:
+        print(f"gpu_report: --sections {unknown} unknown; allowed: {list(sections)}", file=sys.stderr)
         return 2
     device = torch.device("cpu" if args.dry_run else "cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.monotonic()
-    report = Report(device, args.dry_run, started + TIME_BUDGET_S)
-    sections = {
-        "ops": ops_section,
-        "timings": timings_section,
-        "e2e": end_to_end_section,
-        "agreement": agreement_section,
-    }
-    for name in args.sections.split(","):
-        sections[name.strip()](report)
-        write_markdown(report, args.output, started)  # after each section: a cut-off run keeps what it has
+    report = Report(device, args.dry_run, started + TIME_BUDGET_S, output=args.output, started=started)
+    report.environment = environment(device)
+    for name in chosen:
+        if name == "ops" and args.extension_built is not None:
+            report.environment.append(wait_for_extension(args.extension_built) + ".")
+        report.begin(name, SECTION_BUDGET_S[name])
+        sections[name](report)
+        report.write()
     print(f"gpu_report: wrote {args.output}")
     return 0 if all(c.status in ("ok", "skipped") for c in report.checks) else 1
 

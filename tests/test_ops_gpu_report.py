@@ -56,3 +56,21 @@ def test_one_failing_check_does_not_stop_the_others(gpu_report, tmp_path):
     assert report.checks[-1].status == "skipped"
     gpu_report.write_markdown(report, tmp_path / "r.md", 0.0)
     assert "1 ok, 1 FAIL, 1 error, 1 skipped" in (tmp_path / "r.md").read_text()
+
+
+def test_the_report_is_written_after_every_check(gpu_report, tmp_path):
+    """A lease that ends mid-run keeps every check that finished."""
+    import torch
+
+    output = tmp_path / "partial.md"
+    report = gpu_report.Report(torch.device("cpu"), True, float("inf"), output=output)
+    report.run("e2e", "first", lambda: "measured")
+    assert "| e2e | first | ok | measured |" in output.read_text()
+    report.begin("e2e", 0.0)
+    report.run("e2e", "second", lambda: "never runs")
+    assert "| e2e | second | skipped | section time budget spent |" in output.read_text()
+
+
+def test_unknown_sections_are_refused(gpu_report, tmp_path, capsys):
+    assert gpu_report.main(["--dry-run", "--sections", "e2e,speed", "--output", str(tmp_path / "r.md")]) == 2
+    assert "--sections ['speed'] unknown; allowed: ['e2e', 'agreement', 'ops', 'timings']" in capsys.readouterr().err

@@ -31,6 +31,13 @@ SALIENCY_LOSSES = ("align", "kl")
 # Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
 # peak memory stops growing with the batch size.
 TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
+# On a GPU both are this many times larger: calls of 4,096 tokens leave an H100 waiting for Python
+# (bench/gpu/h200_profile_before.md: 20 backbone calls per ViT-B/16 forward at batch 64).
+GPU_CALL_SCALE = 16
+
+
+def _call_scale(device: torch.device) -> int:
+    return GPU_CALL_SCALE if device.type == "cuda" else 1
 
 
 def check_levels(levels: object) -> tuple[float, ...] | None:
@@ -116,7 +123,7 @@ class SOP(nn.Module):
             backbones; ``True`` for a backbone without special tokens is a ValueError).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
-            ``TOKENS_PER_CALL`` (4,096) tokens per call for the mode at hand.
+            ``TOKENS_PER_CALL`` (4,096; 65,536 on a GPU) tokens per call for the mode at hand.
         checkpoint_projection: activation checkpointing of the projection's layers in training
             (recomputed in the backward pass instead of kept: less memory, one more projection
             forward); ``None`` turns it on where the adapter supports it (ViT, BERT).
@@ -397,7 +404,8 @@ class SOP(nn.Module):
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
         with autograd on the batch runs whole."""
-        return max(1, TOKENS_PER_EXAMPLE_CHUNK // (self.adapter.num_features(inputs) + 1))
+        tokens = TOKENS_PER_EXAMPLE_CHUNK * _call_scale(inputs.device)
+        return max(1, tokens // (self.adapter.num_features(inputs) + 1))
 
     def _no_groups(self, inputs: FeatureInputs, m: int, tau: float) -> Groups:
         """The groups of an empty batch: every tensor with a batch dimension of 0."""
@@ -442,7 +450,7 @@ class SOP(nn.Module):
             )
         else:
             check_finite_lam(groups.lam)
-            chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode))
+            chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode), inputs.device)
             with torch.no_grad():
                 preds = self.adapter.run_groups(inputs, groups, mode, chunk)
             check_finite_group_logits(preds.logits)
@@ -544,11 +552,13 @@ class SOP(nn.Module):
             paths.append(path)
         return paths
 
-    def group_chunk_size(self, tokens_per_group: int) -> int:
-        """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens."""
+    def group_chunk_size(self, tokens_per_group: int, device: torch.device | None = None) -> int:
+        """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens
+        (``GPU_CALL_SCALE`` times more on a CUDA ``device``)."""
         if self.group_batch_size is not None:
             return self.group_batch_size
-        return max(1, TOKENS_PER_CALL // max(1, tokens_per_group))
+        tokens = TOKENS_PER_CALL * _call_scale(device or torch.device("cpu"))
+        return max(1, tokens // max(1, tokens_per_group))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
