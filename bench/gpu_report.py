@@ -772,7 +772,7 @@ def end_to_end_section(report: Report) -> None:
         if kind not in models:
             torch.manual_seed(0)
             backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
-            models[kind] = sopfast.SOP(backbone, num_groups=20, tau=0.2).to(device)
+            models[kind] = sopfast.SOP(backbone, num_groups=20, tau=0.2, recipe="paper").to(device)
         return models[kind]
 
     agreed: set[str] = set()
@@ -855,7 +855,7 @@ def agreement_section(report: Report) -> None:
         def run(kind=kind) -> str:
             torch.manual_seed(0)
             backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
-            cpu_model = sopfast.SOP(backbone, num_groups=20, tau=0.2).eval()
+            cpu_model = sopfast.SOP(backbone, num_groups=20, tau=0.2, recipe="paper").eval()
             args = model_inputs(kind, 2, dry, torch.device("cpu"))
             details = []
             with torch.no_grad(), forced_backend("cpp" if _backends.has_cpp() else "torch"):

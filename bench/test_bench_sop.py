@@ -56,7 +56,7 @@ CASES = _cases()
 def test_sop_modes(benchmark, case, variant, train):
     factory, batch, kind, kwargs = CASES[case]
     torch.manual_seed(0)
-    model = sopfast.SOP(factory(), num_groups=20, tau=0.2, **kwargs).to(DEVICE)
+    model = sopfast.SOP(factory(), num_groups=20, tau=0.2, recipe="paper", **kwargs).to(DEVICE)
     if variant not in ("reference", *model.adapter.supported_modes):
         pytest.skip(f"{case} has no {variant} mode")
     args = _inputs(kind, batch)

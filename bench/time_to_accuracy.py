@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict:
     train, test = load_task(args.n_train, args.n_test)
     backbone, _ = backbone_for(train, args.seed, args.backbone_epochs)
     torch.manual_seed(args.seed)
-    base = sopfast.SOP(backbone, num_groups=min(20, train.x.shape[-1] ** 2), tau=0.2)
+    base = sopfast.SOP(backbone, num_groups=min(20, train.x.shape[-1] ** 2), tau=0.2, recipe="paper")
     models = {name: copy.deepcopy(base).train() for name in VARIANTS}
     forwards = {
         "authors' algorithm": lambda m, x: reference_forward(m, x),

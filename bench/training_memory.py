@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="append the Markdown rows to this file")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    model = sopfast.SOP(backbone(args.model), num_groups=20, tau=0.2).train()
+    model = sopfast.SOP(backbone(args.model), num_groups=20, tau=0.2, recipe="paper").train()
     rows = []
     for size in args.batches:
         inputs, labels = batch_of(args.model, size)

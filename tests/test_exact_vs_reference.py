@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import sopfast
+from sopfast import testing
 from sopfast.model.reference import reference_forward
 from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
 
@@ -141,3 +142,9 @@ def test_exact_never_builds_full_resolution_group_masks(cnn):
     ]
     assert not forbidden, forbidden
     assert any(s[-2:] == (size, size) for s, _ in shapes), "the recorder must see the pixel chunks"
+
+
+def test_reference_forward_refuses_options_beyond_the_paper():
+    model = sopfast.SOP(testing.vit((32, 2, 2), image_size=32, patch_size=8), num_groups=4)  # recipe "sopfast"
+    with pytest.raises(ValueError, match=r"uses normalize_logits=True, center_embeddings=True, queries='diverse'"):
+        reference_forward(model, torch.zeros(1, 3, 32, 32))

@@ -255,7 +255,7 @@ def run_bench(
     torch.manual_seed(0)
     backbone, kind = _bench_backbone(name)
     kwargs: dict[str, Any] = {"feature_layer": "layer3"} if kind == "cnn" else {}
-    model = SOP(backbone, num_groups=groups, tau=0.2, **kwargs).to(device)
+    model = SOP(backbone, num_groups=groups, tau=0.2, recipe="paper", **kwargs).to(device)
     args = _bench_inputs(kind, batch, device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..ops.sparsemax import sparsemax_reference
 from ..types import FeatureInputs
 from .output import SOPOutput
+from .recipes import RECIPES
 from .sop import SOP
 
 CHUNK = 16
@@ -120,6 +121,31 @@ def _masked_inputs(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, grid)
     )
 
 
+# options that change the forward pass beyond the authors' algorithm (the others only add training losses)
+BEYOND_THE_PAPER = (
+    "normalize_logits",
+    "center_embeddings",
+    "queries",
+    "key_score",
+    "unit_lambda",
+    "demote_blank",
+    "keep_special_tokens",
+)
+
+
+def check_paper_options(model: SOP) -> None:
+    """ValueError naming every option of ``model`` whose value differs from the authors' algorithm."""
+    paper = RECIPES["paper"].model
+    differ = [
+        f"{name}={model.config.get(name)!r}" for name in BEYOND_THE_PAPER if model.config.get(name) != paper[name]
+    ]
+    if differ:
+        raise ValueError(
+            f"reference_forward runs the authors' algorithm, but the model uses {', '.join(differ)} "
+            "(allowed: the values of recipe='paper'); build it with sopfast.SOP(..., recipe='paper')"
+        )
+
+
 def _rows(inputs: FeatureInputs, sl: slice) -> FeatureInputs:
     return FeatureInputs(**{k: (None if v is None else v[sl]) for k, v in vars(inputs).items()})
 
@@ -131,7 +157,9 @@ def reference_forward(
     token_type_ids: torch.Tensor | None = None,
     tau: float | None = None,
 ) -> SOPOutput:
-    """The authors' algorithm on ``model``'s parameters (see the module docstring)."""
+    """The authors' algorithm on ``model``'s parameters (see the module docstring); ``model`` must use
+    none of the generator options beyond the paper (build it with ``recipe="paper"``)."""
+    check_paper_options(model)
     tau = model.tau if tau is None else tau
     adapter = model.adapter
     inputs = adapter.prepare(x, attention_mask, token_type_ids)
@@ -160,4 +188,4 @@ def reference_forward(
     return SOPOutput(logits, y, c, lam, masks, indices, a, model.task)
 
 
-__all__ = ["CHUNK", "reference_forward"]
+__all__ = ["BEYOND_THE_PAPER", "CHUNK", "check_paper_options", "reference_forward"]
