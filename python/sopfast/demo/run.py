@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Literal, TypedDict
+from typing import Any
 
 import torch
 
@@ -22,42 +22,17 @@ from ..benchmark import compare_modes, format_table, ideal_drop_ratio
 from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
 from ..data.datasets import TextDataset
+from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..model.sop import SOP
 from ..ops import num_kept
 
-
-class Recipe(TypedDict, total=False):
-    """Opt-in :class:`sopfast.SOP` options (keyword arguments of its constructor)."""
-
-    center_embeddings: bool
-    queries: Literal["fixed", "diverse"]
-    normalize_logits: bool
-    group_gen_scale: float
-    diversity_weight: float
-
-
-# Opt-in changes beyond the paper that the demo turns on (docs/quality.md: with the paper's
-# recipe alone the groups collapse to a handful per input).
-IMAGE_RECIPE: Recipe = {
-    "center_embeddings": True,
-    "queries": "diverse",
-    "normalize_logits": True,
-    "group_gen_scale": 2.0,
-    "diversity_weight": 1.0,
-}
-TEXT_RECIPE: Recipe = {
-    "center_embeddings": True,
-    "queries": "diverse",
-    "normalize_logits": True,
-    "group_gen_scale": 2.0,
-    "diversity_weight": 1.0,
-}
 # Test inputs the demo's comparison covers (every baseline runs insertion and deletion on each; the
 # text baselines are slower per input). bench/quality/compare.py makes the same table for any count.
 COMPARE_IMAGES = 1000
 COMPARE_TEXTS = 100
-COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity")
+COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity", "curves")
+IMAGE_METRICS = (*COMPARISON_METRICS, "grounding")
 COMPARISON_COLUMNS = (
     ("accuracy", "accuracy ↑", "{:.3f}"),
     ("insertion", "insertion ↑", "{:.3f}"),
@@ -66,6 +41,7 @@ COMPARISON_COLUMNS = (
     ("pairwise_iou", "pairwise IoU", "{:.2f}"),
     ("union_coverage", "coverage", "{:.2f}"),
     ("groups_used", "groups used", "{:.1f}"),
+    ("on_object", "on object", "{:.2f}"),
     ("fidelity", "fidelity", "{:.1e}"),
 )
 
@@ -76,15 +52,25 @@ def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[
     from ..evaluation.evaluate import evaluate
 
     results = evaluate(model, loader, metrics=COMPARISON_METRICS, baselines="all", device=device, progress=True)
-    keys = [key for key, _, _ in COMPARISON_COLUMNS] + ["examples"]
+    keys = [key for key, _, _ in COMPARISON_COLUMNS] + ["examples", "curves"]
     return {name: {k: r[k] for k in keys if k in r} for name, r in results.items()}
 
 
-def format_comparison(comparison: dict[str, dict[str, float]]) -> str:
-    """Markdown table of :func:`compare_methods` (the best accuracy and insertion in bold)."""
+def _label(name: str, row: dict) -> str:
+    seeds = row.get("seeds", 1)
+    return f"{name} ({seeds} seeds)" if seeds > 1 else name
+
+
+def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
+    """Markdown table of the methods' scalar metrics (mean ± half the range over the seeds where a
+    method was trained with several; the best accuracy and insertion in bold)."""
+    from ..evaluation.seeds import format_with_spread
+
+    spread = spread or {}
     best = {
         key: max(r[key] for r in comparison.values() if key in r and r[key] == r[key])
         for key in ("accuracy", "insertion")
+        if any(key in r for r in comparison.values())
     }
     header = "| method | " + " | ".join(title for _, title, _ in COMPARISON_COLUMNS) + " |"
     lines = [header, "|---|" + "---|" * len(COMPARISON_COLUMNS)]
@@ -92,9 +78,38 @@ def format_comparison(comparison: dict[str, dict[str, float]]) -> str:
         cells = []
         for key, _, fmt in COMPARISON_COLUMNS:
             value = r.get(key, float("nan"))
-            text = "–" if value != value else fmt.format(value)
+            if value != value:
+                text = "–"
+            elif spread.get(name, {}).get(key) and key in ("accuracy", "insertion", "deletion", "on_object"):
+                text = format_with_spread(value, spread[name][key])
+            else:
+                text = fmt.format(value)
             cells.append(f"**{text}**" if key in best and value == best[key] else text)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(name, r)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_curves(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
+    """Markdown table of the paper's curves: accuracy at each inference τ / group count m (columns)
+    for every method that has them (one-group methods under each m)."""
+    from ..evaluation.seeds import format_with_spread
+
+    spread = spread or {}
+    owners = {name: r["curves"] for name, r in comparison.items() if r.get("curves")}
+    if not owners:
+        return ""
+    keys = list(dict.fromkeys(k for c in owners.values() for k in c if "/" in k))
+    if not keys:
+        keys = list(dict.fromkeys(k for c in owners.values() for k in c))
+    lines = ["| method | " + " | ".join(f"τ={k.replace('/', ', m=')}" for k in keys) + " |"]
+    lines.append("|---|" + "---:|" * len(keys))
+    for name, curve in owners.items():
+        cells = []
+        for key in keys:
+            own = key if key in curve else key.split("/")[0]
+            value = curve.get(own, float("nan"))
+            cells.append(format_with_spread(value, spread.get(name, {}).get("curves", {}).get(own)))
+        lines.append(f"| {_label(name, comparison[name])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -161,9 +176,10 @@ def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: 
 
 
 def _train_sop(
-    model: SOP, dataset, out_dir: str, device: torch.device, seed: int, epochs: int, lr: float, batch_size: int
+    model: SOP, dataset, run_dir: str, device: torch.device, seed: int, epochs: int, batch_size: int = 32
 ) -> float:
-    """Train the demo's SOP (5 % warm-up, no resume, run files in ``<out>/sop-run``); returns wall seconds."""
+    """Train the demo's SOP with its recipe's lr and warm-up (no resume, run files in ``run_dir``);
+    returns wall seconds."""
     from ..training.trainer import train
 
     start = time.perf_counter()
@@ -172,10 +188,8 @@ def _train_sop(
         dataset,
         None,
         epochs=epochs,
-        lr=lr,
         batch_size=batch_size,
-        warmup_ratio=0.05,
-        output_dir=os.path.join(out_dir, "sop-run"),
+        output_dir=run_dir,
         resume=False,
         device=device,
         seed=seed,
@@ -183,39 +197,75 @@ def _train_sop(
     return time.perf_counter() - start
 
 
-def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
+def _image_eval_loader(x: torch.Tensor, y: torch.Tensor) -> torch.utils.data.DataLoader:
+    """Test images with their labels and object masks from their own brightness (grounding, paper RQ5)."""
+    objects = ObjectMasks().from_pixels(x)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y, objects), batch_size=50)
+
+
+def _evaluate_seed(model: SOP, loader, device: torch.device, first: bool) -> dict:
+    """SOP and random groups (each seed), and every other baseline (the first seed only: they do not
+    depend on SOP's training) on ``loader``."""
+    from ..evaluation.evaluate import evaluate
+
+    baselines = "all" if first else ["random"]
+    return evaluate(
+        model,
+        loader,
+        metrics=IMAGE_METRICS,
+        ground_truth_key=2,
+        baselines=baselines,
+        device=device,
+        progress=True,
+        backbone_row=first,
+    )
+
+
+def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, seeds: int = 2) -> dict:
     """The image demo; returns the results dict (also written to ``<out>/results.json``)."""
+    from ..evaluation.plots import plot_curves
+    from ..evaluation.seeds import combine_seeds
     from ..model.checkpoint import save_pretrained
 
     train_data, test_data = _load_images(quick)
     backbone, grid, backbone_accuracy = _image_backbone(train_data, quick, device, seed)
     x_test, y_test = test_data.x.to(device), test_data.y.to(device)
-    n_eval = 256 if quick else 1000
+    n_eval = 256 if quick else COMPARE_IMAGES
     results: dict = {
         "dataset": train_data.name,
         "backbone_accuracy": backbone_accuracy(backbone, x_test[:n_eval], y_test[:n_eval]),
+        "chance": 1 / len(train_data.classes),
+        "seeds": list(range(seed, seed + seeds)),
     }
-    torch.manual_seed(seed)
     m = 20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1]
-    model = SOP(backbone, num_groups=m, tau=0.2, mode="drop", **IMAGE_RECIPE).to(device)
-    results.update(recipe=IMAGE_RECIPE, mode=model.mode)
     n_sop = 512 if quick else 12000
     sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
-    results["sop_train_seconds"] = _train_sop(
-        model, sop_train, out_dir, device, seed, epochs=1 if quick else 3, lr=1e-3, batch_size=32
-    )
     test_batches = _parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device)
+    loader = _image_eval_loader(x_test[:n_eval], y_test[:n_eval])
+    runs, models = [], []
+    for i, run_seed in enumerate(results["seeds"]):
+        torch.manual_seed(run_seed)
+        model = SOP(backbone, num_groups=m, tau=0.2, mode="drop").to(device)
+        if i == 0:
+            results.update(recipe=model.config["recipe"], mode=model.mode)
+            results["untrained_accuracy"] = _sop_accuracy(model, test_batches, "drop")[0]
+        seconds = _train_sop(
+            model, sop_train, os.path.join(out_dir, f"sop-run-seed{run_seed}"), device, run_seed, 1 if quick else 3
+        )
+        results.setdefault("sop_train_seconds", []).append(seconds)
+        start = time.perf_counter()
+        runs.append(_evaluate_seed(model, loader, device, first=i == 0))
+        results.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
+        models.append(model)
+    model = models[0]
     _record_accuracy(results, model, test_batches)
-    n_compare = 48 if quick else COMPARE_IMAGES
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x_test[:n_compare], y_test[:n_compare]), batch_size=50
-    )
-    start = time.perf_counter()
-    results["comparison"] = compare_methods(model, loader, device)
-    results["comparison_seconds"] = time.perf_counter() - start
+    results["per_seed"] = runs
+    results["comparison"], results["spread"] = combine_seeds(runs)
+    results["curves_png"] = plot_curves(results["comparison"], os.path.join(out_dir, "curves.png"))
     results["metrics"] = results["comparison"]["SOP"]
+    paper = SOP(backbone, num_groups=m, tau=0.2, mode="drop", recipe="paper").to(device)
     steps = (n_sop + 31) // 32
-    results["epoch_seconds"], results["timing_table"] = _epoch_times(model, x_test[:32], y_test[:32], steps)
+    results["epoch_seconds"], results["timing_table"] = _epoch_times(paper, x_test[:32], y_test[:32], steps)
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
     save_pretrained(model, os.path.join(out_dir, "sop"))
     results["pictures"] = write_explanations(
@@ -291,6 +341,7 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
 
 def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
     """The text demo; returns the results dict (also written to ``<out>/results.json``)."""
+    from ..evaluation.plots import plot_curves
     from ..model.checkpoint import save_pretrained
 
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
@@ -301,19 +352,22 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     train_set, test_set = full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
     backbone = _text_backbone(train_set, device, quick, seed)
     results: dict = {"dataset": "tweets", "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device)}
-    model = SOP(backbone, num_groups=8, tau=0.2, mode="drop", **TEXT_RECIPE).to(device)
-    results.update(recipe=TEXT_RECIPE, mode=model.mode)
+    torch.manual_seed(seed)
+    model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
+    results.update(recipe=model.config["recipe"], mode=model.mode, chance=0.5)
+    results["untrained_accuracy"] = _sop_accuracy(model, _parsed_batches(test_set, device), "drop")[0]
     n_sop = 400 if quick else 3000
-    results["sop_train_seconds"] = _train_sop(
-        model, full.subset(idx[:n_sop]), out_dir, device, seed, epochs=1, lr=5e-4, batch_size=16
-    )
+    results["sop_train_seconds"] = [
+        _train_sop(model, full.subset(idx[:n_sop]), os.path.join(out_dir, "sop-run"), device, seed, 1, batch_size=16)
+    ]
     _record_accuracy(results, model, _parsed_batches(test_set, device))
     loader = torch.utils.data.DataLoader(
         full.subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50
     )
     start = time.perf_counter()
     results["comparison"] = compare_methods(model, loader, device)
-    results["comparison_seconds"] = time.perf_counter() - start
+    results["evaluation_seconds"] = [time.perf_counter() - start]
+    results["curves_png"] = plot_curves(results["comparison"], os.path.join(out_dir, "curves.png"))
     results["metrics"] = results["comparison"]["SOP"]
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
     full.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
@@ -323,32 +377,42 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
 
 
 def format_results(results: dict) -> str:
-    """The demo's summary table (markdown)."""
+    """The demo's summary (markdown): the quantities, the comparison and the curves."""
+    seconds = results.get("sop_train_seconds", [])
     rows = [
         ("data set", results["dataset"]),
         ("backbone accuracy", f"{results['backbone_accuracy']:.3f}"),
-        ("SOP accuracy, exact", f"{results['sop_exact_accuracy']:.3f}"),
-        ("SOP accuracy, drop", f"{results['sop_drop_accuracy']:.3f}"),
+        ("untrained SOP accuracy (chance)", f"{results['untrained_accuracy']:.3f} ({results['chance']:.3f})"),
+        ("SOP accuracy, exact (first seed)", f"{results['sop_exact_accuracy']:.3f}"),
+        ("SOP accuracy, drop (first seed)", f"{results['sop_drop_accuracy']:.3f}"),
         ("exact/drop prediction agreement", f"{results['exact_drop_agreement']:.3f}"),
         ("exact/drop group-prediction agreement", f"{results['exact_drop_group_agreement']:.3f}"),
         ("mean groups used per prediction (exact)", f"{results['active_groups_exact']:.2f}"),
         ("mean groups used per prediction (drop)", f"{results['active_groups_drop']:.2f}"),
     ]
-    for name, seconds in results.get("epoch_seconds", {}).items():
-        rows.append((f"training epoch, {name}", f"{seconds:.1f} s"))
-    rows.append(("SOP training wall time", f"{results['sop_train_seconds']:.1f} s"))
+    for name, value in results.get("epoch_seconds", {}).items():
+        rows.append((f"training epoch, {name} (recipe 'paper')", f"{value:.1f} s"))
+    rows.append(("SOP training wall time per seed", ", ".join(f"{s:.1f} s" for s in seconds)))
     width = max(len(k) for k, _ in rows)
     lines = ["| quantity | value |", "|---|---|"] + [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     if "comparison" in results:
-        n = results["comparison"]["SOP"].get("examples", 0)
+        comparison, spread = results["comparison"], results.get("spread")
+        n = comparison["SOP"].get("examples", 0)
+        seeds = comparison["SOP"].get("seeds", 1)
         lines += [
             "",
-            f"SOP vs the baselines on {n} test inputs ({results.get('mode', 'drop')} mode; opt-in options on: "
-            f"{', '.join(f'{k}={v}' for k, v in results.get('recipe', {}).items())}):",
-            format_comparison(results["comparison"]),
+            f"SOP vs the baselines on {n} test inputs ({results.get('mode', 'drop')} mode, recipe "
+            f"'{results.get('recipe')}'; SOP and random groups: mean ± half the range over {seeds} training "
+            f"seed{'s' if seeds > 1 else ''}; the other baselines do not depend on SOP's training):",
+            format_comparison(comparison, spread),
         ]
+        curves = format_curves(comparison, spread)
+        if curves:
+            lines += ["", "Accuracy over inference sparsity τ and group count m (the paper's curves):", curves]
     if "timing_table" in results:
         lines += ["", "One training step, batch of 32 (same run):", results["timing_table"]]
+    if "curves_png" in results:
+        lines += ["", f"Curves: {results['curves_png']}"]
     lines += ["", "Pictures: " + ", ".join(results.get("pictures", []))]
     return "\n".join(lines)
 
@@ -359,13 +423,17 @@ def run_demo(
     quick: bool = False,
     device: torch.device | None = None,
     seed: int = 0,
+    seeds: int = 2,
 ) -> dict:
-    """Run the demo, print its table and write ``<out_dir>/results.json``."""
+    """Run the demo, print its table and write ``<out_dir>/results.json``; the image demo trains SOP
+    with ``seeds`` seeds (``seed``, ``seed + 1``, …) and reports their mean and spread."""
     device = device or torch.device("cpu")
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
-    runner = run_image_demo if task == "image" else run_text_demo
-    results = runner(out_dir, quick, device, seed)
+    if task == "image":
+        results = run_image_demo(out_dir, quick, device, seed, seeds)
+    else:
+        results = run_text_demo(out_dir, quick, device, seed)
     results["total_seconds"] = time.perf_counter() - start
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
