@@ -161,7 +161,7 @@ def test_patch_grid_averages_fixed_patches_and_keeps_the_top_ones(vit_model, x):
 
 def test_patch_grid_text_uses_contiguous_candidate_spans():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_bert(), num_groups=3, tau=0.3).eval()
+    model = sopfast.SOP(make_bert(), num_groups=3, tau=0.3, recipe="paper").eval()  # [CLS]/[SEP] are candidates
     ids, m = B.patch_ids(model, model.prepare(*text_batch()), None, 4)
     assert m == 4
     assert ids[1].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1]

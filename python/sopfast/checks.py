@@ -92,6 +92,15 @@ def check_tau(tau: Any, name: str = "tau") -> float:
     return float(tau)
 
 
+def check_levels(name: str, levels: Any) -> tuple[float, ...] | None:
+    """``levels`` as a non-empty tuple of levels in ``(0, 1]`` (``None`` passes)."""
+    if levels is None:
+        return None
+    if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence) or len(levels) == 0:
+        raise ValueError(f"{name} must be a non-empty sequence of levels in (0, 1] or None, got {levels!r}")
+    return tuple(check_tau(z, f"{name}[{i}]") for i, z in enumerate(levels))
+
+
 # -- tensors -----------------------------------------------------------------------------------
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

@@ -30,8 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..checks import check_bool, check_choice, check_levels, check_number
+
 RecipeName = Literal["sopfast", "paper"]
 DEFAULT_RECIPE: RecipeName = "sopfast"
+SALIENCY_LOSSES = ("align", "kl")
+SWITCHES = ("normalize_logits", "center_embeddings", "key_score", "unit_lambda", "demote_blank", "keep_special_tokens")
 
 
 @dataclass(frozen=True)
@@ -112,4 +116,29 @@ def resolve_options(recipe: Recipe, given: dict[str, Any], adapter: object = Non
             out[name] = RECIPES["paper"].model[name]
         else:
             out[name] = value
+    return out
+
+
+def check_options(options: dict[str, Any], adapter: Any) -> dict[str, Any]:
+    """The resolved ``options`` (:func:`resolve_options`), each checked (TypeError / ValueError naming the
+    option, its value and what is allowed), also against the backbone's ``adapter``."""
+    out = dict(options)
+    for name in SWITCHES:
+        out[name] = check_bool(name, options[name])
+    out["group_gen_scale"] = check_number("group_gen_scale", options["group_gen_scale"], 0.0, above=True)
+    out["diversity_weight"] = check_number("diversity_weight", options["diversity_weight"], 0.0)
+    out["saliency_weight"] = check_number("saliency_weight", options["saliency_weight"], 0.0)
+    out["saliency_loss"] = check_choice("saliency_loss", options["saliency_loss"], SALIENCY_LOSSES)
+    out["saliency_levels"] = check_levels("saliency_levels", options["saliency_levels"])
+    kind = type(adapter).__name__
+    if out["keep_special_tokens"] and not adapter.has_special_tokens:
+        raise ValueError(
+            f"keep_special_tokens=True needs a text backbone with special tokens ([CLS]/[SEP], e.g. BERT); "
+            f"{kind} has none"
+        )
+    if out["saliency_weight"] > 0 and not adapter.has_soft_forward:
+        raise ValueError(
+            f"saliency_weight > 0 needs the adapter's soft_forward (the backbone's saliency); {kind} has none: "
+            "implement it, or pass saliency_weight=0"
+        )
     return out

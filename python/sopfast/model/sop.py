@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -20,14 +19,13 @@ from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
 from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
 from .generator import GroupGenerator, check_finite_lam
-from .losses import attention_overlap, mean_saliency, saliency_alignment, saliency_kl
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
+from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
-from .recipes import DEFAULT_RECIPE, RecipeName, get_recipe, resolve_options
+from .recipes import DEFAULT_RECIPE, RecipeName, check_options, get_recipe, resolve_options
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
-SALIENCY_LOSSES = ("align", "kl")
 # Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
 # peak memory stops growing with the batch size.
 TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
@@ -40,29 +38,9 @@ def _call_scale(device: torch.device) -> int:
     return GPU_CALL_SCALE if device.type == "cuda" else 1
 
 
-def check_levels(levels: object) -> tuple[float, ...] | None:
-    """``saliency_levels`` as a non-empty tuple of presence levels in ``(0, 1]`` (``None`` passes)."""
-    if levels is None:
-        return None
-    if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence) or len(levels) == 0:
-        raise ValueError(f"saliency_levels must be a non-empty sequence of levels in (0, 1] or None, got {levels!r}")
-    return tuple(check_tau(z, f"saliency_levels[{i}]") for i, z in enumerate(levels))
-
-
 class SOPConfig(dict):
     """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
     ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
-
-
-@dataclass
-class RegularisedOutput(SOPOutput):
-    """An :class:`SOPOutput` whose :meth:`loss` adds a training ``penalty`` (``SOP(diversity_weight=...)``)."""
-
-    penalty: torch.Tensor | None = None
-
-    def compute_loss(self, labels: torch.Tensor) -> torch.Tensor:
-        loss = super().compute_loss(labels)
-        return loss if self.penalty is None else loss + self.penalty
 
 
 class SOP(nn.Module):
@@ -199,19 +177,11 @@ class SOP(nn.Module):
             "demote_blank": demote_blank,
             "keep_special_tokens": keep_special_tokens,
         }
-        resolved = resolve_options(self.recipe, given, self.adapter)
-        self.diversity_weight = check_number("diversity_weight", resolved["diversity_weight"], 0.0)
-        self.saliency_weight = check_number("saliency_weight", resolved["saliency_weight"], 0.0)
-        if self.saliency_weight > 0 and not self.adapter.has_soft_forward:
-            raise ValueError(
-                f"saliency_weight > 0 needs the adapter's soft_forward (the backbone's saliency); "
-                f"{type(self.adapter).__name__} has none: implement it, or pass saliency_weight=0"
-            )
-        self.saliency_loss = check_choice("saliency_loss", resolved["saliency_loss"], SALIENCY_LOSSES)
-        self.saliency_levels = check_levels(resolved["saliency_levels"])
-        self.unit_lambda = check_bool("unit_lambda", resolved["unit_lambda"])
-        self.demote_blank = check_bool("demote_blank", resolved["demote_blank"])
-        self.adapter.keep_special_tokens = self._check_keep_special(resolved["keep_special_tokens"])
+        options = check_options(resolve_options(self.recipe, given, self.adapter), self.adapter)
+        self.diversity_weight, self.saliency_weight = options["diversity_weight"], options["saliency_weight"]
+        self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
+        self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
+        self.adapter.keep_special_tokens = options["keep_special_tokens"]
         self.mode = mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
@@ -220,14 +190,14 @@ class SOP(nn.Module):
         self.generator = GroupGenerator(
             self.adapter.embed_dim,
             num_heads=check_int("num_heads", num_heads, 1),
-            scale=check_number("group_gen_scale", resolved["group_gen_scale"], 0.0, above=True),
+            scale=options["group_gen_scale"],
             blur_kernel_size=check_int("blur_kernel_size", blur_kernel_size),
             blur_sigma=check_number("blur_sigma", blur_sigma, 0.0, above=True),
             ties=ties,
-            center=check_bool("center_embeddings", resolved["center_embeddings"]),
-            queries=resolved["queries"],
-            normalize_logits=check_bool("normalize_logits", resolved["normalize_logits"]),
-            key_score=check_bool("key_score", resolved["key_score"]),
+            center=options["center_embeddings"],
+            queries=options["queries"],
+            normalize_logits=options["normalize_logits"],
+            key_score=options["key_score"],
         )
         selector_scale = check_number("group_sel_scale", group_sel_scale, 0.0, above=True)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
@@ -244,8 +214,7 @@ class SOP(nn.Module):
                 "blur_kernel_size": blur_kernel_size,
                 "blur_sigma": blur_sigma,
                 "deletion": deletion,
-                **resolved,
-                "saliency_levels": self.saliency_levels,
+                **options,
                 "freeze_projection": freeze_projection,
                 "group_batch_size": group_batch_size,
                 "checkpoint_projection": checkpoint_projection,
@@ -253,16 +222,6 @@ class SOP(nn.Module):
                 **adapter_kwargs,
             }
         )
-
-    def _check_keep_special(self, value: object) -> bool:
-        """``keep_special_tokens`` checked against the adapter (True needs special tokens to keep)."""
-        keep = check_bool("keep_special_tokens", value)
-        if keep and not self.adapter.has_special_tokens:
-            raise ValueError(
-                f"keep_special_tokens=True needs a text backbone with special tokens ([CLS]/[SEP], e.g. BERT); "
-                f"{type(self.adapter).__name__} has none"
-            )
-        return keep
 
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
@@ -392,7 +351,7 @@ class SOP(nn.Module):
             out = self.predict_groups(inputs, groups, mode)
             if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
                 fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
-                out = RegularisedOutput(**fields, penalty=self.training_penalty(inputs, groups, tau))
+                out = RegularisedOutput(**fields, penalty=training_penalty(self, inputs, groups, tau))
         else:
             parts = []
             for start in range(0, inputs.batch_size, size):
@@ -417,24 +376,6 @@ class SOP(nn.Module):
             lam=torch.zeros(0, m, device=device),
             attention=torch.zeros(0, m, d, device=device),
         )
-
-    def training_penalty(self, inputs: FeatureInputs, groups: Groups, tau: float | None = None) -> torch.Tensor:
-        """The opt-in generator terms added to the loss: ``diversity_weight ·`` attention overlap
-        ``+ saliency_weight ·`` the ``saliency_loss`` to the backbone's saliency, averaged over
-        ``saliency_levels`` (default: ``z = τ``); both 0 in the ``"paper"`` recipe."""
-        valid = self.adapter.candidates(inputs)
-        penalty = groups.lam.new_zeros(())
-        if self.diversity_weight > 0:
-            penalty = penalty + self.diversity_weight * attention_overlap(groups.attention, valid)
-        if self.saliency_weight > 0 and inputs.batch_size > 0:
-            levels = self.saliency_levels or (self.tau if tau is None else tau,)
-            saliency = mean_saliency(self, inputs, levels)
-            if self.saliency_loss == "kl":
-                term = saliency_kl(groups.attention, saliency, valid, self.generator.scale)
-            else:
-                term = saliency_alignment(groups.attention, saliency, valid)
-            penalty = penalty + self.saliency_weight * term
-        return penalty
 
     def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector.
