@@ -94,27 +94,29 @@ def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | Non
 
 
 def format_curves(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
-    """Markdown table of the paper's curves: accuracy at each inference τ / group count m (columns)
-    for every method that has them (one-group methods under each m)."""
+    """Markdown tables of the paper's curves: per group count m, accuracy at each inference τ
+    (columns) for every method that has curves (one-group methods appear under every m)."""
     from ..evaluation.seeds import format_with_spread
 
     spread = spread or {}
     owners = {name: r["curves"] for name, r in comparison.items() if r.get("curves")}
-    if not owners:
-        return ""
-    keys = list(dict.fromkeys(k for c in owners.values() for k in c if "/" in k))
-    if not keys:
-        keys = list(dict.fromkeys(k for c in owners.values() for k in c))
-    lines = ["| method | " + " | ".join(f"τ={k.replace('/', ', m=')}" for k in keys) + " |"]
-    lines.append("|---|" + "---:|" * len(keys))
-    for name, curve in owners.items():
-        cells = []
-        for key in keys:
-            own = key if key in curve else key.split("/")[0]
-            value = curve.get(own, float("nan"))
-            cells.append(format_with_spread(value, spread.get(name, {}).get("curves", {}).get(own)))
-        lines.append(f"| {_label(name, comparison[name])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    parsed = [(k, *k.partition("/")[::2]) for c in owners.values() for k in c]
+    taus = list(dict.fromkeys(tau for _, tau, _ in parsed))
+    counts = list(dict.fromkeys(m for _, _, m in parsed if m)) or [""]
+    tables = []
+    for m in counts:
+        lines = [f"| {'m = ' + m if m else 'method'} | " + " | ".join(f"τ = {t}" for t in taus) + " |"]
+        lines.append("|---|" + "---:|" * len(taus))
+        for name, curve in owners.items():
+            cells = []
+            for tau in taus:
+                key = f"{tau}/{m}" if f"{tau}/{m}" in curve else tau
+                value = curve.get(key, float("nan"))
+                cells.append(format_with_spread(value, spread.get(name, {}).get("curves", {}).get(key)))
+            if any(c != "–" for c in cells):
+                lines.append(f"| {_label(name, comparison[name])} | " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, seed: int):
@@ -419,7 +421,7 @@ def format_results(results: dict) -> str:
     lines = ["| quantity | value |", "|---|---|"] + [f"| {k.ljust(width)} | {v} |" for k, v in rows]
     if "comparison" in results:
         comparison, spread = results["comparison"], results.get("spread")
-        n = comparison["SOP"].get("examples", 0)
+        n = int(comparison["SOP"].get("examples", 0))
         seeds = comparison["SOP"].get("seeds", 1)
         lines += [
             "",
@@ -431,7 +433,11 @@ def format_results(results: dict) -> str:
         ]
         curves = format_curves(comparison, spread)
         if curves:
-            lines += ["", "Accuracy over inference sparsity τ and group count m (the paper's curves):", curves]
+            lines += [
+                "",
+                "Accuracy over inference sparsity τ, one table per group count m (the paper's curves):",
+                curves,
+            ]
     if "timing_table" in results:
         lines += ["", "One training step, batch of 32 (same run):", results["timing_table"]]
     if "curves_png" in results:
