@@ -109,6 +109,12 @@ def test_cli_evaluate_with_intensity_object_masks(tmp_path, capsys):
     results = json.loads(out.read_text())["SOP"]
     assert {"on_object", "object_iou", "iou", "coverage"} <= set(results)
     assert (tmp_path / "res_curves.png").read_bytes()[:8] == PNG  # the curves picture beside the results
+    chosen = tmp_path / "chosen.json"
+    flags = ["--metrics", "accuracy", "diversity", "--baselines", "random", "--output", str(chosen)]
+    assert main([*argv, *flags, "--no-progress", "--holdout", "0.5"]) == 0, capsys.readouterr().err
+    results = json.loads(chosen.read_text())
+    assert set(results) == {"SOP", "Random", "Backbone"}
+    assert "distinct_groups" in results["SOP"] and "insertion" not in results["SOP"]  # only what was asked
 
 
 def test_explain_from_python_writes_pictures(model, images, tmp_path):

@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 import sopfast
 from sopfast.cli.app import main
 from sopfast.model.recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RECIPES, REQUIRES, get_recipe, resolve_options
-from sopfast.testing import make_bert, make_hf_vit
+from sopfast.testing import make_bert, make_hf_vit, text_batch
 from sopfast.training import Trainer
 
 
@@ -92,6 +92,10 @@ def test_training_defaults_come_from_the_model_recipe_unless_given():
             recipe.training["lr"],
             recipe.training["warmup_ratio"],
         )
+    ids, mask, types = text_batch()
+    texts = TensorDataset(ids, mask, types, torch.tensor([0, 1] * (len(ids) // 2) + [0] * (len(ids) % 2)))
+    text_trainer = Trainer(sopfast.SOP(make_bert()), texts, batch_size=2, progress=False)
+    assert text_trainer.config.lr == 5e-4 == RECIPES["sopfast"].training_for("text")["lr"]  # the text research's
     given = Trainer(sopfast.SOP(make_hf_vit()), data, batch_size=2, lr=0.01, warmup_steps=3, progress=False)
     assert (given.config.lr, given.config.warmup_ratio, given.config.warmup_steps) == (0.01, 0.0, 3)
 

@@ -1,5 +1,6 @@
-"""A user's first ``sopfast train`` (issue #20): an image folder of a few hundred Fashion-MNIST PNGs,
-the demo's backbone, default flags — then ``sopfast evaluate`` on 1,000 held-out PNGs.
+"""A user's first ``sopfast train`` (issue #20): an image folder of a few hundred Fashion-MNIST PNGs
+(``data/train/<class>/``, ``data/test/<class>/``), the demo's backbone (its config names the classes),
+default flags but ``--epochs`` — then ``sopfast evaluate`` on the 1,000 PNGs of the test split.
 
     OMP_NUM_THREADS=1 python bench/quality/first_user.py --out /tmp/first-user    # about 5 minutes
 
@@ -28,10 +29,15 @@ import sopfast
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def class_names(classes: list[str]) -> list[str]:
+    """Folder-safe class names ("T-shirt/top" → "T-shirt or top")."""
+    return [name.replace("/", " or ") for name in classes]
+
+
 def write_folder(x: torch.Tensor, y: torch.Tensor, classes: list[str], root: str) -> None:
     """Images ``[N, 1, 28, 28]`` in [-1, 1] as 8-bit grayscale PNGs under ``root/<class>/``."""
     for i, (image, label) in enumerate(zip(x, y)):
-        folder = os.path.join(root, classes[int(label)].replace("/", " or "))  # "T-shirt/top"
+        folder = os.path.join(root, class_names(classes)[int(label)])
         os.makedirs(folder, exist_ok=True)
         pixels = ((image[0] + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
         Image.fromarray(pixels, mode="L").save(os.path.join(folder, f"{i:05d}.png"))
@@ -43,7 +49,7 @@ def cli(*args: str) -> None:
     subprocess.run(command, check=True)
 
 
-def untrained_accuracy(backbone_dir: str, test_dir: str, out: str) -> float:
+def untrained_accuracy(backbone_dir: str, data_dir: str, out: str) -> float:
     """The default SOP before training, through ``sopfast evaluate`` on an untrained checkpoint."""
     from transformers import ViTForImageClassification
 
@@ -57,7 +63,9 @@ def untrained_accuracy(backbone_dir: str, test_dir: str, out: str) -> float:
         "--checkpoint",
         os.path.join(out, "untrained"),
         "--data",
-        test_dir,
+        data_dir,
+        "--split",
+        "test",
         "--metrics",
         "accuracy",
         "--no-progress",
@@ -72,22 +80,40 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/first-user")
     parser.add_argument("--train-images", type=int, default=400)
     parser.add_argument("--test-images", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args()
     train, test = image_data()
-    backbone_dir, train_dir, test_dir = (os.path.join(args.out, n) for n in ("backbone", "train", "test"))
-    image_backbone().save_pretrained(backbone_dir)
+    backbone_dir, data_dir = os.path.join(args.out, "backbone"), os.path.join(args.out, "data")
+    train_dir, test_dir = os.path.join(data_dir, "train"), os.path.join(data_dir, "test")
+    backbone = image_backbone()
+    backbone.config.id2label = dict(enumerate(class_names(train.classes)))
+    backbone.config.label2id = {name: i for i, name in backbone.config.id2label.items()}
+    backbone.save_pretrained(backbone_dir)
     write_folder(train.x[: args.train_images], train.y[: args.train_images], train.classes, train_dir)
     write_folder(test.x[: args.test_images], test.y[: args.test_images], test.classes, test_dir)
     run_dir = os.path.join(args.out, "run")
     start = time.perf_counter()
-    cli("train", "--backbone", backbone_dir, "--data", train_dir, "--output-dir", run_dir, "--no-progress")
+    cli(
+        "train",
+        "--backbone",
+        backbone_dir,
+        "--data",
+        data_dir,
+        "--epochs",
+        str(args.epochs),
+        "--output-dir",
+        run_dir,
+        "--no-progress",
+    )
     seconds = time.perf_counter() - start
     cli(
         "evaluate",
         "--checkpoint",
         run_dir,
         "--data",
-        test_dir,
+        data_dir,
+        "--split",
+        "test",
         "--metrics",
         "accuracy",
         "diversity",
@@ -98,9 +124,10 @@ def main() -> None:
     trained = json.load(open(os.path.join(args.out, "trained.json")))
     result = {
         "train_images": args.train_images,
+        "epochs": args.epochs,
         "test_images": args.test_images,
         "backbone_accuracy": trained["Backbone"]["accuracy"],
-        "untrained_accuracy": untrained_accuracy(backbone_dir, test_dir, args.out),
+        "untrained_accuracy": untrained_accuracy(backbone_dir, data_dir, args.out),
         "sop_accuracy": trained["SOP"]["accuracy"],
         "distinct_groups": trained["SOP"]["distinct_groups"],
         "train_seconds": seconds,

@@ -114,10 +114,10 @@ class TrainConfig:
             if self.log_file is None:
                 self.log_file = output_dir / "log.jsonl"
 
-    def resolved(self, recipe: Recipe) -> TrainConfig:
+    def resolved(self, recipe: Recipe, modality: str | None = None) -> TrainConfig:
         """These options with ``lr`` and the warm-up (unless ``warmup_steps`` is given) filled in from
-        ``recipe`` where they are ``None``."""
-        defaults = recipe.training
+        ``recipe`` where they are ``None`` (its defaults for ``modality``, "image" or "text")."""
+        defaults = recipe.training_for(modality)
         lr = defaults["lr"] if self.lr is None else self.lr
         ratio = self.warmup_ratio
         if ratio is None:

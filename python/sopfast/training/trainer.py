@@ -78,7 +78,7 @@ class Trainer:
     ):
         if not isinstance(model, SOP):
             raise TypeError(f"model must be a sopfast.SOP, got {type(model).__name__}")
-        self.config = TrainConfig(**options).resolved(model.recipe)
+        self.config = TrainConfig(**options).resolved(model.recipe, model.adapter.modality)
         self.run_config = dict(run_config or {})
         for data, name in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:

@@ -64,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(evaluate_names=names)
 
 
+def _baselines(names: list[str] | None) -> list[str] | str | None:
+    """``--baselines all`` as ``"all"``, other names as given."""
+    return "all" if names == ["all"] else names
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -82,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     results = evaluate(
         model,
         torch.utils.data.DataLoader(dataset, batch_size=args.batch_size),
+        metrics=args.metrics,
+        baselines=_baselines(args.baselines),
         ground_truth_key=key,
         device=run_device,
         **api_values(args, args.evaluate_names),
