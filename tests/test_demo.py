@@ -40,6 +40,17 @@ def test_image_demo_quick(image_demo):
     assert len(results["pictures"]) == 6 and all(_is_png(p) for p in results["pictures"])
     assert (tmp_path / "sop" / "sop_config.json").exists() and (tmp_path / "backbone" / "config.json").exists()
     assert "SOP accuracy, drop" in printed and "| drop |" in printed
+    # two SOP seeds, reported as mean ± spread with random groups; every other baseline once
+    assert results["seeds"] == [0, 1] and len(results["per_seed"]) == 2
+    assert results["comparison"]["SOP"]["seeds"] == 2 and results["comparison"]["Random"]["seeds"] == 2
+    assert results["comparison"]["IG-F"]["seeds"] == 1
+    assert "SOP (2 seeds) | " in printed and " ± " in printed
+    # the paper's curves (τ × m) and grounding on intensity object masks, as a table and a picture
+    assert {"0.05/1", "0.2/20", "0.4/5"} <= set(results["comparison"]["SOP"]["curves"])
+    assert "| m = 20 | τ = 0.05 | τ = 0.1 | τ = 0.2 | τ = 0.4 |" in printed
+    assert _is_png(results["curves_png"])
+    assert 0.0 <= results["comparison"]["SOP"]["on_object"] <= 1.0
+    assert results["untrained_accuracy"] >= results["chance"]  # an untrained SOP is not below chance
 
 
 def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
