@@ -12,6 +12,7 @@ distinct groups of 20 and the training wall time.  Everything runs through the C
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -131,7 +132,7 @@ def main() -> None:
         "sop_accuracy": trained["SOP"]["accuracy"],
         "distinct_groups": trained["SOP"]["distinct_groups"],
         "train_seconds": seconds,
-        "steps": sum(1 for _ in open(os.path.join(run_dir, "metrics.csv"))) - 1,
+        "steps": sum(row["event"] == "train" for row in csv.DictReader(open(os.path.join(run_dir, "metrics.csv")))),
     }
     with open(os.path.join(HERE, "first_user.json"), "w") as f:
         json.dump(result, f, indent=2)

@@ -56,6 +56,17 @@ from .images import upsample_mask
 MODES = ("exact", "drop")
 #: About this many tokens (or feature cells) per backbone call when group passes are chunked.
 TOKENS_PER_CALL = 4096
+#: Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
+#: peak memory stops growing with the batch size.
+TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
+#: On a GPU both are this many times larger: calls of 4,096 tokens leave an H100 waiting for Python
+#: (bench/gpu/h200_profile_before.md: 20 backbone calls per ViT-B/16 forward at batch 64).
+GPU_CALL_SCALE = 16
+
+
+def call_scale(device: torch.device) -> int:
+    """How many times ``TOKENS_PER_CALL`` and ``TOKENS_PER_EXAMPLE_CHUNK`` a call on ``device`` takes."""
+    return GPU_CALL_SCALE if device.type == "cuda" else 1
 
 
 class AdapterHookMissing(NotImplementedError):

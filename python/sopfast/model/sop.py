@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
-from ..adapters.base import TOKENS_PER_CALL, check_mode
+from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source, load_recorded
 from ..checks import check_bool, check_choice, check_int, check_number, check_tau
 from ..ops import aggregate, num_kept
@@ -26,16 +26,6 @@ from .recipes import DEFAULT_RECIPE, RecipeName, check_options, get_recipe, reso
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
-# Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
-# peak memory stops growing with the batch size.
-TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
-# On a GPU both are this many times larger: calls of 4,096 tokens leave an H100 waiting for Python
-# (bench/gpu/h200_profile_before.md: 20 backbone calls per ViT-B/16 forward at batch 64).
-GPU_CALL_SCALE = 16
-
-
-def _call_scale(device: torch.device) -> int:
-    return GPU_CALL_SCALE if device.type == "cuda" else 1
 
 
 class SOPConfig(dict):
@@ -363,7 +353,7 @@ class SOP(nn.Module):
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
         with autograd on the batch runs whole."""
-        tokens = TOKENS_PER_EXAMPLE_CHUNK * _call_scale(inputs.device)
+        tokens = TOKENS_PER_EXAMPLE_CHUNK * call_scale(inputs.device)
         return max(1, tokens // (self.adapter.num_features(inputs) + 1))
 
     def _no_groups(self, inputs: FeatureInputs, m: int, tau: float) -> Groups:
@@ -498,7 +488,7 @@ class SOP(nn.Module):
         (``GPU_CALL_SCALE`` times more on a CUDA ``device``)."""
         if self.group_batch_size is not None:
             return self.group_batch_size
-        tokens = TOKENS_PER_CALL * _call_scale(device or torch.device("cpu"))
+        tokens = TOKENS_PER_CALL * call_scale(device or torch.device("cpu"))
         return max(1, tokens // max(1, tokens_per_group))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
