@@ -150,11 +150,18 @@ def test_triton_wrappers_launch_on_their_inputs_device(monkeypatch):
 
 def test_no_host_sync_where_the_result_does_not_need_one():
     """Meta tensors have no data: any device-to-host transfer (``int(t)``, ``bool(t)``, ``.tolist()``)
-    raises.  top_tau without a valid mask (k_max known on the host) and gather_tokens (the index range
-    checked on the device) run on them, forward and backward; with a valid mask the output shape
-    depends on the counts, so that path transfers them (once)."""
+    raises.  top_tau with tau or an int k, with or without a valid mask (k_max known on the host, valid
+    checked on the device), and gather_tokens (the index range checked on the device) run on them,
+    forward and backward; with a tensor k the output width is its maximum, so that path transfers it
+    (once)."""
     logits = torch.randn(4, 196, device="meta", requires_grad=True)
-    for kwargs in (dict(tau=0.2, blur_kernel_size=3, grid=(14, 14)), dict(k=7, ties="logits")):
+    valid = torch.ones(4, 196, dtype=torch.bool, device="meta")
+    for kwargs in (
+        dict(tau=0.2, blur_kernel_size=3, grid=(14, 14)),
+        dict(k=7, ties="logits"),
+        dict(tau=0.2, valid=valid),
+        dict(k=7, valid=valid),
+    ):
         result = top_tau(logits, **kwargs)
         assert result.indices.device.type == "meta" and result.indices.shape[1] == (39 if "tau" in kwargs else 7)
         result.lam.sum().backward()
@@ -163,7 +170,7 @@ def test_no_host_sync_where_the_result_does_not_need_one():
     assert tokens.grad.shape == tokens.shape
     sparsemax(torch.randn(3, 20, device="meta", requires_grad=True)).sum().backward()
     with pytest.raises(NotImplementedError, match="meta"):
-        top_tau(logits, tau=0.2, valid=torch.ones(4, 196, dtype=torch.bool, device="meta"))
+        top_tau(logits, k=torch.full((4,), 7, device="meta"))
 
 
 def test_torch_backend_forces_every_reference(monkeypatch, reference_counters):

@@ -11,7 +11,7 @@ import argparse
 import math
 import numbers
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsIndex, TypeVar, cast
 
 import torch
@@ -142,6 +142,30 @@ def check_same_length(**tensors: torch.Tensor) -> None:
     sizes = {name: int(t.shape[0]) for name, t in tensors.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(f"all inputs need the same number of examples, got {sizes}")
+
+
+def reads_on_host(device: torch.device) -> bool:
+    """Whether :func:`check_values` reads its condition on the host for tensors on ``device``: on the CPU
+    (a read there waits for nothing); tests replace it to run the device-side assertions on the CPU."""
+    return device.type == "cpu"
+
+
+def check_values(
+    ok: torch.Tensor, message: str, details: Callable[[], str] | None = None, error: type[Exception] = ValueError
+) -> None:
+    """A check of tensor values (a finite input, labels in range) that costs a GPU no host sync.
+
+    ``ok`` a one-element bool tensor.  On the CPU a False ``ok`` raises ``error(message + details())``
+    (``details`` names the offending values).  On a GPU the check is ``torch._assert_async``: nothing is
+    read back; a False ``ok`` fails the next synchronising call as a device-side assertion (rerun on the
+    CPU, or with ``CUDA_LAUNCH_BLOCKING=1``, to see ``message``).  Meta tensors have no values to check.
+    """
+    if ok.device.type == "meta":
+        return
+    if not reads_on_host(ok.device):
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise error(message + (details() if details is not None else ""))
 
 
 def check_grid(grid: object, d: int) -> tuple[int, int]:

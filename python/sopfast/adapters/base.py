@@ -182,11 +182,20 @@ class BackboneAdapter(ABC):
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         """Run the frozen backbone on every group (no autograd), ``chunk_size`` groups at a time."""
 
+    def run_groups_sized(
+        self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size_for: Callable[[int], int]
+    ) -> GroupPredictions:
+        """:meth:`run_groups` with ``chunk_size_for(tokens_per_group)`` groups per call; an adapter whose
+        group length needs a host read (BERT ``drop``) overrides it to read that length once."""
+        return self.run_groups(inputs, groups, mode, chunk_size_for(self.tokens_per_group(inputs, groups, mode)))
+
     def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
-        """How many tokens (or feature cells) one group pass processes, to size the chunks."""
+        """How many tokens (or feature cells) one group pass processes at most, to size the chunks: all
+        ``d`` plus one in ``exact``, the ``k_max`` a group holds at most plus one in ``drop`` (read off
+        the shapes, no host sync)."""
         if mode == "exact":
             return groups.mask.shape[-1] + 1
-        return int(groups.mask.sum(dim=-1).max()) + 1
+        return groups.indices.shape[-1] + 1
 
     @abstractmethod
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,25 +12,79 @@ and token-type ids — exact, since masked keys receive zero attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..checks import check_values
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, freeze_, run_chunked, trainable_copy
 from .hf_common import eager_attention
+from .images import parameter_dtype
 from .registry import builtin_adapter, class_names
 
 
-def _layer_attention_mask(model: Any, h: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-    """The mask a BERT layer takes: transformers 5.x's ``create_bidirectional_mask``, or the additive
-    ``[B, 1, 1, T]`` extended mask of transformers 4.x (which has no ``create_bidirectional_mask``)."""
+@cache
+def _bidirectional_mask_maker() -> Any:
+    """transformers 5.x's ``create_bidirectional_mask``, or ``None`` on 4.x (which has none)."""
     try:
         from transformers.masking_utils import create_bidirectional_mask
     except ImportError:
+        return None
+    return create_bidirectional_mask
+
+
+def _attention_mask_4d(config: Any, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``mask [B, T]`` (1: attend) as the ``[B, 1, 1, T]`` mask transformers 5.x's SDPA (bool) or eager
+    attention (additive: 0 or ``dtype``'s lowest) takes, ``None`` for other attention kernels.  Built here
+    because transformers' ``create_bidirectional_mask`` reads the mask on the host (a GPU sync) to drop it
+    when nothing is padded; a 4-D mask passes through it unread."""
+    attend = mask.bool()[:, None, None, :]
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation == "sdpa":
+        return attend
+    if implementation == "eager":
+        return torch.zeros(attend.shape, dtype=dtype, device=mask.device).masked_fill_(~attend, torch.finfo(dtype).min)
+    return None
+
+
+def _layer_attention_mask(model: Any, h: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    """The mask a BERT layer takes: :func:`_attention_mask_4d` on transformers 5.x (``create_bidirectional_mask``
+    for attention kernels other than SDPA and eager), the additive ``[B, 1, 1, T]`` extended mask on 4.x."""
+    create = _bidirectional_mask_maker()
+    if create is None:
         return model.get_extended_attention_mask(attention_mask, attention_mask.shape, dtype=h.dtype)
-    return create_bidirectional_mask(config=model.config, inputs_embeds=h, attention_mask=attention_mask)
+    built = _attention_mask_4d(model.config, attention_mask, h.dtype)
+    return built if built is not None else create(config=model.config, inputs_embeds=h, attention_mask=attention_mask)
+
+
+def _check_ids(name: str, values: torch.Tensor, size: int) -> None:
+    """``values`` (ids into a table of ``size`` rows) in ``[0, size)``; ValueError (on a GPU a device-side
+    assertion) otherwise."""
+    if values.numel():
+        low, high = torch.aminmax(values)
+        check_values(
+            (low >= 0) & (high < size),
+            f"{name} must lie in [0, {size - 1}] for this model",
+            lambda: f", got values in [{int(low)}, {int(high)}]",
+        )
+
+
+def _runs(keep: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` bool: the tokens a ``drop`` group pass runs, ``keep [N, T]`` and always [CLS] (position 0)."""
+    runs = keep.clone()
+    runs[:, 0] = True
+    return runs
+
+
+def _drop_lengths(runs: torch.Tensor) -> list[int]:
+    """Tokens each ``drop`` group pass runs, on the host.  The one host read (GPU sync) of a BERT ``drop``
+    forward, and inherent: a pass's width is a shape, and with padding, a second segment or kept special tokens
+    it depends on the data; read once for all ``N`` rows (chunk size and every chunk's width)."""
+    return runs.sum(dim=1).tolist()
 
 
 def _is_hf_bert(model: nn.Module) -> bool:
@@ -82,11 +136,7 @@ class HFBertAdapter(BackboneAdapter):
         cfg = self.backbone.config
         limits = (("input_ids", ids, cfg.vocab_size), ("token_type_ids", token_type_ids, cfg.type_vocab_size))
         for name, values, size in limits:
-            if values.numel() and (int(values.min()) < 0 or int(values.max()) >= size):
-                raise ValueError(
-                    f"{name} must lie in [0, {size - 1}] for this model, got values in "
-                    f"[{int(values.min())}, {int(values.max())}]"
-                )
+            _check_ids(name, values, size)
         absolute = getattr(cfg, "position_embedding_type", "absolute") == "absolute"
         if absolute and ids.shape[1] > cfg.max_position_embeddings:
             raise ValueError(
@@ -128,8 +178,7 @@ class HFBertAdapter(BackboneAdapter):
     def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
         if mode == "exact":
             return groups.mask.shape[-1]
-        kept = (groups.mask | self.always_kept(inputs).unsqueeze(1)).sum(dim=-1)
-        return int(kept.max()) + 1
+        return max(_drop_lengths(_runs(self._keep(inputs, groups))))
 
     @property
     def embed_dim(self) -> int:
@@ -151,17 +200,49 @@ class HFBertAdapter(BackboneAdapter):
     def classifier_weight(self) -> torch.Tensor:
         return self.backbone.classifier.weight
 
-    def _encode(self, **batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.encoder_model(**batch)
+    def _model_attention_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The ``attention_mask`` to give the backbone (or its ``.bert``) for ``mask [B, T]``: the 4-D mask of
+        :func:`_attention_mask_4d` on transformers 5.x (no host read), ``mask`` itself on 4.x or for other
+        attention kernels."""
+        if mask is None or _bidirectional_mask_maker() is None:
+            return mask
+        dtype = parameter_dtype(self.backbone) or torch.float32
+        built = _attention_mask_4d(self.backbone.config, mask, dtype)
+        return mask if built is None else built
+
+    def _encode(self, attention_mask: torch.Tensor, **batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.encoder_model(attention_mask=self._model_attention_mask(attention_mask), **batch)
         pooled = out.pooler_output
         logits = self.backbone.classifier(self.backbone.dropout(pooled))
         return logits, out.last_hidden_state[:, 0]
 
-    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+    def _keep(self, inputs: FeatureInputs, groups: Groups) -> torch.Tensor:
+        """``[B·m, T]`` bool: the tokens each group pass keeps (its features and the always-kept tokens)."""
         b, m, t = groups.mask.shape
-        keep = (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
-        batch = self._exact_batch if mode == "exact" else self._drop_batch
-        return run_chunked(groups, chunk_size, lambda rows, example: self._encode(**batch(inputs, example, keep[rows])))
+        return (groups.mask | self.always_kept(inputs).unsqueeze(1)).reshape(b * m, t)
+
+    def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
+        return self.run_groups_sized(inputs, groups, mode, lambda _tokens: chunk_size)
+
+    def run_groups_sized(
+        self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size_for: Callable[[int], int]
+    ) -> GroupPredictions:
+        keep = self._keep(inputs, groups)
+        if mode == "exact":
+            return run_chunked(
+                groups,
+                chunk_size_for(keep.shape[1]),
+                lambda rows, example: self._encode(**self._exact_batch(inputs, example, keep[rows])),
+            )
+        runs = _runs(keep)
+        lengths = _drop_lengths(runs)
+        return run_chunked(
+            groups,
+            chunk_size_for(max(lengths)),
+            lambda rows, example: self._encode(
+                **self._drop_batch(inputs, example, keep[rows], runs[rows], max(lengths[rows]))
+            ),
+        )
 
     def _exact_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
         ids = inputs.require_input_ids()[example]
@@ -171,11 +252,11 @@ class HFBertAdapter(BackboneAdapter):
             "token_type_ids": inputs.require_token_type_ids()[example],
         }
 
-    def _drop_batch(self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor) -> dict:
+    def _drop_batch(
+        self, inputs: FeatureInputs, example: torch.Tensor, keep: torch.Tensor, runs: torch.Tensor, length: int
+    ) -> dict:
+        """The ``length`` tokens (``runs [n, T]``, padded) of each group pass, at their original positions."""
         n, t = keep.shape
-        runs = keep.clone()
-        runs[:, 0] = True
-        length = int(runs.sum(dim=1).max())
         positions = torch.arange(t, device=keep.device).expand(n, t)
         order = torch.sort(torch.where(runs, positions, positions + t), dim=1).values[:, :length]
         slot_used = order < t
@@ -192,7 +273,7 @@ class HFBertAdapter(BackboneAdapter):
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.backbone(
             input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
+            attention_mask=self._model_attention_mask(inputs.attention_mask),
             token_type_ids=inputs.token_type_ids,
             output_hidden_states=True,
         )
@@ -214,8 +295,8 @@ class HFBertAdapter(BackboneAdapter):
         ids = inputs.require_input_ids()
         z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
         x = emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)
-        out = self.backbone(inputs_embeds=x, attention_mask=inputs.attention_mask, token_type_ids=inputs.token_type_ids)
-        return out.logits
+        mask = self._model_attention_mask(inputs.attention_mask)
+        return self.backbone(inputs_embeds=x, attention_mask=mask, token_type_ids=inputs.token_type_ids).logits
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:
         return self.encoder_model.encoder.layer[-1], True, 0

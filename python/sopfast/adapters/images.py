@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_values
 from ..types import FeatureInputs
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
-    """ValueError if ``t`` holds NaN or ±Inf (a min/max reduction: no tensor of ``t``'s size is made)."""
-    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
-        raise ValueError(f"{name} contains NaN or Inf values; SOP needs finite inputs")
+    """ValueError if ``t`` holds NaN or ±Inf (a min/max reduction: no tensor of ``t``'s size is made; on a
+    GPU a device-side assertion, :func:`sopfast.checks.check_values`)."""
+    if t.is_floating_point() and t.numel():
+        finite = torch.isfinite(torch.stack(torch.aminmax(t))).all()
+        check_values(finite, f"{name} contains NaN or Inf values; SOP needs finite inputs")
 
 
 def prepare_pixels(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..checks import check_values
 from ..ops import gather_tokens
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, run_chunked
@@ -92,10 +93,10 @@ def run_vit_groups_drop(
     positioned: torch.Tensor, prefix: int, encode: Encoder, groups: Groups, chunk_size: int
 ) -> GroupPredictions:
     """``positioned [B, prefix + d, E]`` (positions added) → predictions on gathered tokens."""
-    if bool((groups.indices < 0).any()):
-        raise ValueError(
-            "ViT drop mode needs groups of equal size (index -1 padding would run as zero tokens); "
-            "use mode='exact' for groups of different sizes"
-        )
+    check_values(
+        (groups.indices >= 0).all(),
+        "ViT drop mode needs groups of equal size (index -1 padding would run as zero tokens); "
+        "use mode='exact' for groups of different sizes",
+    )
     gathered = gather_tokens(positioned, groups.indices + prefix, prefix=prefix)
     return run_chunked(groups, chunk_size, lambda rows, _example: encode(gathered[rows]))

@@ -193,8 +193,7 @@ def _run_packed(
     packed[row, col] = masks
     sub = inputs.rows(used)
     groups = Groups.from_masks(packed)
-    chunk = max(1, tokens_per_call // max(1, adapter.tokens_per_group(sub, groups, mode)))
-    preds = adapter.run_groups(sub, groups, mode, chunk)
+    preds = adapter.run_groups_sized(sub, groups, mode, lambda tokens: max(1, tokens_per_call // max(1, tokens)))
     unsort = torch.empty_like(order)
     unsort[order] = torch.arange(len(order), device=order.device)
     return MaskedOutputs(preds.logits[row, col][unsort], preds.keys[row, col][unsort])

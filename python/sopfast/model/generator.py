@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import check_values
 from ..ops import top_tau
 from ..ops.top_tau import TIES
 from ..types import Groups
@@ -196,18 +197,18 @@ class GroupGenerator(nn.Module):
     def binarise(
         self,
         logits: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         tau: float,
         deletion: bool = False,
         grid: tuple[int, int] | None = None,
     ) -> Groups:
-        """Top-τ groups (with λ and attention) from attention ``logits [B, m, d]``."""
+        """Top-τ groups (with λ and attention) from attention ``logits [B, m, d]`` over the ``valid [B, d]``
+        features (``None``: all)."""
         b, m, d = logits.shape
-        rows_valid = valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d)
         result = top_tau(
             logits.reshape(b * m, d),
             tau,
-            valid=None if bool(valid.all()) else rows_valid,
+            valid=None if valid is None else valid.unsqueeze(1).expand(b, m, d).reshape(b * m, d),
             largest=not deletion,
             ties=self.ties,
             blur_kernel_size=self.blur_kernel_size,
@@ -235,18 +236,30 @@ class GroupGenerator(nn.Module):
         """Groups from feature embeddings ``emb [B, d, E]`` (``valid [B, d]`` bool or ``None``; ``demote``
         see :meth:`logits`)."""
         b, d, _ = emb.shape
-        if valid is None:
-            valid = torch.ones(b, d, dtype=torch.bool, device=emb.device)
+        every = torch.ones(b, d, dtype=torch.bool, device=emb.device) if valid is None else valid
         with torch.autocast(device_type=emb.device.type, enabled=False):
-            s = self.logits(emb, valid, num_groups, head, demote)
+            s = self.logits(emb, every, num_groups, head, demote)
         return self.binarise(s, valid, tau, deletion, grid)
 
 
 def check_finite_lam(lam: torch.Tensor) -> None:
-    """Raise ValueError when the generator's λ is not finite (its attention logits overflow or hold NaN)."""
-    if not bool(torch.isfinite(lam).all()):
-        raise ValueError(
-            "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
-            "inputs lie outside what the model can represent (check their scale and normalisation), or its "
-            "weights are not finite"
-        )
+    """Raise ValueError when the generator's λ is not finite (its attention logits overflow or hold NaN; on a
+    GPU a device-side assertion)."""
+    check_values(
+        torch.isfinite(lam).all(),
+        "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
+        "inputs lie outside what the model can represent (check their scale and normalisation), or its "
+        "weights are not finite",
+    )
+
+
+def check_candidates(valid: torch.Tensor) -> None:
+    """Every example of ``valid [B, d]`` (the candidate features) has one (ValueError naming the others;
+    on a GPU a device-side assertion)."""
+    found = valid.any(dim=1)
+    check_values(
+        found.all(),
+        "examples of the batch have no candidate features (every token is padding or in the always-kept "
+        "second segment); SOP needs at least one",
+        lambda: f": examples {(~found).nonzero().flatten().tolist()[:5]}",
+    )

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_values
 from .generator import standardize_rows
 
 
@@ -18,9 +19,12 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
         raise TypeError(f"labels must be integer class ids, got {labels.dtype}")
     if labels.numel() == 0:
         return logits.float().sum() * 0.0  # an empty batch contributes nothing (not NaN)
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= logits.shape[1]:
-        raise ValueError(f"labels must lie in [0, {logits.shape[1] - 1}] (the model's classes), got [{low}, {high}]")
+    low, high = torch.aminmax(labels)
+    check_values(
+        (low >= 0) & (high < logits.shape[1]),
+        f"labels must lie in [0, {logits.shape[1] - 1}] (the model's classes)",
+        lambda: f", got [{int(low)}, {int(high)}]",
+    )
     return F.cross_entropy(logits.float(), labels.long())
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_values
 from .losses import classification_loss, scaled_mse_loss
 
 
@@ -112,12 +113,12 @@ KEYS = ("loss", "logits", "group_logits", "group_scores", "lam", "group_masks", 
 
 
 def check_finite_group_logits(group_logits: torch.Tensor) -> None:
-    """Raise ValueError when the backbone's logits on the groups are not finite."""
-    if not bool(torch.isfinite(group_logits).all()):
-        raise ValueError(
-            "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
-            "represent (check their scale and normalisation)"
-        )
+    """Raise ValueError when the backbone's logits on the groups are not finite (on a GPU a device-side assertion)."""
+    check_values(
+        torch.isfinite(group_logits).all(),
+        "the backbone's logits on the groups are not finite: the inputs lie outside what it can "
+        "represent (check their scale and normalisation)",
+    )
 
 
 def concatenate_outputs(parts: list[SOPOutput]) -> SOPOutput:

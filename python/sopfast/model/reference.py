@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ops import num_kept
 from ..ops.sparsemax import sparsemax_reference
 from ..types import FeatureInputs
 from .output import SOPOutput
@@ -182,7 +183,7 @@ def reference_forward(
     c = sparsemax_reference(scores)
     logits = (c * lam.unsqueeze(1) * y.transpose(1, 2)).sum(-1)
     positions = torch.arange(d, device=inputs.device).expand(b, m, d)
-    k_max = int(masks.sum(-1).max())
+    k_max = num_kept(tau, d)  # the widest group, as the fast path pads to (no host read)
     indices = torch.sort(torch.where(masks, positions, positions + d), dim=-1).values[..., :k_max]
     indices = torch.where(indices < d, indices, torch.full_like(indices, -1))
     return SOPOutput(logits, y, c, lam, masks, indices, a, model.task)

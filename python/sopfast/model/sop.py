@@ -18,7 +18,7 @@ from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
 from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
-from .generator import GroupGenerator, check_finite_lam
+from .generator import GroupGenerator, check_candidates, check_finite_lam
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
@@ -299,12 +299,8 @@ class SOP(nn.Module):
         if inputs.batch_size == 0:
             return self._no_groups(inputs, m, tau)
         valid = self.adapter.candidates(inputs)
-        if valid is not None and not bool(valid.any(dim=1).all()):
-            empty = (~valid.any(dim=1)).nonzero().flatten().tolist()
-            raise ValueError(
-                f"examples {empty[:5]} of the batch have no candidate features (every token is padding "
-                "or in the always-kept second segment); SOP needs at least one"
-            )
+        if valid is not None:
+            check_candidates(valid)
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
         grid = self.adapter.feature_grid(inputs)
@@ -381,9 +377,10 @@ class SOP(nn.Module):
             )
         else:
             check_finite_lam(groups.lam)
-            chunk = self.group_chunk_size(self.adapter.tokens_per_group(inputs, groups, mode), inputs.device)
             with torch.no_grad():
-                preds = self.adapter.run_groups(inputs, groups, mode, chunk)
+                preds = self.adapter.run_groups_sized(
+                    inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device)
+                )
             check_finite_group_logits(preds.logits)
         scores = self.selector(preds.keys)
         # unit_lambda: λ = 1 in the prediction, λ's gradient kept for the generator

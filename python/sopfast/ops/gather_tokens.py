@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_float, check_int, check_rank, check_same_device, check_tensor
+from ..checks import check_float, check_int, check_rank, check_same_device, check_tensor, check_values
 from . import _backends
 
 
@@ -114,12 +114,11 @@ class GatherTokensFunction(torch.autograd.Function):
 def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
     """Indices in ``[-1, T)``: checked on the host for CPU tensors; on a GPU without a host sync, by a
     device-side assertion (as torch's own indexing does), and the kernels read nothing outside ``x``."""
-    in_range = ((indices >= -1) & (indices < num_tokens)).all()
-    message = f"indices must lie in [0, T={num_tokens}) or be -1 (padding)"
-    if indices.device.type != "cpu":
-        torch._assert_async(in_range, f"gather_tokens: {message}")
-    elif not bool(in_range):
-        raise ValueError(f"{message}, got values in [{int(indices.min())}, {int(indices.max())}]")
+    check_values(
+        ((indices >= -1) & (indices < num_tokens)).all(),
+        f"gather_tokens: indices must lie in [0, T={num_tokens}) or be -1 (padding)",
+        lambda: f", got values in [{int(indices.min())}, {int(indices.max())}]",
+    )
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:

@@ -50,6 +50,7 @@ from ..checks import (
     check_same_device,
     check_tau,
     check_tensor,
+    check_values,
 )
 from . import _backends
 from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
@@ -57,7 +58,8 @@ from .counts import num_kept, num_kept_table, rows_without_result
 
 
 class TopTauResult(NamedTuple):
-    """``indices [N, k_max]`` int64 ascending (``-1``-padded when rows keep fewer),
+    """``indices [N, k_max]`` int64 ascending (``-1``-padded when rows keep fewer; ``k_max`` is
+    ``num_kept(tau, d)`` or ``k``, or a tensor ``k``'s maximum),
     ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 input)."""
 
     indices: torch.Tensor
@@ -265,35 +267,46 @@ def _check_k(k: object, n: int) -> int | torch.Tensor:
     return int(k)
 
 
+def _kept_table(tau: float, d: int, device: torch.device) -> torch.Tensor:
+    """:func:`num_kept_table` as an int64 tensor ``[d + 1]`` on ``device``, copied without waiting (a plain
+    ``torch.tensor(..., device=cuda)`` copy synchronises)."""
+    return torch.tensor(num_kept_table(tau, d), dtype=torch.int64).to(device, non_blocking=True)
+
+
 def _resolve_k(
     tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
 ) -> tuple[torch.Tensor, int]:
-    """Per-row counts ``k [N]`` (int64) and their maximum.  Without ``valid`` and with ``tau`` or an
-    int ``k`` the maximum is known on the host; otherwise one device-to-host transfer returns it
-    together with the validity checks."""
+    """Per-row counts ``k [N]`` (int64) and the output width ``k_max``.  With ``tau`` or an int ``k`` the
+    width is known on the host (``num_kept(tau, d)`` or ``k``: no row keeps more) and ``valid`` is checked
+    on the device; only a tensor ``k`` costs one device-to-host transfer (its maximum, with the checks)."""
     if (tau is None) == (k is None):
         raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
-    if k is not None:
-        k = _check_k(k, n)
     if tau is not None:
         tau = check_tau(tau)
+        k_max = num_kept(tau, d)
         if valid is None:
-            k_max = num_kept(tau, d)
             return torch.full((n,), k_max, dtype=torch.int64, device=device), k_max
         counts = valid.sum(dim=-1)
-        k_rows = torch.tensor(num_kept_table(tau, d), dtype=torch.int64, device=device)[counts]
-        k_max, empty_rows = (torch.stack([k_rows.max(), (counts == 0).sum()]).tolist()) if n else (num_kept(tau, d), 0)
-        if empty_rows:
-            raise ValueError(f"every row of valid must allow at least one feature, got {empty_rows} rows without one")
-        return k_rows, k_max
-    if isinstance(k, int) and not isinstance(k, bool) and valid is None:
+        check_values(
+            (counts > 0).all(),
+            "every row of valid must allow at least one feature",
+            lambda: f", got {int((counts == 0).sum())} rows without one",
+        )
+        return _kept_table(tau, d, counts.device)[counts], k_max
+    k = _check_k(k, n)
+    if isinstance(k, int):
         if not 1 <= k <= d:
             raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")
+        if valid is not None:
+            check_values(
+                (valid.sum(dim=-1) >= k).all(),
+                f"k must lie in [1, number of valid features per row ({d} at most)], got {k}",
+            )
         return torch.full((n,), k, dtype=torch.int64, device=device), k
-    k_rows = torch.as_tensor(k, dtype=torch.int64, device=device).expand(n).contiguous()
+    k_rows = k.to(device=device, dtype=torch.int64).expand(n).contiguous()
     counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
     if not n:
-        return k_rows, int(k) if isinstance(k, int) else 0
+        return k_rows, 0
     k_max, out_of_range = torch.stack([k_rows.max(), ((k_rows < 1) | (k_rows > counts)).sum()]).tolist()
     if out_of_range:
         raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")

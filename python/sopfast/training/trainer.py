@@ -32,6 +32,7 @@ from ..model.checkpoint import (
     save_pretrained,
     trainable_state_dict,
 )
+from ..model.numerics import flush_denormal
 from ..model.sop import SOP
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
 from .distributed import (
@@ -313,7 +314,8 @@ class Trainer:
             with self._autocast():
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
                 loss = out.compute_loss(labels) / group_size
-            self.scaler.scale(loss).backward()
+            with flush_denormal(self.device.type == "cpu"):  # subnormal gradients: sopfast.model.numerics
+                self.scaler.scale(loss).backward()
         self._flag_non_finite(loss.detach())
         self._loss_sum = self._loss_sum + loss.detach().float()
         self.batches_done += 1
