@@ -395,6 +395,12 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     return results
 
 
+def _seed_note(seeds: int) -> str:
+    if seeds == 1:
+        return "one training seed"
+    return f"SOP and random groups: mean ± half the range over {seeds} training seeds; the others do not depend on them"
+
+
 def _curve_note(row: dict) -> str:
     n = row.get("curve_examples")
     return "" if n is None or n == row.get("examples") else f" (fidelity, insertion and deletion on the first {n:.0f})"
@@ -427,8 +433,7 @@ def format_results(results: dict) -> str:
             "",
             f"SOP vs the baselines on {n} test inputs{_curve_note(comparison['SOP'])} "
             f"({results.get('mode', 'drop')} mode, recipe "
-            f"'{results.get('recipe')}'; SOP and random groups: mean ± half the range over {seeds} training "
-            f"seed{'s' if seeds > 1 else ''}; the other baselines do not depend on SOP's training):",
+            f"'{results.get('recipe')}'; {_seed_note(seeds)}):",
             format_comparison(comparison, spread),
         ]
         curves = format_curves(comparison, spread)
