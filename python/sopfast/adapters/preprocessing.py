@@ -231,7 +231,7 @@ def preprocessing_for(
         if len(stats) < 2:
             prep.notes.append(f"the backbone states no normalisation: {'0.5' if hf else 'ImageNet'} mean/std assumed")
         stats = {k: stats.get(k, _stats(k, assumed[k], channels)) for k in ("mean", "std")}
-        built = _torchvision_image(replace(prep, **stats), size or (224, 224))
+        built = _torchvision_image(replace(prep, mean=stats["mean"], std=stats["std"]), size or (224, 224))
     return _checked(built)
 
 

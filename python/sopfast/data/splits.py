@@ -74,9 +74,10 @@ def load_split(
     options = options or DataOptions()
     loaded = _read(data, role, adapter, source, options, limit)
     dataset = loaded.dataset
-    if len(cast(Sized, dataset)) == 0:
+    size = len(cast(Sized, dataset))
+    if size == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
-    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, len(dataset)))]))
+    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, size))]))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
     if batch.labels is None:

@@ -145,8 +145,8 @@ def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> t
         held_counts = Counter(str(v) for v in part[label])
         few = sorted(c for c in counts if held_counts[c] < MIN_HELD_OUT_PER_CLASS)
         if few:
-            names = _class_names(split, label)  # ClassLabel values are indices: name them
-            few = [names[int(c)] if names and c.isdigit() and int(c) < len(names) else c for c in few]
+            names = _class_names(split, label) or []  # ClassLabel values are indices: name them
+            few = [names[int(c)] if c.isdigit() and int(c) < len(names) else c for c in few]
             logger.warning(
                 "the held-out part of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
                 "(use more data, a larger --holdout or a split of its own)",

@@ -115,7 +115,11 @@ def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 
     check_int("window", window, 1)
     if not captum_available(method):
         raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
-    return lambda model, inputs, target, mode="exact": _captum(method, budget, window, model, inputs, target, mode)
+
+    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+        return _captum(method, budget, window, model, inputs, target, mode)
+
+    return attribute
 
 
 def _captum(
@@ -161,9 +165,11 @@ def rise_attribution(num_masks: int = FORWARD_BUDGET, keep: float = 0.5, cells: 
     """RISE (:func:`sopfast.masking.rise`) with ``num_masks`` random masks per example, as an
     :data:`AttributionFn` running its masks in the evaluation's mode."""
     check_int("num_masks", num_masks, 1)
-    return lambda model, inputs, target, mode="exact": rise(
-        model.adapter, inputs, target, num_masks=num_masks, keep=keep, cells=cells, mode=mode
-    )
+
+    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+        return rise(model.adapter, inputs, target, num_masks=num_masks, keep=keep, cells=cells, mode=mode)
+
+    return attribute
 
 
 @contextmanager

@@ -72,7 +72,7 @@ class AttributionBaseline(ScoreBaseline):
     each output in turn (one group per output, ``combine="per_output"``).
     """
 
-    def __init__(self, name: str, attribute: AttributionFn | Callable[..., torch.Tensor]):
+    def __init__(self, name: str, attribute: Callable[..., torch.Tensor]):
         self.name = name
         self.attribute = attribute
         # a function of (model, inputs, target) also works: it gets no mode

@@ -29,7 +29,7 @@ def plot_curves(results: Results, path: str, metric: str = "accuracy") -> str:
     if not curves:
         raise ValueError("the results hold no curves: evaluate with metrics=[..., 'curves']")
     counts = sorted({m for c in curves.values() for k in c if (m := _parse(k)[1]) is not None})
-    panels = counts or [None]
+    panels: list[int | None] = list(counts) or [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), squeeze=False, sharey=True)
     others = iter(OTHERS * 2)
     colours = {name: COLOURS.get(name) or next(others) for name in curves}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -99,7 +100,7 @@ class SOPOutput:
         """``(loss, logits)`` when labels were given, else ``(logits,)``: what training loops index (a
         Hugging Face ``Trainer`` hands ``compute_metrics`` the logits alone); the explanation's tensors
         are attributes and keys (``out["group_masks"]``)."""
-        return (self.loss, self.logits) if self.labels is not None else (self.logits,)
+        return (cast(torch.Tensor, self.loss), self.logits) if self.labels is not None else (self.logits,)
 
     def __getitem__(self, key: int | slice | str):
         if isinstance(key, str):

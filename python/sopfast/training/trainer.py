@@ -174,13 +174,18 @@ class Trainer:
         phases = cfg.head_schedule == "phases" and heads > 1
         self.head_phase = max(1, self.total_steps // heads) if phases else None
         period = self.head_phase
+        lr, warmup_ratio = cfg.lr, cfg.warmup_ratio
+        if lr is None or warmup_ratio is None:
+            raise ValueError(
+                f"the training config must be resolved (TrainConfig.resolved), got lr={lr}, warmup_ratio={warmup_ratio}"
+            )
         self.warmup_steps = (
-            cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * (period or self.total_steps))
+            cfg.warmup_steps if cfg.warmup_steps is not None else int(warmup_ratio * (period or self.total_steps))
         )
         params = self.model.trainable_parameters()
         if not params:
             raise ValueError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, period or self.total_steps, period)
         )
@@ -334,7 +339,7 @@ class Trainer:
         self.step += 1
         loss = all_reduce_sum(self._loss_sum, self.info) / self.info.world_size
         epoch = round(self.step / self.steps_per_epoch, 4)
-        self._pending.append((self.step, epoch, self.scheduler.get_last_lr()[0], loss, norm.detach().float()))
+        self._pending.append((self.step, epoch, float(self.scheduler.get_last_lr()[0]), loss, norm.detach().float()))
         self._loss_sum = torch.zeros((), device=self.device)
         epoch_end = self.batches_done == self.batches_per_epoch
         if epoch_end:
