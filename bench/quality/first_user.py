@@ -50,6 +50,25 @@ def cli(*args: str) -> None:
     subprocess.run(command, check=True)
 
 
+def evaluate(model: list[str], data_dir: str, metrics: list[str], output: str) -> dict:
+    """``sopfast evaluate`` of ``model`` (its flags) on the test split; the results it writes."""
+    cli(
+        "evaluate",
+        *model,
+        "--data",
+        data_dir,
+        "--split",
+        "test",
+        "--metrics",
+        *metrics,
+        "--no-progress",
+        "--output",
+        output,
+    )
+    with open(output) as f:
+        return json.load(f)
+
+
 def untrained_accuracy(backbone_dir: str, data_dir: str, out: str) -> float:
     """The default SOP before training, through ``sopfast evaluate`` on an untrained checkpoint."""
     from transformers import ViTForImageClassification
@@ -57,23 +76,8 @@ def untrained_accuracy(backbone_dir: str, data_dir: str, out: str) -> float:
     backbone = ViTForImageClassification.from_pretrained(backbone_dir).eval()
     torch.manual_seed(0)
     sopfast.SOP(backbone, num_groups=20, tau=0.2).save_pretrained(os.path.join(out, "untrained"))
-    cli(
-        "evaluate",
-        "--backbone",
-        backbone_dir,
-        "--checkpoint",
-        os.path.join(out, "untrained"),
-        "--data",
-        data_dir,
-        "--split",
-        "test",
-        "--metrics",
-        "accuracy",
-        "--no-progress",
-        "--output",
-        os.path.join(out, "untrained.json"),
-    )
-    return json.load(open(os.path.join(out, "untrained.json")))["SOP"]["accuracy"]
+    model = ["--backbone", backbone_dir, "--checkpoint", os.path.join(out, "untrained")]
+    return evaluate(model, data_dir, ["accuracy"], os.path.join(out, "untrained.json"))["SOP"]["accuracy"]
 
 
 def main() -> None:
@@ -107,22 +111,9 @@ def main() -> None:
         "--no-progress",
     )
     seconds = time.perf_counter() - start
-    cli(
-        "evaluate",
-        "--checkpoint",
-        run_dir,
-        "--data",
-        data_dir,
-        "--split",
-        "test",
-        "--metrics",
-        "accuracy",
-        "diversity",
-        "--no-progress",
-        "--output",
-        os.path.join(args.out, "trained.json"),
+    trained = evaluate(
+        ["--checkpoint", run_dir], data_dir, ["accuracy", "diversity"], os.path.join(args.out, "trained.json")
     )
-    trained = json.load(open(os.path.join(args.out, "trained.json")))
     result = {
         "train_images": args.train_images,
         "epochs": args.epochs,

@@ -92,6 +92,16 @@ def feature_saliency(model, inputs, level: float) -> torch.Tensor:
     return grad.detach()
 
 
+def _no_rows(attention: torch.Tensor, saliency: torch.Tensor) -> bool:
+    """Checks ``attention [B, m, d]`` against ``saliency [B, d]``; True when there is no row to score."""
+    if attention.dim() != 3 or saliency.shape != (attention.shape[0], attention.shape[2]):
+        raise ValueError(
+            f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
+            f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
+        )
+    return attention.shape[0] == 0 or attention.shape[1] == 0
+
+
 def saliency_alignment(
     attention: torch.Tensor, saliency: torch.Tensor, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -101,12 +111,7 @@ def saliency_alignment(
     ``valid [B, d]`` features into ``ŝ`` (mean 0, variance 1).  An opt-in training signal for the
     generator (``SOP(saliency_weight=...)``), not part of the paper.
     """
-    if attention.dim() != 3 or saliency.shape != (attention.shape[0], attention.shape[2]):
-        raise ValueError(
-            f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
-            f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
-        )
-    if attention.shape[0] == 0 or attention.shape[1] == 0:
+    if _no_rows(attention, saliency):
         return attention.new_zeros(())
     w = torch.ones_like(saliency) if valid is None else valid.to(saliency.dtype)
     count = w.sum(dim=-1, keepdim=True).clamp_min(1)
@@ -127,12 +132,7 @@ def saliency_kl(
     teaches the whole ranking, so every top-τ prefix is salient.  An opt-in training signal for the
     generator (``SOP(saliency_loss="kl")``), not part of the paper.
     """
-    if attention.dim() != 3 or saliency.shape != (attention.shape[0], attention.shape[2]):
-        raise ValueError(
-            f"attention must be [B, m, d] and saliency [B, d] with the same B and d, got "
-            f"{tuple(attention.shape)} and {tuple(saliency.shape)}"
-        )
-    if attention.shape[0] == 0 or attention.shape[1] == 0:
+    if _no_rows(attention, saliency):
         return attention.new_zeros(())
     valid = torch.ones_like(saliency, dtype=torch.bool) if valid is None else valid
     score = gamma * standardize_rows(saliency.float().unsqueeze(1), valid)
