@@ -96,6 +96,7 @@ class HFBertAdapter(BackboneAdapter):
     family = "Hugging Face BertForSequenceClassification (BERT-style encoders under .bert)"
     modality = "text"
     supported_modes = ("exact", "drop")
+    exact_modes = ("exact", "drop")
     supports_checkpointing = True
     projection_source = "bert"
     has_special_tokens = True

@@ -9,6 +9,8 @@ was never interrupted.  See ``docs/training.md``.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,12 +48,14 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .diagnose import DIAGNOSIS_NAME, ROBUST, diagnose
 from .records import RunRecords, write_run_config
 from .resume import check_resumable, fingerprint, resume_path
 from .state import capture_rng, restore_rng, seed_everything
 from .validation import forward_batch, validate
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
+logger = logging.getLogger("sopfast.training")
 
 
 class NonFiniteLossError(ValueError):
@@ -95,6 +99,9 @@ class Trainer:
         self.best_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.should_stop = False
+        self.stop_reason = "epochs"
+        self.evals_since_best = 0
+        self.diagnosis: dict[str, Any] | None = None
         self._backbone_sha256: str | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._eval_step: int | None = None
@@ -102,14 +109,15 @@ class Trainer:
 
     # -- public -------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        """Train until ``epochs`` are done, ``max_steps`` is reached or a callback stops it."""
+        """Train until the planned epochs are done, ``max_steps`` is reached, the validation metric stops
+        improving (``patience``) or a callback stops it."""
         cfg = self.config
         self.info = init_distributed(torch.device(cfg.device).type if cfg.device is not None else None)
         main = self.info.is_main
         self.log = RunRecords(cfg.log_file if main else None, cfg.output_dir if main else None)
         try:
             self._setup()
-            while self.epoch < cfg.epochs and not self._done():
+            while self.epoch < self.epochs and not self._done():
                 self._run_epoch()
             result = self._finish()
         finally:
@@ -134,6 +142,7 @@ class Trainer:
             "batches_done": self.batches_done,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
             "fingerprint": self._fingerprint(),
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
@@ -169,7 +178,10 @@ class Trainer:
         self.val_loader = None if self.val_data is None else make_eval_loader(self.val_data, cfg.batch_size, info)
         self.batches_per_epoch = self._num_batches(self.train_loader)
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
-        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.epochs = cfg.planned_epochs(self.steps_per_epoch)
+        self.total_steps = self.epochs * self.steps_per_epoch
+        self.eval_every = cfg.eval_interval(self.steps_per_epoch)
+        self.patience = cfg.early_stopping_patience(self.val_loader is not None)
         heads = self.model.generator.num_heads
         phases = cfg.head_schedule == "phases" and heads > 1
         self.head_phase = max(1, self.total_steps // heads) if phases else None
@@ -191,6 +203,8 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16" and self.device.type == "cuda")
         self._resume()
+        if cfg.diagnose and self.model.task == "classification":
+            self._diagnose()
         find_unused = cfg.find_unused_parameters
         if find_unused is None and info.enabled:
             find_unused = self._has_unused_parameters()
@@ -210,6 +224,37 @@ class Trainer:
         # device and read only where the run logs or writes (no host sync per step)
         self._first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         self._start_time = time.time()
+
+    def _diagnose(self) -> None:
+        """The backbone diagnostic (:func:`sopfast.diagnose`) on the validation data (else the training
+        data), on a fresh run; a resumed run reads the one its folder saved."""
+        output_dir = self.config._output_path
+        saved = None if output_dir is None else output_dir / DIAGNOSIS_NAME
+        if self.step > 0:
+            if saved is not None and saved.is_file():
+                self.diagnosis = json.loads(saved.read_text(encoding="utf-8"))
+            return
+        if not self.info.is_main:
+            return
+        data = self.val_data if self.val_data is not None else self.train_data
+        report = diagnose(
+            self.model,
+            data,
+            examples=self.config.diagnose_examples,
+            seed=self.config.seed,
+            device=self.device,
+            progress=self.config.progress,
+        )
+        self.diagnosis = report.to_dict()
+        if saved is not None:
+            report.save(saved)
+        self.log.write({"event": "diagnosis", "step": 0, **self.diagnosis})
+        for line in report.lines()[: -1 - len(report.advice)]:
+            logger.info(line)
+        log = logger.info if report.retained() >= ROBUST else logger.warning
+        log("backbone " + report.lines()[-1 - len(report.advice)].strip())
+        for line in report.advice:
+            log(f"  - {line}")
 
     def _has_unused_parameters(self) -> bool:
         """Whether a backward pass on the first batch leaves a trainable parameter without gradient.
@@ -238,7 +283,7 @@ class Trainer:
         return n
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(
+        saved = fingerprint(
             self.config,
             world_size=self.info.world_size,
             batch_size=self.train_loader.batch_size,
@@ -246,6 +291,7 @@ class Trainer:
             warmup_steps=self.warmup_steps,
             num_heads=self.model.generator.num_heads,
         )
+        return {**saved, "epochs": self.epochs}  # the planned epochs (epochs=None: set by the data)
 
     def _resume(self) -> None:
         path = resume_path(self.config)
@@ -261,11 +307,17 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
+        self.evals_since_best = state.get("evals_since_best", 0)
         self._pending_rng = state["rng"]
 
     # -- the loop ---------------------------------------------------------------------------
     def _done(self) -> bool:
-        return self.should_stop or (self.config.max_steps is not None and self.step >= self.config.max_steps)
+        if self.config.max_steps is not None and self.step >= self.config.max_steps and not self.should_stop:
+            self.stop_reason = "max_steps"
+            return True
+        if self.should_stop and self.stop_reason == "epochs":
+            self.stop_reason = "callback"
+        return self.should_stop
 
     def _restore_pending_rng(self) -> None:
         if self._pending_rng is not None:
@@ -368,7 +420,8 @@ class Trainer:
         if self.step % cfg.log_every == 0:
             self._log_train()
         if self.val_loader is not None and (
-            (cfg.eval_every is not None and self.step % cfg.eval_every == 0) or (cfg.eval_every is None and epoch_end)
+            (self.eval_every is not None and self.step % self.eval_every == 0)
+            or (self.eval_every is None and epoch_end)
         ):
             self._evaluate_and_track()
         if (cfg.save_every is not None and self.step % cfg.save_every == 0) or epoch_end:
@@ -427,12 +480,15 @@ class Trainer:
         self.metrics = self.evaluate()
         self._eval_step = self.step
         value = self.metrics[f"val_{self.metric}"]
+        self.evals_since_best += 1
         if self._improves(value):
-            self.best_metric, self.best_step = value, self.step
+            self.best_metric, self.best_step, self.evals_since_best = value, self.step, 0
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
+        if self.patience is not None and self.evals_since_best >= self.patience and self.step < self.total_steps:
+            self.should_stop, self.stop_reason = True, "early_stopping"
         self.log.plot()
         self._progress.set_postfix(self._postfix())
         self._emit("eval", record)
@@ -445,11 +501,43 @@ class Trainer:
         self.save_state()
         if self.info.is_main and output_dir is not None:
             save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
-        record = self._record("end", best=self.best_metric, best_step=self.best_step)
+        record = self._record(
+            "end",
+            best=self.best_metric,
+            best_step=self.best_step,
+            stop_reason=self.stop_reason,
+            stopped=self._stopped(),
+        )
+        logger.info(self._stopped())
         self.log.plot()
         self._emit("end", record)
         barrier(self.info)
-        return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, output_dir)
+        return TrainResult(
+            self.step,
+            self.epoch,
+            self.best_metric,
+            self.best_step,
+            self.metrics,
+            output_dir,
+            stop_reason=self.stop_reason,
+            diagnosis=self.diagnosis,
+        )
+
+    def _stopped(self) -> str:
+        """Where and why training stopped, in words."""
+        where = f"training stopped at step {self.step} of {self.total_steps} planned ({self.epochs} epochs)"
+        best = (
+            ""
+            if self.best_metric is None
+            else f"; best val_{self.metric} {self.best_metric:.4f} at step {self.best_step}"
+        )
+        why = {
+            "epochs": "the planned epochs are done",
+            "max_steps": f"max_steps={self.config.max_steps} reached",
+            "early_stopping": f"val_{self.metric} did not improve in {self.patience} evaluations (patience)",
+            "callback": "a callback asked it to stop",
+        }[self.stop_reason]
+        return f"{where}: {why}{best}"
 
 
 def train(

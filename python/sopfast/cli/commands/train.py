@@ -63,11 +63,25 @@ def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
     g = parser.add_argument_group("model options (sopfast.SOP)")
     shown = {"mode": "drop where the backbone supports it, else exact"}
     names = add_api_options(g, SOP, skip=SOP_SKIP, given_only=True, shown_defaults=shown)
+    return names + adapter_flags(g)
+
+
+def adapter_flags(group: argparse._ArgumentGroup) -> list[str]:
+    """The flags of the built-in adapters' options (``--feature-layer`` for CNNs)."""
+    names: list[str] = []
     for adapter_cls in builtin_adapter_classes():
         names += add_api_options(
-            g, adapter_cls, skip=("backbone",), given_only=True, help_prefix=f"{adapter_cls.family}: "
+            group, adapter_cls, skip=("backbone",), given_only=True, help_prefix=f"{adapter_cls.family}: "
         )
     return names
+
+
+def adapter_options(args: argparse.Namespace, backbone: Backbone, names: list[str]) -> dict:
+    """The given adapter flags among ``names``, checked by the backbone's adapter class."""
+    from ...adapters import find_adapter_class
+
+    given = {n: getattr(args, n, None) for n in names if n not in SOP_OPTIONS}
+    return find_adapter_class(backbone.model).adapter_options(backbone.model, **given)
 
 
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -104,11 +118,9 @@ def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
     if args.checkpoint:
         return load_model(args, backbone, sop_options)
-    adapter_cls = find_adapter_class(backbone.model)
-    given = {n: getattr(args, n, None) for n in args.sop_names if n not in SOP_OPTIONS}
-    adapter_options = adapter_cls.adapter_options(backbone.model, **given)
-    sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
-    return SOP(backbone, **sop_options, **adapter_options)
+    modes = find_adapter_class(backbone.model).supported_modes
+    sop_options.setdefault("mode", "drop" if "drop" in modes else "exact")
+    return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names))
 
 
 def run(args: argparse.Namespace) -> int:
