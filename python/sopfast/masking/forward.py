@@ -78,9 +78,9 @@ def feature_inputs(adapter: BackboneAdapter, inputs: InputsLike) -> FeatureInput
 
 
 def explainer_mode(adapter: BackboneAdapter, mode: str | None) -> str:
-    """``mode`` checked for ``adapter``; ``None`` is the adapter's :attr:`~sopfast.adapters.BackboneAdapter.faithful_mode`
-    (``exact`` for a ViT, ``drop`` for BERT, where it computes the same logits).  A mode that does not
-    compute the backbone's own function (a ViT's ``drop``) warns once per place it is chosen from."""
+    """``mode`` checked for ``adapter``; ``None`` is the adapter's ``faithful_mode`` (``exact`` for a ViT,
+    ``drop`` for BERT, where it computes the same logits).  A mode that does not compute the backbone's
+    own function (a ViT's ``drop``) warns once per place it is chosen from."""
     if mode is None:
         return adapter.faithful_mode
     check_mode(adapter, mode)

@@ -37,6 +37,7 @@ from ..model.checkpoint import (
 from ..model.numerics import flush_denormal
 from ..model.sop import SOP
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
+from .diagnose import DIAGNOSIS_NAME, ROBUST, diagnose
 from .distributed import (
     ResumableSampler,
     all_reduce_sum,
@@ -48,7 +49,6 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
-from .diagnose import DIAGNOSIS_NAME, ROBUST, diagnose
 from .records import RunRecords, write_run_config
 from .resume import check_resumable, fingerprint, resume_path
 from .state import capture_rng, restore_rng, seed_everything
