@@ -5,7 +5,7 @@ from .adapters import BackboneAdapter, get_adapter, register_adapter
 from .evaluation import baselines, evaluate, format_table, metrics
 from .masking import MaskedForward, masked_forward, rise
 from .model import SOP, SOPOutput
-from .training import Trainer, TrainResult, train
+from .training import Trainer, TrainResult, adapt_backbone, diagnose, train
 from .version import __version__
 
 __all__ = [
@@ -16,7 +16,9 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "__version__",
+    "adapt_backbone",
     "baselines",
+    "diagnose",
     "evaluate",
     "format_table",
     "get_adapter",

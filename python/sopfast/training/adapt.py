@@ -18,9 +18,9 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,8 @@ from .diagnose import Diagnosis, diagnose
 PROVENANCE_NAME = "sopfast_adaptation.json"
 #: The share of the features a masked training input keeps is drawn uniformly from this range.
 KEEP_RANGE = (0.1, 1.0)
+#: The default number of steps is one pass over the training data, but at least this many.
+MIN_STEPS = 200
 
 
 @dataclass
@@ -77,6 +79,7 @@ def adapt_backbone(
     batch_size: int = 64,
     lr: float = 2e-4,
     teacher_weight: float = 1.0,
+    label_weight: float = 1.0,
     tau: float = 0.2,
     num_groups: int = 20,
     seed: int = 0,
@@ -89,18 +92,20 @@ def adapt_backbone(
 
     Each batch is cut in parts, one per mode the backbone supports plus one whole: a part's examples
     keep a random ``U(0.1, 1)`` share of their features (``exact``: the others removed as SOP removes
-    them; ``drop``: only the kept tokens run).  The loss is the cross-entropy with the labels plus
-    ``teacher_weight`` times the KL divergence from the original backbone's whole-input prediction.
+    them; ``drop``: only the kept tokens run).  The loss is ``label_weight`` times the
+    cross-entropy with the labels plus ``teacher_weight`` times the KL divergence from the original
+    backbone's whole-input prediction.
 
     Args:
         backbone: a backbone sopfast has an adapter for (or a :func:`sopfast.adapters.load_backbone`
             record); it is copied, never changed.
         train_data: labelled training examples (Dataset or DataLoader, as :func:`sopfast.train`).
         val_data: labelled examples to report on (default: ``train_data``).
-        steps: optimizer steps (default: one pass over ``train_data``, at least 200 steps).
+        steps: optimizer steps (default: one pass over ``train_data``, at least :data:`MIN_STEPS`).
         batch_size: examples per step (Datasets only).
         lr: AdamW learning rate (linear warm-up over 5 % of the steps, then cosine decay).
         teacher_weight: weight of the original's whole-input prediction as a teacher (0: labels only).
+        label_weight: weight of the labels (0: the teacher only; needs no labels).
         tau, num_groups: the group size and count of the before/after diagnostics.
         seed: the data order and the masks.
         device: where to train (default: where the backbone is).
@@ -116,6 +121,9 @@ def adapt_backbone(
     check_int("batch_size", batch_size, 1)
     check_number("lr", lr, 0.0, above=True)
     check_number("teacher_weight", teacher_weight, 0.0)
+    check_number("label_weight", label_weight, 0.0)
+    if teacher_weight == 0 and label_weight == 0:
+        raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
     check_int("seed", seed, 0)
     run_device = torch.device(device) if device is not None else _device_of(original)
     original = original.to(run_device).eval()
@@ -125,8 +133,10 @@ def adapt_backbone(
     val_data = train_data if val_data is None else val_data
     diagnostics = {"tau": tau, "num_groups": num_groups, "seed": seed, "device": run_device, "progress": progress}
     before = diagnose(teacher, val_data, **diagnostics)
-    loader = _loader(train_data, batch_size, seed)
-    total = steps if steps is not None else max(200, len(loader))
+    loader = _batches(train_data, batch_size, seed)
+    if steps is None and not isinstance(loader, Sized):
+        raise ValueError("train_data has no length: give steps=")
+    total = steps if steps is not None else max(MIN_STEPS, len(cast(Sized, loader)))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     warmup = max(1, total // 20)
@@ -135,10 +145,12 @@ def adapt_backbone(
     bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
     for step, raw in zip(range(total), _cycle(loader)):
         batch = parse_batch(raw).to(run_device)
-        if batch.labels is None or batch.labels.dim() != 1:
-            raise ValueError("adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels')")
+        if label_weight > 0 and (batch.labels is None or batch.labels.dim() != 1):
+            raise ValueError(
+                "adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels'), or label_weight=0"
+            )
         inputs = teacher.prepare(**batch.adapter_inputs())
-        loss = _loss(student, teacher, inputs, batch.labels.long(), teacher_weight, generator)
+        loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(adapted.parameters(), 1.0)
@@ -152,7 +164,14 @@ def adapt_backbone(
     bar.close()
     adapted.eval().requires_grad_(False)
     after = diagnose(student, val_data, **diagnostics)
-    settings = {"steps": total, "batch_size": batch_size, "lr": lr, "teacher_weight": teacher_weight, "seed": seed}
+    settings = {
+        "steps": total,
+        "batch_size": batch_size,
+        "lr": lr,
+        "teacher_weight": teacher_weight,
+        "label_weight": label_weight,
+        "seed": seed,
+    }
     provenance = {
         "adapted_from": source or {"spec": getattr(original, "name_or_path", None) or type(original).__name__},
         "original_sha256": hash_backbone(original),
@@ -175,30 +194,33 @@ def _loss(
     student: BackboneAdapter,
     teacher: BackboneAdapter,
     inputs: FeatureInputs,
-    labels: torch.Tensor,
-    teacher_weight: float,
+    labels: torch.Tensor | None,
+    weights: tuple[float, float],
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Cross-entropy (+ KL to the teacher) over the batch cut in parts: one per supported mode with
-    random groups, one whole."""
+    """Cross-entropy with ``labels`` and KL to the teacher (``weights``) over the batch cut in parts: one
+    per supported mode with random groups, one whole."""
     modes = list(student.supported_modes)
-    parts = torch.arange(inputs.batch_size).chunk(len(modes) + 1)
-    logits = [student.full_forward(inputs.rows(parts[-1].to(labels.device)))[0]]
+    parts = torch.arange(inputs.batch_size).tensor_split(len(modes) + 1)
+    device = inputs.device
+    logits = [student.full_forward(inputs.rows(parts[-1].to(device)))[0]]
     for mode, rows in zip(modes, parts):
         if len(rows) == 0:
             continue
-        part = inputs.rows(rows.to(labels.device))
-        masks = _training_masks(student, part, mode, generator).to(labels.device)
+        part = inputs.rows(rows.to(device))
+        masks = _training_masks(student, part, mode, generator).to(device)
         logits.insert(len(logits) - 1, student.run_groups(part, Groups.from_masks(masks), mode, len(rows)).logits[:, 0])
-    order = torch.cat([rows for rows in parts[:-1] if len(rows)] + [parts[-1]]).to(labels.device)
+    order = torch.cat([rows for rows in parts[:-1] if len(rows)] + [parts[-1]]).to(device)
     predicted = torch.cat(logits).float()
-    loss = F.cross_entropy(predicted, labels[order])
+    label_weight, teacher_weight = weights
+    loss = predicted.new_zeros(())
+    if label_weight > 0 and labels is not None:
+        loss = loss + label_weight * F.cross_entropy(predicted, labels.long()[order])
     if teacher_weight > 0:
         with torch.no_grad():
             target = teacher.full_forward(inputs)[0].float().log_softmax(-1)[order]
-        loss = loss + teacher_weight * F.kl_div(
-            predicted.log_softmax(-1), target, log_target=True, reduction="batchmean"
-        )
+        kl = F.kl_div(predicted.log_softmax(-1), target, log_target=True, reduction="batchmean")
+        loss = loss + teacher_weight * kl
     return loss
 
 
@@ -265,14 +287,20 @@ def _copy_preprocessing(origin: Any, out: str) -> None:
             shutil.copy2(os.path.join(origin, name), os.path.join(out, name))
 
 
-def _loader(data: Dataset | DataLoader, batch_size: int, seed: int) -> DataLoader:
-    if isinstance(data, DataLoader):
-        return data
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(data, batch_size=batch_size, shuffle=True, generator=generator, drop_last=len(data) > batch_size)  # type: ignore[arg-type]
+def _batches(data: Any, batch_size: int, seed: int) -> Iterable[Any]:
+    """A Dataset in shuffled batches (seeded), a DataLoader or another iterable of batches as it is."""
+    if isinstance(data, Dataset) and not isinstance(data, DataLoader):
+        generator = torch.Generator().manual_seed(seed)
+        drop_last = len(cast(Sized, data)) > batch_size
+        return DataLoader(data, batch_size=batch_size, shuffle=True, generator=generator, drop_last=drop_last)
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"train_data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}"
+        )
+    return data
 
 
-def _cycle(loader: DataLoader) -> Iterator[Any]:
+def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
     while True:
         yield from loader
 

@@ -26,7 +26,7 @@ from .train import adapter_flags, adapter_options
 
 NAME = "adapt"
 HELP = "Adapt a copy of a backbone to masked inputs (SOP's groups), saved as a separate backbone."
-SKIP = ("backbone", "train_data", "val_data", "device", "output_dir", "progress", "seed")
+SKIP = ("backbone", "train_data", "val_data", "device", "output_dir", "seed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
