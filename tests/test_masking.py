@@ -277,7 +277,7 @@ def test_explainers_default_to_the_mode_that_runs_the_backbone_itself(vit, bert,
         torch.testing.assert_close(
             rise(vit, x, target, num_masks=20, cells=2), rise(vit, x, target, num_masks=20, cells=2, mode="exact")
         )
-        ids, attention, segments = text_batch()
+        ids, attention, _ = text_batch()
         assert MaskedForward(bert, {"input_ids": ids, "attention_mask": attention}).mode == "drop"
         masked_forward(bert, {"input_ids": ids, "attention_mask": attention}, _random_masks(3, 2, 14), mode="drop")
     with pytest.warns(UnfaithfulModeWarning, match="mode='drop' on HFViTAdapter"):

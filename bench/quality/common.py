@@ -1,7 +1,7 @@
 """Shared pieces of the quality sweep: the cached demo backbones, data, and one SOP run scored.
 
-The backbone is trained once exactly as ``sopfast demo`` trains it and cached under
-``.cache/`` (git-ignored); every sweep row reuses it.
+The backbone is trained once exactly as ``sopfast demo`` trains it (the ordinary way, no masking) and
+cached under ``.cache/`` (git-ignored); every sweep row reuses it.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ def image_data() -> tuple[data.ImageData, data.ImageData]:
 
 
 def image_backbone(seed: int = 0):
-    """The demo's small ViT on Fashion-MNIST, trained once and cached in ``.cache/fmnist-vit``."""
+    """The demo's small ViT on Fashion-MNIST (trained normally), trained once and cached in
+    ``.cache/fmnist-vit-plain``."""
     from transformers import ViTForImageClassification
 
     from sopfast.demo.run import _image_backbone
 
-    path = os.path.join(CACHE, "fmnist-vit")
+    path = os.path.join(CACHE, "fmnist-vit-plain")
     if not os.path.exists(os.path.join(path, "config.json")):
         train, _ = image_data()
         start = time.perf_counter()
-        model, _, _ = _image_backbone(train, False, torch.device("cpu"), seed)
+        model, _ = _image_backbone(train, False, torch.device("cpu"), seed)
         model.save_pretrained(path)
         print(f"backbone trained in {time.perf_counter() - start:.0f} s -> {path}")
     return ViTForImageClassification.from_pretrained(path).eval()

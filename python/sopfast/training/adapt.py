@@ -41,7 +41,7 @@ PROVENANCE_NAME = "sopfast_adaptation.json"
 #: The share of the features a masked training input keeps is drawn uniformly from this range.
 KEEP_RANGE = (0.1, 1.0)
 #: The default number of steps is one pass over the training data, but at least this many.
-MIN_STEPS = 200
+MIN_STEPS = 400
 
 
 @dataclass
@@ -77,8 +77,8 @@ def adapt_backbone(
     *,
     steps: int | None = None,
     batch_size: int = 64,
-    lr: float = 2e-4,
-    teacher_weight: float = 1.0,
+    lr: float = 5e-4,
+    teacher_weight: float = 3.0,
     label_weight: float = 1.0,
     tau: float = 0.2,
     num_groups: int = 20,
@@ -103,7 +103,10 @@ def adapt_backbone(
         val_data: labelled examples to report on (default: ``train_data``).
         steps: optimizer steps (default: one pass over ``train_data``, at least :data:`MIN_STEPS`).
         batch_size: examples per step (Datasets only).
-        lr: AdamW learning rate (linear warm-up over 5 % of the steps, then cosine decay).
+        lr: AdamW learning rate (linear warm-up over 5 % of the steps, then cosine decay).  The defaults
+            (5e-4, ``teacher_weight`` 3, at least 400 steps) were chosen on the demo's small ViT trained from
+            scratch (``bench/quality/adaptation.md``); for a large pretrained backbone use the learning
+            rate it was fine-tuned with (such as 2e-5 for a ViT-B/16).
         teacher_weight: weight of the original's whole-input prediction as a teacher (0: labels only).
         label_weight: weight of the labels (0: the teacher only; needs no labels).
         tau, num_groups: the group size and count of the before/after diagnostics.
