@@ -54,6 +54,22 @@ def sop_outputs(model: SOP, x: torch.Tensor, mode: str, batch: int = 100):
     return torch.cat(logits), torch.cat(masks), torch.cat(used)
 
 
+def adapted_image_backbone(seed: int = 0):
+    """:func:`image_backbone` after ``sopfast.adapt_backbone`` with its defaults on SOP's 12,000 training
+    images (as ``sopfast demo`` adapts it), cached in ``.cache/fmnist-vit-adapted``."""
+    from transformers import ViTForImageClassification
+
+    import sopfast
+
+    path = os.path.join(CACHE, "fmnist-vit-adapted")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        train, _ = image_data()
+        data = torch.utils.data.TensorDataset(train.x[-12000:], train.y[-12000:])
+        check = torch.utils.data.TensorDataset(train.x[-12000:][:256], train.y[-12000:][:256])
+        sopfast.adapt_backbone(image_backbone(seed), data, check, seed=seed, output_dir=path)
+    return ViTForImageClassification.from_pretrained(path).eval()
+
+
 def text_data(seed: int = 0):
     """The text demo's tweets (12,000 drawn, ≥ 12 tokens kept): ``(train, test)`` TextDatasets, the
     last 1,000 for testing, as ``run_text_demo`` splits them."""
