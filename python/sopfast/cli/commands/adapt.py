@@ -17,12 +17,10 @@ from ..common import (
     check_output_dir,
     device,
     load_adapter_split,
-    load_backbone,
     report,
 )
 from ..options import add_api_options, api_values
-from ..parser import CLIError
-from .train import adapter_flags, adapter_options
+from .train import adapter_flags, bare_backbone
 
 NAME = "adapt"
 HELP = "Adapt a copy of a backbone to masked inputs (SOP's groups), saved as a separate backbone."
@@ -40,15 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...adapters import find_adapter_class
-
-    if args.backbone is None:
-        raise CLIError("give --backbone: the backbone to adapt")
     check_output_dir("--output-dir", args.output_dir)
     run_device = device(args.device)
-    backbone = load_backbone(args)
-    options = adapter_options(args, backbone, args.adapter_names)
-    adapter = find_adapter_class(backbone.model)(backbone.model, **options)
+    backbone, adapter, options = bare_backbone(args, "adapt")
     train_data, _ = load_adapter_split(args, adapter, backbone, "train", args.limit)
     val_data, _ = load_adapter_split(args, adapter, backbone, "val", None)
     result = adapt_backbone(

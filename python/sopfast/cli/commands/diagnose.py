@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ...model.sop import SOP
 from ...training.diagnose import diagnose
 from ..common import (
     add_common,
@@ -13,11 +14,9 @@ from ..common import (
     check_output_file,
     device,
     load_adapter_split,
-    load_backbone,
 )
 from ..options import add_api_options, api_values
-from ..parser import CLIError
-from .train import adapter_flags, adapter_options
+from .train import adapter_flags, bare_backbone
 
 NAME = "diagnose"
 HELP = "Measure a backbone on whole inputs and on random groups of its features (what SOP can reach)."
@@ -31,21 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--val-split", default=None, help="the split to measure (default: validation, val, test; else a holdout)"
     )
     g = p.add_argument_group("diagnostic (sopfast.diagnose)")
-    names = add_api_options(g, diagnose, skip=("backbone", "data", "device", "seed"), given_only=True)
+    skip = ("backbone", "data", "device", "seed", "tau", "num_groups", "mode")
+    names = add_api_options(g, diagnose, skip=skip, given_only=True)
+    shown = {"mode": "drop where the backbone supports it, else exact"}
+    names += add_api_options(g, SOP, only=("num_groups", "tau", "mode"), given_only=True, shown_defaults=shown)
     g.add_argument("--output", default=None, help="write the diagnosis as JSON to this path")
     p.set_defaults(diagnose_names=names, adapter_names=adapter_flags(g))
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...adapters import find_adapter_class
-
-    if args.backbone is None:
-        raise CLIError("give --backbone: the backbone to measure")
     check_output_file("--output", args.output)
     run_device = device(args.device)
-    backbone = load_backbone(args)
-    options = adapter_options(args, backbone, args.adapter_names)
-    adapter = find_adapter_class(backbone.model)(backbone.model, **options)
+    backbone, adapter, _ = bare_backbone(args, "measure")
     data, _ = load_adapter_split(args, adapter, backbone, "val", args.limit)
     report = diagnose(adapter, data, device=run_device, seed=args.seed, **api_values(args, args.diagnose_names))
     print(report)

@@ -30,6 +30,7 @@ from ..options import add_api_options, api_values, parameters
 from ..parser import CLIError, int_at_least
 
 if TYPE_CHECKING:
+    from ...adapters import BackboneAdapter
     from ...adapters.sources import Backbone
 
 NAME = "train"
@@ -82,6 +83,19 @@ def adapter_options(args: argparse.Namespace, backbone: Backbone, names: list[st
 
     given = {n: getattr(args, n, None) for n in names if n not in SOP_OPTIONS}
     return find_adapter_class(backbone.model).adapter_options(backbone.model, **given)
+
+
+def bare_backbone(args: argparse.Namespace, purpose: str) -> tuple[Backbone, BackboneAdapter, dict]:
+    """``--backbone`` (required: ``purpose`` says what for) with its adapter built from the adapter flags
+    (``args.adapter_names``), for commands that work on a backbone without an SOP model; the adapter's
+    options are returned too."""
+    from ...adapters import find_adapter_class
+
+    if args.backbone is None:
+        raise CLIError(f"give --backbone: the backbone to {purpose}")
+    backbone = load_backbone(args)
+    options = adapter_options(args, backbone, args.adapter_names)
+    return backbone, find_adapter_class(backbone.model)(backbone.model, **options), options
 
 
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
