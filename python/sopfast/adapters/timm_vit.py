@@ -23,7 +23,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
     return "VisionTransformer" in class_names(model) and type(model).__module__.startswith("timm")
 
 
-@builtin_adapter(_is_timm_vit)
+@builtin_adapter("timm-vit", _is_timm_vit)
 class TimmViTAdapter(PatchGridAdapter):
     """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
     for average-pooled models without a class token)."""

@@ -21,7 +21,7 @@ def _is_torchvision_vit(model: nn.Module) -> bool:
     return "VisionTransformer" in class_names(model) and type(model).__module__.startswith("torchvision")
 
 
-@builtin_adapter(_is_torchvision_vit)
+@builtin_adapter("torchvision-vit", _is_torchvision_vit)
 class TorchvisionViTAdapter(PatchGridAdapter):
     """torchvision ViT: patches are the features; keys are the class token's pre-LayerNorm state."""
 
