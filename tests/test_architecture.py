@@ -20,6 +20,7 @@ PACKAGE = Path(sopfast.__file__).parent
 # docs/contributing.md: the layers, bottom (1) to top (7), by top-level module or package
 LAYERS = {
     "checks": 1,
+    "defaults": 1,
     "devices": 1,
     "types": 1,
     "testing": 1,

@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -95,8 +95,9 @@ class BackboneAdapter(ABC):
     #: Modes whose group passes compute the backbone's own function on the masked input (BERT ``drop``
     #: runs the kept tokens at their positions: the same logits as ``exact``; a ViT's ``drop`` does not).
     exact_modes: tuple[str, ...] = ("exact",)
-    #: Why a mode of :data:`MODES` is not supported, by mode (the error of :func:`check_mode` says it).
-    mode_refusals: ClassVar[dict[str, str]] = {}
+    #: Why the modes of :data:`MODES` this adapter lacks are not supported (the error of :func:`check_mode`
+    #: says it).
+    mode_refusal: str = ""
     #: Tokens a group pass runs before the features, always (a ViT's [CLS]; DeiT also its distillation token).
     num_prefix_tokens: int = 0
     #: Modes whose group passes need every group of one call to keep the same number of features
@@ -345,7 +346,7 @@ def check_mode(adapter: BackboneAdapter, mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode not in adapter.supported_modes:
-        reason = adapter.mode_refusals.get(mode)
+        reason = adapter.mode_refusal
         raise ValueError(
             f"mode={mode!r} is not supported by {type(adapter).__name__}"
             + (f" ({reason})" if reason else "")

@@ -74,7 +74,7 @@ class CNNAdapter(BackboneAdapter):
     family = "CNNs (Conv2d features, give feature_layer=)"
     modality = "image"
     supported_modes = ("exact",)
-    mode_refusals = {"drop": "a CNN has no token axis to drop from"}
+    mode_refusal = "a CNN has no token axis to drop from"
     #: Whether the feature map is ``feature_layer``'s input (then :meth:`to_grid` gets its positional
     #: arguments) rather than its output.
     feature_from_input = False

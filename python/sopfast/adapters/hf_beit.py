@@ -22,7 +22,7 @@ def _pair(value: Any) -> tuple[int, int]:
 @builtin_adapter("hf-beit", hf_classifier("BeitForImageClassification"))
 class HFBeitAdapter(CNNAdapter):
     family = "Hugging Face BeitForImageClassification (exact mode)"
-    mode_refusals = {"drop": "BEiT's relative position bias is laid out on the full grid of patches; use mode='exact'"}
+    mode_refusal = "BEiT's relative position bias is laid out on the full grid of patches; use mode='exact'"
     feature_from_input = True
     num_prefix_tokens = 1
 

@@ -21,7 +21,10 @@ class HFStagesAdapter(CNNAdapter):
     def defaults(cls, backbone: nn.Module) -> dict[str, Any]:
         model: Any = backbone
         stage = len(getattr(model, cls.base_model).encoder.stages) - 2
-        return {"feature_layer": f"{cls.base_model}.encoder.stages.{stage}", "embed_dim": model.config.hidden_sizes[stage]}
+        return {
+            "feature_layer": f"{cls.base_model}.encoder.stages.{stage}",
+            "embed_dim": model.config.hidden_sizes[stage],
+        }
 
 
 @builtin_adapter("hf-resnet", hf_classifier("ResNetForImageClassification"))

@@ -17,7 +17,7 @@ class HFDebertaV2Adapter(HFTextFamily):
     base_model = "deberta"
     supported_modes = ("exact",)
     exact_modes = ("exact",)
-    mode_refusals = {"drop": "DeBERTa's relative positions are distances in the full sequence; use mode='exact'"}
+    mode_refusal = "DeBERTa's relative positions are distances in the full sequence; use mode='exact'"
     position_table = None
     supports_checkpointing = False  # its layers take relative positions: the embedding stops the forward
 

@@ -16,7 +16,7 @@ from .registry import builtin_adapter, hf_classifier
 @builtin_adapter("hf-swin", hf_classifier("SwinForImageClassification"))
 class HFSwinAdapter(CNNAdapter):
     family = "Hugging Face SwinForImageClassification (exact mode)"
-    mode_refusals = {"drop": "Swin's shifted windows need the full grid of patches; use mode='exact'"}
+    mode_refusal = "Swin's shifted windows need the full grid of patches; use mode='exact'"
     feature_from_input = True
 
     def __init__(self, backbone: nn.Module, **options: Any):

@@ -110,8 +110,8 @@ class HFTextFamily(BackboneAdapter):
     """A Hugging Face sequence classifier over a Transformer encoder (module docstring)."""
 
     modality = "text"
-    supported_modes = ("exact", "drop")
-    exact_modes = ("exact", "drop")
+    supported_modes: tuple[str, ...] = ("exact", "drop")
+    exact_modes: tuple[str, ...] = ("exact", "drop")
     supports_checkpointing = True
     has_special_tokens = True
     #: The classifier's attribute holding the encoder model.
@@ -184,9 +184,10 @@ class HFTextFamily(BackboneAdapter):
         for name, values, size in (("input_ids", ids, cfg.vocab_size), ("token_type_ids", token_type_ids, types or 2)):
             _check_ids(name, values, size)
         absolute = getattr(cfg, "position_embedding_type", "absolute") == "absolute"
-        if self.position_table is not None and absolute and ids.shape[1] > self.max_tokens:
+        limit = self.max_tokens
+        if self.position_table is not None and absolute and limit is not None and ids.shape[1] > limit:
             raise ValueError(
-                f"input_ids must have at most {self.max_tokens} tokens (the model's positions), "
+                f"input_ids must have at most {limit} tokens (the model's positions), "
                 f"got {ids.shape[1]}; truncate the text (tokenizer(..., truncation=True))"
             )
 
@@ -257,7 +258,7 @@ class HFTextFamily(BackboneAdapter):
         )
         used: list[bool] = []
 
-        def hook(module: nn.Module, _args: Any, _out: Any) -> torch.Tensor:
+        def hook(module: Any, _args: Any, _out: Any) -> torch.Tensor:
             used.append(True)
             return F.embedding(position_ids, module.weight)
 
@@ -267,7 +268,9 @@ class HFTextFamily(BackboneAdapter):
         finally:
             handle.remove()
         if not used:
-            raise RuntimeError(f"{type(self).__name__}: the model did not read its position table {self.position_table}")
+            raise RuntimeError(
+                f"{type(self).__name__}: the model did not read its position table {self.position_table}"
+            )
 
     def _model_attention_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
         """The ``attention_mask`` to give the backbone (or its encoder) for ``mask [B, T]``: the 4-D mask of

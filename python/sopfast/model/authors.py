@@ -22,11 +22,11 @@ entry.  Their ``SOP.save`` (``save_to_json`` + ``model.pt``) and training checkp
 
 Names written by another version of the backbone's library (transformers 4.x's
 ``vit.encoder.layer.N.attention.attention.query`` …) are mapped to the installed layout by the backbone's
-adapter (:meth:`sopfast.adapters.BackboneAdapter.weight_name`).  ``projected_input_scale`` ``s`` multiplies both keys and queries
-in the authors' generator, so it is folded into γ as ``γ·s²``.  :class:`AuthorsCheckpoint` reads it and
-:meth:`sopfast.SOP.from_authors` builds the equivalent :class:`sopfast.SOP` (``ties="authors"``,
-``mode="exact"`` unless overridden);
-``sopfast convert`` writes it in sopfast's own format.
+adapter (:meth:`sopfast.adapters.BackboneAdapter.weight_name`).  ``projected_input_scale`` ``s``
+multiplies both keys and queries in the authors' generator, so it is folded into γ as ``γ·s²``.
+:class:`AuthorsCheckpoint` reads it and :meth:`sopfast.SOP.from_authors` builds the equivalent
+:class:`sopfast.SOP` (``ties="authors"``, ``mode="exact"`` unless overridden); ``sopfast convert`` writes
+it in sopfast's own format.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ...adapters.registry import builtin_adapter_classes
+from ...defaults import BATCH_SIZE
 from ...model.sop import SOP
 from ...training.config import TrainConfig
 from ..common import (
@@ -73,7 +74,7 @@ def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
     """The flags of every ``sopfast.train`` option (:class:`~sopfast.training.config.TrainConfig`)."""
     g = parser.add_argument_group("training (sopfast.train)")
-    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": 32})
+    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": BATCH_SIZE})
     g.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh in --output-dir")
     g.add_argument("--resume-from", default=None, help="training state file or directory to resume from")
     return names
