@@ -171,7 +171,8 @@ class HFDeiTAdapter(HFViTFamily):
     prefix_tokens = ("cls_token", "distillation_token")
 
     def classifier_weight(self) -> torch.Tensor:
-        return getattr(self.backbone, "cls_classifier", self.backbone.classifier).weight
+        head = self.backbone.cls_classifier if hasattr(self.backbone, "cls_classifier") else self.backbone.classifier
+        return head.weight
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         if not hasattr(self.backbone, "cls_classifier"):
