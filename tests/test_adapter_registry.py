@@ -97,3 +97,18 @@ def test_registered_adapters_have_names_and_come_first(monkeypatch):
     assert type(sopfast.SOP(make_cnn(), adapter="my-cnn", feature_layer="features").adapter) is Mine
     with pytest.raises(ValueError, match="an adapter named 'my-cnn' is already registered"):
         register_adapter(lambda m: False, Mine, name="my-cnn")
+
+
+def test_contributing_shows_whole_families_of_at_most_30_lines():
+    """docs/contributing.md's family examples are the code itself (ERNIE: its whole file), each ≤ 30 lines."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = text[text.index("## A new backbone family") : text.index("## The hot path")]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 2
+    for block, source in zip(blocks, ("hf_ernie.py", "hf_vit.py")):
+        code = block[: block.index("```")]
+        assert len(code.strip().splitlines()) <= 30
+        assert code in (root / "python" / "sopfast" / "adapters" / source).read_text(encoding="utf-8")

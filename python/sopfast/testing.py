@@ -216,6 +216,11 @@ TINY_HF: dict[str, tuple[str, str, dict[str, Any]]] = {
         "BertForSequenceClassification",
         {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 64},
     ),
+    "hf-ernie": (
+        "ErnieConfig",
+        "ErnieForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 64},
+    ),
     "hf-roberta": (
         "RobertaConfig",
         "RobertaForSequenceClassification",
