@@ -64,3 +64,16 @@ def test_benchmark_and_demo_read_no_backbone_config():
     for module in (benchmark, demo_run):
         source = inspect.getsource(module)
         assert "intermediate_size" not in source and "num_hidden_layers" not in source, module.__name__
+
+
+def test_timm_and_torchvision_vits_have_the_same_flop_model():
+    """The same tiny ViT (32 wide, 2 blocks, MLP 64 vs timm's 4×) in three libraries: one FLOP model each."""
+    from test_exact_vs_reference import make_torchvision_vit
+
+    from sopfast.testing import make_timm_vit
+
+    x = torch.randn(1, 3, 32, 32)
+    for backbone, mlp in ((make_timm_vit(), 128), (make_torchvision_vit(), 64)):
+        model = sopfast.SOP(backbone, num_groups=3)
+        expected = ideal_drop_ratio(17, num_kept(0.25, 16) + 1, 3, 32, 2, mlp, False)
+        assert model.adapter.drop_flop_ratio(model.prepare(x), 0.25, 3, False) == pytest.approx(expected)
