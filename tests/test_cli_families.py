@@ -32,3 +32,16 @@ def test_train_from_a_save_pretrained_directory(family, data, tmp_path, capsys):
     model = sopfast.SOP.from_pretrained(run / "last")
     assert type(model.adapter) is adapter_class(family)
     assert model.mode == ("drop" if "drop" in adapter_class(family).supported_modes else "exact")
+
+
+def test_train_takes_an_adapter_by_name(data, tmp_path, capsys):
+    backbone = str(U.family_dir(tmp_path, "hf-deit"))
+    flags = ["--data", data["image"], "--image-size", "32", *FAST]
+    assert (
+        main(["train", "--backbone", backbone, "--adapter", "hf-deit", "--output-dir", str(tmp_path / "r"), *flags])
+        == 0
+    )
+    assert sopfast.SOP.from_pretrained(tmp_path / "r" / "last").config["adapter"] == "hf-deit"
+    assert main(["train", "--backbone", backbone, "--adapter", "hf-nope", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' progress bars
+    assert err.startswith("sopfast train: error: adapter 'hf-nope' is not a sopfast adapter; allowed: ")
