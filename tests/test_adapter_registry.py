@@ -95,8 +95,10 @@ def test_registered_adapters_have_names_and_come_first(monkeypatch):
     register_adapter(lambda m: isinstance(m, TinyCNN), Mine, name="my-cnn")
     assert list_adapters()[0] == "my-cnn" and find_adapter_class(make_cnn()) is Mine
     assert type(sopfast.SOP(make_cnn(), adapter="my-cnn", feature_layer="features").adapter) is Mine
-    with pytest.raises(ValueError, match="an adapter named 'my-cnn' is already registered"):
-        register_adapter(lambda m: False, Mine, name="my-cnn")
+    register_adapter(lambda m: False, Mine, name="my-cnn")  # registered again (a notebook cell re-run): replaced
+    assert list_adapters().count("my-cnn") == 1 and find_adapter_class(make_cnn()) is CNNAdapter
+    with pytest.raises(ValueError, match="'hf-vit' is the name of a built-in adapter"):
+        register_adapter(lambda m: False, Mine, name="hf-vit")
 
 
 def test_contributing_shows_whole_families_of_at_most_30_lines():

@@ -41,18 +41,20 @@ _BUILTIN: list[Entry] = []
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"an adapter name must be a non-empty string, got {name!r}")
-    if name in {e.name for e in _REGISTERED + _BUILTIN}:
-        raise ValueError(f"an adapter named {name!r} is already registered; choose another name")
+    if name in {e.name for e in _BUILTIN}:
+        raise ValueError(f"{name!r} is the name of a built-in adapter; choose another name")
     return name
 
 
 def register_adapter(matcher: Matcher, adapter_cls: type[BackboneAdapter], name: str | None = None) -> None:
     """Make :func:`get_adapter` use ``adapter_cls`` for backbones where ``matcher(backbone)`` holds, and
-    ``adapter=name`` (default: the class name) choose it.
+    ``adapter=name`` (default: the class name) choose it; it replaces an adapter registered under that
+    name before (a built-in name is refused).
 
     Registered adapters are tried before the built-in ones, newest first.
     """
-    _REGISTERED.insert(0, Entry(_check_name(name or adapter_cls.__name__), adapter_cls, matcher))
+    name = _check_name(name or adapter_cls.__name__)
+    _REGISTERED[:] = [Entry(name, adapter_cls, matcher), *(e for e in _REGISTERED if e.name != name)]
 
 
 def builtin_adapter(name: str, matcher: Matcher, *, generic: bool = False) -> Callable[[AdapterClass], AdapterClass]:
