@@ -60,10 +60,12 @@ def test_no_ratio_without_a_drop_mode():
 
 
 def test_benchmark_and_demo_read_no_backbone_config():
-    """The FLOP model is written once: the bench and demo modules read no HF config field themselves."""
+    """The FLOP model is written once: the bench and demo modules read no HF config field themselves, and
+    the benchmark's ResNet gets its feature layer from its adapter."""
     for module in (benchmark, demo_run):
         source = inspect.getsource(module)
         assert "intermediate_size" not in source and "num_hidden_layers" not in source, module.__name__
+    assert "layer3" not in inspect.getsource(benchmark)
 
 
 def test_timm_and_torchvision_vits_have_the_same_flop_model():
