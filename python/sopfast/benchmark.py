@@ -184,7 +184,7 @@ def format_table(results: list[BenchResult], ideal: float | None = None) -> str:
 # -- ``sopfast bench`` ---------------------------------------------------------------------------
 def _bench_backbone(name: str) -> tuple[nn.Module, str]:
     """A randomly initialised backbone for ``sopfast bench --model name`` and its input kind
-    (``image``, ``cnn``, ``text`` or ``pair``); the CNN's feature layer is its adapter's (``layer3``)."""
+    (``image``, ``cnn``, ``text`` or ``pair``); the ResNet's feature layer is its adapter's."""
     if name.startswith("bert-base"):
         return testing.bert("base", seed=None), "pair" if name.endswith("pair") else "text"
     if name == "cnn":
