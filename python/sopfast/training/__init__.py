@@ -3,6 +3,7 @@ backbone diagnostic run before it (:func:`diagnose`) and the opt-in masking adap
 (:func:`adapt_backbone`)."""
 
 from .adapt import AdaptResult, adapt_backbone
+from .callbacks import TrainerCallback
 from .config import TrainConfig, TrainResult
 from .diagnose import Diagnosis, diagnose
 from .trainer import NonFiniteLossError, Trainer, train
@@ -14,6 +15,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "Trainer",
+    "TrainerCallback",
     "adapt_backbone",
     "diagnose",
     "train",

@@ -14,10 +14,12 @@ model's size in each mode, and says in plain words what that means for SOP and w
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +36,7 @@ from ..ops.counts import num_kept_table
 from ..types import FeatureInputs
 
 DIAGNOSIS_NAME = "diagnosis.json"
+logger = logging.getLogger("sopfast.training")
 #: Share of the backbone's accuracy above chance kept on one random group, at or above which SOP has room
 #: to learn groups better than random ones, and below which it learns little.
 ROBUST, BLIND = 0.5, 0.2
@@ -110,7 +113,7 @@ class Diagnosis:
                 f"  one informed group in {self.mode} (the tau={self.tau:g} features whose removal costs the backbone "
                 f"most, occlusion, on {self.informed_examples} examples): {self.informed_group:.3f}"
             )
-        out.append(f"  groups that are not learned reach {self.to_beat:.3f} in {self.mode}: SOP's groups should beat it")
+        out.append(f"  groups that are not learned reach {self.to_beat:.3f} in {self.mode}: SOP's should beat it")
         out.append(f"  verdict: {self.verdict}")
         out += [f"  - {line}" for line in self.advice]
         return out
@@ -219,6 +222,35 @@ def diagnose(
     )
     report.verdict, report.advice = verdict(report)
     return report
+
+
+def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write: Any) -> dict[str, Any]:
+    """The diagnostic a training run starts with (``config``: its :class:`TrainConfig`): measured on
+    ``data``, saved as ``diagnosis.json`` in the run folder, passed to ``write`` (the run's log) and
+    logged in words (a weak verdict as a warning)."""
+    report = diagnose(
+        model, data, examples=config.diagnose_examples, seed=config.seed, device=device, progress=config.progress
+    )
+    output_dir = config._output_path
+    if output_dir is not None:
+        report.save(output_dir / DIAGNOSIS_NAME)
+    record = report.to_dict()
+    write({"event": "diagnosis", "step": 0, **record})
+    lines = report.lines()
+    verdict_at = len(lines) - 1 - len(report.advice)
+    for line in lines[:verdict_at]:
+        logger.info(line)
+    log = logger.info if report.retained() >= ROBUST else logger.warning
+    log("backbone " + lines[verdict_at].strip())
+    for line in report.advice:
+        log(f"  - {line}")
+    return record
+
+
+def saved_diagnosis(output_dir: Path | None) -> dict[str, Any] | None:
+    """The diagnosis a run folder saved (``None`` when it has none)."""
+    path = None if output_dir is None else output_dir / DIAGNOSIS_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
 
 
 def verdict(report: Diagnosis) -> tuple[str, list[str]]:

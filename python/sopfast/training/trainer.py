@@ -9,11 +9,10 @@ was never interrupted.  See ``docs/training.md``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
 from typing import Any
@@ -36,8 +35,9 @@ from ..model.checkpoint import (
 )
 from ..model.numerics import flush_denormal
 from ..model.sop import SOP
-from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
-from .diagnose import DIAGNOSIS_NAME, ROBUST, diagnose
+from .callbacks import LegacyCallback, TrainerCallback, as_callbacks, emit
+from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, resolve_metric
+from .diagnose import diagnose_run, saved_diagnosis
 from .distributed import (
     ResumableSampler,
     all_reduce_sum,
@@ -49,12 +49,14 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .optimizer import build_optimization
 from .records import RunRecords, write_run_config
 from .resume import check_resumable, fingerprint, resume_path
 from .state import capture_rng, restore_rng, seed_everything
-from .validation import forward_batch, validate
+from .stopping import Stopping
+from .validation import forward_batch, has_unused_parameters, validate
 
-Callback = Callable[["Trainer", str, dict[str, Any]], None]
+Callback = TrainerCallback | LegacyCallback
 logger = logging.getLogger("sopfast.training")
 
 
@@ -66,9 +68,9 @@ class NonFiniteLossError(ValueError):
 class Trainer:
     """Trains ``model`` on ``train_data`` (see :class:`TrainConfig` for ``options``).
 
-    ``callbacks`` are called as ``callback(trainer, event, record)`` with events ``"step"``
-    (after every optimizer step), ``"log"``, ``"eval"`` and ``"end"``; set
-    ``trainer.should_stop = True`` to stop after the current step (state is saved).
+    ``callbacks`` are :class:`~sopfast.training.callbacks.TrainerCallback` s (``on_step_end``, ``on_log``,
+    ``on_evaluate``, ``on_save``, ``on_train_end`` …); set ``trainer.should_stop = True`` in one to stop
+    after the current step (state is saved).
     """
 
     def __init__(
@@ -88,9 +90,7 @@ class Trainer:
         for data, name in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:
                 raise ValueError(f"{name} is a Dataset: give batch_size= (or pass a DataLoader)")
-        self.callbacks = list(callbacks or [])
-        if not all(callable(cb) for cb in self.callbacks):
-            raise TypeError("callbacks must be callables (trainer, event, record) -> None")
+        self.callbacks = as_callbacks(callbacks)
         self.model = model
         self.train_data, self.val_data = train_data, val_data
         self.metric = resolve_metric(self.config.metric, model.task)
@@ -99,8 +99,7 @@ class Trainer:
         self.best_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.should_stop = False
-        self.stop_reason = "epochs"
-        self.evals_since_best = 0
+        self.stopping = Stopping(None)
         self.diagnosis: dict[str, Any] | None = None
         self._backbone_sha256: str | None = None
         self._pending_rng: dict[str, Any] | None = None
@@ -117,6 +116,7 @@ class Trainer:
         self.log = RunRecords(cfg.log_file if main else None, cfg.output_dir if main else None)
         try:
             self._setup()
+            self._emit("begin", {"step": self.step, "total_steps": self.total_steps})
             while self.epoch < self.epochs and not self._done():
                 self._run_epoch()
             result = self._finish()
@@ -142,7 +142,7 @@ class Trainer:
             "batches_done": self.batches_done,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
-            "evals_since_best": self.evals_since_best,
+            "evals_since_best": self.stopping.evals_since_best,
             "fingerprint": self._fingerprint(),
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
@@ -158,6 +158,7 @@ class Trainer:
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
             atomic_save(self.state_dict(), output_dir / STATE_NAME)
+            self._emit("save", {"step": self.step, "what": "state", "path": str(output_dir / STATE_NAME)})
 
     @property
     def backbone_sha256(self) -> str:
@@ -181,33 +182,17 @@ class Trainer:
         self.epochs = cfg.planned_epochs(self.steps_per_epoch)
         self.total_steps = self.epochs * self.steps_per_epoch
         self.eval_every = cfg.eval_interval(self.steps_per_epoch)
-        self.patience = cfg.early_stopping_patience(self.val_loader is not None)
-        heads = self.model.generator.num_heads
-        phases = cfg.head_schedule == "phases" and heads > 1
-        self.head_phase = max(1, self.total_steps // heads) if phases else None
-        period = self.head_phase
-        lr, warmup_ratio = cfg.lr, cfg.warmup_ratio
-        if lr is None or warmup_ratio is None:
-            raise ValueError(
-                f"the training config must be resolved (TrainConfig.resolved), got lr={lr}, warmup_ratio={warmup_ratio}"
-            )
-        self.warmup_steps = (
-            cfg.warmup_steps if cfg.warmup_steps is not None else int(warmup_ratio * (period or self.total_steps))
-        )
-        params = self.model.trainable_parameters()
-        if not params:
-            raise ValueError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, period or self.total_steps, period)
-        )
+        self.stopping.patience = cfg.early_stopping_patience(self.val_loader is not None)
+        optimization = build_optimization(self.model, cfg, self.total_steps)
+        self.optimizer, self.scheduler = optimization.optimizer, optimization.scheduler
+        self.warmup_steps, self.head_phase = optimization.warmup_steps, optimization.head_phase
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16" and self.device.type == "cuda")
         self._resume()
         if cfg.diagnose and self.model.task == "classification":
             self._diagnose()
         find_unused = cfg.find_unused_parameters
         if find_unused is None and info.enabled:
-            find_unused = self._has_unused_parameters()
+            find_unused = has_unused_parameters(self.model, next(iter(self.train_loader)), self.device, self._autocast)
         self.ddp_model = wrap_ddp(self.model, self.device, info, bool(find_unused))
         last = self.total_steps if cfg.max_steps is None else min(cfg.max_steps, self.total_steps)
         self.pbar = tqdm(
@@ -226,51 +211,14 @@ class Trainer:
         self._start_time = time.time()
 
     def _diagnose(self) -> None:
-        """The backbone diagnostic (:func:`sopfast.diagnose`) on the validation data (else the training
-        data), on a fresh run; a resumed run reads the one its folder saved."""
+        """The backbone diagnostic on the validation data (else the training data), on a fresh run (rank
+        0); a resumed run reads the one its folder saved."""
         output_dir = self.config._output_path
-        saved = None if output_dir is None else output_dir / DIAGNOSIS_NAME
         if self.step > 0:
-            if saved is not None and saved.is_file():
-                self.diagnosis = json.loads(saved.read_text(encoding="utf-8"))
-            return
-        if not self.info.is_main:
-            return
-        data = self.val_data if self.val_data is not None else self.train_data
-        report = diagnose(
-            self.model,
-            data,
-            examples=self.config.diagnose_examples,
-            seed=self.config.seed,
-            device=self.device,
-            progress=self.config.progress,
-        )
-        self.diagnosis = report.to_dict()
-        if saved is not None:
-            report.save(saved)
-        self.log.write({"event": "diagnosis", "step": 0, **self.diagnosis})
-        for line in report.lines()[: -1 - len(report.advice)]:
-            logger.info(line)
-        log = logger.info if report.retained() >= ROBUST else logger.warning
-        log("backbone " + report.lines()[-1 - len(report.advice)].strip())
-        for line in report.advice:
-            log(f"  - {line}")
-
-    def _has_unused_parameters(self) -> bool:
-        """Whether a backward pass on the first batch leaves a trainable parameter without gradient.
-
-        Runs in eval mode (no dropout, no running-statistics updates) and restores the RNG states.
-        """
-        rng = capture_rng()
-        self.model.eval()
-        with self._autocast():
-            out, labels = forward_batch(self.model, to_device(next(iter(self.train_loader)), self.device))
-            loss = out.compute_loss(labels)
-        loss.backward()
-        unused = any(p.grad is None for p in self.model.trainable_parameters())
-        self.optimizer.zero_grad(set_to_none=True)
-        restore_rng(rng)
-        return unused
+            self.diagnosis = saved_diagnosis(output_dir)
+        elif self.info.is_main:
+            data = self.val_data if self.val_data is not None else self.train_data
+            self.diagnosis = diagnose_run(self.model, data, self.config, self.device, self.log.write)
 
     @staticmethod
     def _num_batches(loader: DataLoader) -> int:
@@ -307,16 +255,16 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
-        self.evals_since_best = state.get("evals_since_best", 0)
+        self.stopping.evals_since_best = state.get("evals_since_best", 0)
         self._pending_rng = state["rng"]
 
     # -- the loop ---------------------------------------------------------------------------
     def _done(self) -> bool:
         if self.config.max_steps is not None and self.step >= self.config.max_steps and not self.should_stop:
-            self.stop_reason = "max_steps"
+            self.stopping.reason = "max_steps"
             return True
-        if self.should_stop and self.stop_reason == "epochs":
-            self.stop_reason = "callback"
+        if self.should_stop and self.stopping.reason == "epochs":
+            self.stopping.reason = "callback"
         return self.should_stop
 
     def _restore_pending_rng(self) -> None:
@@ -438,8 +386,7 @@ class Trainer:
 
     # -- logging, evaluation, the end ----------------------------------------------------------
     def _emit(self, event: str, record: dict[str, Any]) -> None:
-        for callback in self.callbacks:
-            callback(self, event, record)
+        emit(self.callbacks, self, event, record)
 
     def _record(self, event: str, **values: Any) -> dict[str, Any]:
         record = {
@@ -480,15 +427,16 @@ class Trainer:
         self.metrics = self.evaluate()
         self._eval_step = self.step
         value = self.metrics[f"val_{self.metric}"]
-        self.evals_since_best += 1
-        if self._improves(value):
-            self.best_metric, self.best_step, self.evals_since_best = value, self.step, 0
+        improved = self._improves(value)
+        if improved:
+            self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
+                self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
-        if self.patience is not None and self.evals_since_best >= self.patience and self.step < self.total_steps:
-            self.should_stop, self.stop_reason = True, "early_stopping"
+        if self.stopping.evaluated(improved, self.step < self.total_steps):
+            self.should_stop = True
         self.log.plot()
         self._progress.set_postfix(self._postfix())
         self._emit("eval", record)
@@ -501,11 +449,12 @@ class Trainer:
         self.save_state()
         if self.info.is_main and output_dir is not None:
             save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
+            self._emit("save", {"step": self.step, "what": "last", "path": str(output_dir / "last")})
         record = self._record(
             "end",
             best=self.best_metric,
             best_step=self.best_step,
-            stop_reason=self.stop_reason,
+            stop_reason=self.stopping.reason,
             stopped=self._stopped(),
         )
         logger.info(self._stopped())
@@ -519,25 +468,15 @@ class Trainer:
             self.best_step,
             self.metrics,
             output_dir,
-            stop_reason=self.stop_reason,
+            stop_reason=self.stopping.reason,
             diagnosis=self.diagnosis,
         )
 
     def _stopped(self) -> str:
-        """Where and why training stopped, in words."""
-        where = f"training stopped at step {self.step} of {self.total_steps} planned ({self.epochs} epochs)"
-        best = (
-            ""
-            if self.best_metric is None
-            else f"; best val_{self.metric} {self.best_metric:.4f} at step {self.best_step}"
+        best = (self.best_metric, self.best_step)
+        return self.stopping.describe(
+            self.step, self.total_steps, self.epochs, self.metric, best, self.config.max_steps
         )
-        why = {
-            "epochs": "the planned epochs are done",
-            "max_steps": f"max_steps={self.config.max_steps} reached",
-            "early_stopping": f"val_{self.metric} did not improve in {self.patience} evaluations (patience)",
-            "callback": "a callback asked it to stop",
-        }[self.stop_reason]
-        return f"{where}: {why}{best}"
 
 
 def train(

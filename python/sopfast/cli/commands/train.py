@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ...adapters.registry import builtin_adapter_classes
+from ...defaults import BATCH_SIZE
 from ...model.sop import SOP
 from ...training.config import TrainConfig
 from ..common import (
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 
 NAME = "train"
 HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
-# sopfast.SOP parameters without a command-line form (tensors, adapter objects)
-SOP_SKIP = ("class_weights", "adapter")
+# sopfast.SOP parameters without a command-line form (tensors; --adapter takes a name)
+SOP_SKIP = ("class_weights",)
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
 TRAIN_SKIP = ("resume", "device", "seed")
 SOP_OPTIONS = frozenset(name for name in parameters(SOP) if name not in SOP_SKIP)
@@ -77,12 +78,14 @@ def adapter_flags(group: argparse._ArgumentGroup) -> list[str]:
     return names
 
 
-def adapter_options(args: argparse.Namespace, backbone: Backbone, names: list[str]) -> dict:
-    """The given adapter flags among ``names``, checked by the backbone's adapter class."""
+def adapter_options(
+    args: argparse.Namespace, backbone: Backbone, names: list[str], adapter_cls: type[BackboneAdapter] | None = None
+) -> dict:
+    """The given adapter flags among ``names``, checked by ``adapter_cls`` (default: the backbone's)."""
     from ...adapters import find_adapter_class
 
     given = {n: getattr(args, n, None) for n in names if n not in SOP_OPTIONS}
-    return find_adapter_class(backbone.model).adapter_options(backbone.model, **given)
+    return (adapter_cls or find_adapter_class(backbone.model)).adapter_options(backbone.model, **given)
 
 
 def bare_backbone(args: argparse.Namespace, purpose: str) -> tuple[Backbone, BackboneAdapter, dict]:
@@ -101,7 +104,7 @@ def bare_backbone(args: argparse.Namespace, purpose: str) -> tuple[Backbone, Bac
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
     """The flags of every ``sopfast.train`` option (:class:`~sopfast.training.config.TrainConfig`)."""
     g = parser.add_argument_group("training (sopfast.train)")
-    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": 32})
+    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": BATCH_SIZE})
     g.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh in --output-dir")
     g.add_argument("--resume-from", default=None, help="training state file or directory to resume from")
     return names
@@ -127,14 +130,15 @@ def training_options(args: argparse.Namespace) -> dict:
 def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     """The ``--checkpoint`` model (the given SOP flags override what it saved), or a new SOP over
     ``backbone`` from the given flags (``mode``: ``drop`` where the backbone supports it)."""
-    from ...adapters import find_adapter_class
+    from ...adapters import adapter_class, find_adapter_class
 
     sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
     if args.checkpoint:
         return load_model(args, backbone, sop_options)
-    modes = find_adapter_class(backbone.model).supported_modes
-    sop_options.setdefault("mode", "drop" if "drop" in modes else "exact")
-    return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names))
+    named = sop_options.get("adapter")
+    adapter_cls = adapter_class(named) if named else find_adapter_class(backbone.model)
+    sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
+    return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names, adapter_cls))
 
 
 def run(args: argparse.Namespace) -> int:
