@@ -272,7 +272,7 @@ def test_train_config_checks_the_new_options():
         TrainConfig(diagnose="yes")
     config = TrainConfig()
     assert config.planned_epochs(steps_per_epoch=17) == 59 and config.planned_epochs(steps_per_epoch=1000) == 3
-    assert config.eval_interval(17) == 17 and config.eval_interval(1000) == 150
+    assert config.eval_interval(17) == 51 and config.eval_interval(1000) == 150
     assert config.early_stopping_patience(True) == 5 and config.early_stopping_patience(False) is None
     assert TrainConfig(epochs=3).early_stopping_patience(True) is None
 

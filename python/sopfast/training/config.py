@@ -54,7 +54,7 @@ class TrainConfig:
         grad_accum: micro-batches per optimizer step.
         amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
         eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
-            ``epochs=None``, about 20 times over the planned steps and at least once an epoch).
+            ``epochs=None``, 20 times over the planned steps).
         save_every: write the training state every N steps (also at each epoch end and at the end).
         log_every: write the per-step train records (loss, gradient norm, learning rate) every N
             steps (their values stay on the device in between: one transfer per N steps).
@@ -166,8 +166,7 @@ class TrainConfig:
         """Optimizer steps between evaluations (``None``: at each epoch's end)."""
         if self.eval_every is not None or self.epochs is not None:
             return self.eval_every
-        planned = self.planned_epochs(steps_per_epoch) * steps_per_epoch
-        return min(steps_per_epoch, math.ceil(planned / EVALUATIONS))
+        return math.ceil(self.planned_epochs(steps_per_epoch) * steps_per_epoch / EVALUATIONS)
 
     def early_stopping_patience(self, has_val_data: bool) -> int | None:
         """Evaluations without improvement after which training stops (``None``: never)."""
