@@ -232,11 +232,36 @@ inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, in
   std::fill(indices + count, indices + k_max, int64_t{-1});
 }
 
+// Whether a row has no result (python/sopfast/ops/counts.py, rows_without_result): a NaN among its
+// valid logits or no valid logit above -inf; with a blur (which mixes every logit with its
+// neighbours) any NaN or infinity.
+template <typename scalar_t, typename acc_t>
+bool top_tau_row_without_result(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid) {
+  constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
+  bool nan = false, above = false, infinite = false;
+  for (int64_t j = 0; j < pb.d; ++j) {
+    const acc_t v = static_cast<acc_t>(logits[j]);
+    const bool counted = valid == nullptr || valid[j];
+    nan |= counted && v != v;
+    above |= counted && v > -inf;
+    infinite |= v != v || v == inf || v == -inf;
+  }
+  return pb.blurs() ? infinite : (nan || !above);
+}
+
 // One row of the forward: logits[d] (+ valid[d] or nullptr) and its count k ->
-// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d].
+// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d].  A row without a
+// result gets no features (indices -1, mask false) and NaN lam and attention.
 template <typename scalar_t, typename acc_t>
 void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, int64_t k,
                          int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
+  if (top_tau_row_without_result(pb, logits, valid)) {
+    std::fill(indices, indices + pb.k_max, int64_t{-1});
+    std::fill(mask, mask + pb.d, false);
+    *lam = std::numeric_limits<acc_t>::quiet_NaN();
+    std::fill(attention, attention + pb.d, std::numeric_limits<acc_t>::quiet_NaN());
+    return;
+  }
   const acc_t* s = top_tau_blurred_logits(pb, logits, ws);
   top_tau_softmax(s, valid, pb.d, attention);
   // the authors' rule ranks the attention, equal values higher index first when keeping the largest
@@ -266,14 +291,15 @@ void top_tau_backward_row(const TopTauProblem<acc_t>& pb, const acc_t* attention
   }
 }
 
-// Rows [begin, end) of the forward over logits[N, d], valid[N, d] (or nullptr), k[N].
+// Rows [begin, end) of the forward over logits[N, d], valid[N, d] (or nullptr), k[N] (or nullptr:
+// every row keeps k_max).
 template <typename scalar_t, typename acc_t>
 void top_tau_forward_rows(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, const int64_t* k,
                           int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, int64_t begin, int64_t end) {
   TopTauWorkspace<acc_t> ws(pb.d);
   const int64_t d = pb.d;
   for (int64_t r = begin; r < end; ++r) {
-    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k[r], indices + r * pb.k_max,
+    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k == nullptr ? pb.k_max : k[r], indices + r * pb.k_max,
                         mask + r * d, lam + r, attention + r * d, ws);
   }
 }
