@@ -1,8 +1,9 @@
 """The fused ops in PyTorch's dispatcher, and the backends that implement them.
 
-Every op — ``sparsemax``, ``top_tau``, ``gather_tokens`` and their ``*_backward`` — is
-``torch.ops.sopfast.<op>``, callable from Python, C++ or a compiled graph.  :class:`Op` declares its
-schema once; its kernels are registered per dispatch key, and the dispatcher chooses:
+Every op — ``sparsemax``, ``top_tau``, ``gather_tokens`` and their ``*_backward``, and the composites
+``group_select`` and ``aggregate`` — is ``torch.ops.sopfast.<op>``, callable from Python, C++ or a
+compiled graph.  :class:`Op` declares a fused op's schema once; its kernels are registered per
+dispatch key, and the dispatcher chooses:
 
 * ``CPU`` — the C++ kernel of the compiled extension (``csrc/registration.cpp``);
 * ``CUDA`` — the Triton kernel (``sop_kernels``) when Triton can run on a GPU, else the CUDA C++
@@ -179,6 +180,15 @@ class Op:
             raise RuntimeError(f"backend {backend!r} needs {needs} tensors, got {device_type} tensors")
 
         return refuse
+
+
+def composite(name: str, schema: str, function: Callable[..., Any]) -> Any:
+    """Declares ``torch.ops.sopfast.<name>``, an op written in torch ops (and the ops above): one Python
+    implementation for every device, differentiated through (``CompositeImplicitAutograd``); returns its
+    overload."""
+    LIBRARY.define(name + schema)
+    LIBRARY.impl(name, function, "CompositeImplicitAutograd")
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
 # the schemas of every op
