@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +61,6 @@ if DRY_RUN or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton on CPU tensors (set before triton loads)
 
 import sopfast  # noqa: E402
-from sopfast.ops.top_tau import _ranking as top_tau_ranking  # noqa: E402
 from sopfast.benchmark import step_functions  # noqa: E402
 from sopfast.model.reference import reference_forward  # noqa: E402
 from sopfast.ops import (  # noqa: E402
@@ -75,6 +74,7 @@ from sopfast.ops import (  # noqa: E402
     top_tau_backward_reference,
     top_tau_reference,
 )
+from sopfast.ops.top_tau import _ranking as top_tau_ranking  # noqa: E402
 
 PEAK_GBPS_BY_NAME = {"H200": 4800.0, "H100": 3350.0}
 TOP_TAU_CHECK_ROWS = 129
@@ -921,9 +921,8 @@ def calibration_bf16(report: Report, kind: str) -> None:
         for name, out in measured.items():
             errors = logit_errors(out, truth)
             stats[name] = (mask_mismatch(out, truth), torch.quantile(errors.double(), 0.95).item())
-            report.row(
-                "gates", [_model_label(kind, report.dry_run), name, f"{stats[name][0]:.2e}", "", f"{stats[name][1]:.2e}"]
-            )
+            cells, p95 = stats[name]
+            report.row("gates", [_model_label(kind, report.dry_run), name, f"{cells:.2e}", "", f"{p95:.2e}"])
         (ref_cells, ref_p95), (cells, p95) = stats["authors bf16"], stats["exact bf16"]
         values = [ref_cells, ref_p95, cells, p95]
         assert all(math.isfinite(v) for v in values), f"not finite: {values}"

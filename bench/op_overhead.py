@@ -7,7 +7,7 @@
 ``--before DIR`` (a checkout with its extension built, e.g. ``git archive`` of an older commit plus its
 ``_C*.so``) runs the same cases in a fresh process of each tree, the two taking turns for ``--rounds``
 rounds, and writes the Markdown table (``--output``, default bench/RESULTS_op_overhead.md): the
-minimum over rounds of each case's best µs per call (``timeit``: 7 repeats of ``--number`` calls, one
+minimum over rounds of each case's best µs per call (``timeit``: REPEATS repeats of ``--number`` calls, one
 thread), and each case's ratio to ``torch.softmax`` on ``[4, 20]`` measured in the same process.
 Never asserts speed.
 """
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+REPEATS = 25  # timeit repeats per case and round: the minimum finds the quiet moments of a shared machine
 
 
 def cases() -> dict[str, Callable[[], object]]:
@@ -83,7 +84,7 @@ def measure(number: int) -> dict[str, float]:
     results = {}
     for name, fn in cases().items():
         fn()
-        results[name] = min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e6
+        results[name] = min(timeit.repeat(fn, number=number, repeat=REPEATS)) / number * 1e6
     return results
 
 
@@ -131,7 +132,7 @@ def markdown(before: Path, rounds: int, number: int, runs: dict[str, list[dict[s
         "# Per-call cost of the public ops on tiny CPU tensors",
         "",
         f"`bench/op_overhead.py --before {before} --rounds {rounds} --number {number}`: the two trees in fresh "
-        f"processes taking turns, {rounds} rounds; best µs per call (timeit, 7 × {number} calls, one thread), "
+        f"processes taking turns, {rounds} rounds; best µs per call (timeit, {REPEATS} × {number} calls, one thread), "
         f"minimum over rounds; × softmax = the case over `torch.softmax` on `[4, 20]` in the same tree's runs.",
         f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs (shared with other jobs); Python "
         f"{platform.python_version()}, torch {torch.__version__}.",
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="an older tree to compare with, its extension built")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--number", type=int, default=2000, help="calls per timeit repeat")
+    parser.add_argument("--number", type=int, default=500, help="calls per timeit repeat")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "RESULTS_op_overhead.md")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -80,7 +80,7 @@ def test_unknown_sections_are_refused(gpu_report, tmp_path, capsys):
 
 def near_tie_case():
     """One row of attention over 6 features, k = 2: the reference keeps 0 and 1; feature 2 lies 1 ulp
-    below feature 1 (a near tie), feature 3 far below."""
+    below feature 1 (a near tie), feature 3 far below.  Returns the reference's result and k."""
     import torch
 
     from sopfast.ops import TopTauResult
@@ -89,13 +89,13 @@ def near_tie_case():
     a[0, 2] = torch.nextafter(a[0, 1], torch.tensor(0.0))
     reference_mask = torch.tensor([[True, True, False, False, False, False]])
     reference = TopTauResult(torch.tensor([[0, 1]]), reference_mask, torch.zeros(1), a)
-    return a, reference, torch.tensor([2])
+    return reference, torch.tensor([2])
 
 
 def test_a_group_may_differ_from_the_reference_only_at_near_ties(gpu_report):
     import torch
 
-    a, reference, k = near_tie_case()
+    reference, k = near_tie_case()
     at_near_tie = torch.tensor([[True, False, True, False, False, False]])
     far = torch.tensor([[True, False, False, True, False, False]])
     assert not gpu_report.rows_beyond_near_ties(at_near_tie, reference, k, None, largest=True).any()
