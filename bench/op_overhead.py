@@ -5,7 +5,7 @@
     PYTHONPATH=.:python python bench/op_overhead.py --before DIR --rounds 5  # DIR's tree vs this one
 
 ``--before DIR`` (a checkout with its extension built, e.g. ``git archive`` of an older commit plus its
-``_C*.so``) runs the same cases in a fresh process of each tree, the two taking turns for ``--rounds``
+``_C*.so``; ``--before-label`` says what it is) runs the same cases in a fresh process of each tree, the two taking turns for ``--rounds``
 rounds, and writes the Markdown table (``--output``, default bench/RESULTS_op_overhead.md): the
 minimum over rounds of each case's best µs per call (``timeit``: REPEATS repeats of ``--number`` calls, one
 thread), and each case's ratio to ``torch.softmax`` on ``[4, 20]`` measured in the same process.
@@ -120,7 +120,7 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def markdown(before: Path, rounds: int, number: int, runs: dict[str, list[dict[str, float]]]) -> str:
+def markdown(before: Path, label: str, rounds: int, number: int, runs: dict[str, list[dict[str, float]]]) -> str:
     import torch
 
     best = {tree: {} for tree in runs}
@@ -136,7 +136,7 @@ def markdown(before: Path, rounds: int, number: int, runs: dict[str, list[dict[s
         f"minimum over rounds; × softmax = the case over `torch.softmax` on `[4, 20]` in the same tree's runs.",
         f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs (shared with other jobs); Python "
         f"{platform.python_version()}, torch {torch.__version__}.",
-        f"before: `{before}` ({git_commit(before)}); after: this tree ({git_commit(ROOT)}).",
+        f"before: {label or f'`{before}` ({git_commit(before)})'}; after: this tree ({git_commit(ROOT)}).",
         "",
         "| call | before µs | after µs | before × softmax | after × softmax |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -170,6 +170,7 @@ def markdown(before: Path, rounds: int, number: int, runs: dict[str, list[dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="an older tree to compare with, its extension built")
+    parser.add_argument("--before-label", default="", help="what the --before tree is (default: its path and commit)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--number", type=int, default=500, help="calls per timeit repeat")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "RESULTS_op_overhead.md")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         runs["before"].append(run_tree(args.before.resolve(), args.number))
         runs["after"].append(run_tree(ROOT, args.number))
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    args.output.write_text(markdown(args.before, args.rounds, args.number, runs))
+    args.output.write_text(markdown(args.before, args.before_label, args.rounds, args.number, runs))
     print(args.output.read_text())
     return 0
 
