@@ -5,10 +5,11 @@
     PYTHONPATH=.:python python bench/op_overhead.py --before DIR --rounds 5  # DIR's tree vs this one
 
 ``--before DIR`` (a checkout with its extension built, e.g. ``git archive`` of an older commit plus its
-``_C*.so``; ``--before-label`` says what it is) runs the same cases in a fresh process of each tree, the two taking turns for ``--rounds``
-rounds, and writes the Markdown table (``--output``, default bench/RESULTS_op_overhead.md): the
-minimum over rounds of each case's best µs per call (``timeit``: REPEATS repeats of ``--number`` calls, one
-thread), and each case's ratio to ``torch.softmax`` on ``[4, 20]`` measured in the same process.
+``_C*.so``; ``--before-label`` says what it is) runs the same cases in a fresh process of each tree,
+the two taking turns for ``--rounds`` rounds, and writes the Markdown table (``--output``, default
+bench/RESULTS_op_overhead.md): the minimum over rounds of each case's best µs per call (``timeit``:
+REPEATS repeats of ``--number`` calls, one thread), each case's ratio to ``torch.softmax`` on
+``[4, 20]`` measured in the same process, and each public op's overhead over its kernel alone.
 Never asserts speed.
 """
 
