@@ -62,3 +62,9 @@ def test_the_markdown_is_written_after_every_step(gpu_script, tmp_path, monkeypa
 def test_pytest_summaries_are_read(gpu_script):
     counts = gpu_script.pytest_counts("=== 3 failed, 387 passed, 2 skipped in 61.2s ===")
     assert counts == {"failed": 3, "passed": 387, "skipped": 2}
+
+
+def test_the_committed_summary_has_every_key(gpu_script):
+    """bench/gpu/summary.json, read by tools: every key, null where no GPU run has measured it."""
+    summary = json.loads((SCRIPT.parent / "gpu" / "summary.json").read_text())
+    assert tuple(summary) == gpu_script.SUMMARY_KEYS
