@@ -1001,15 +1001,20 @@ def write_markdown(report: Report, path: Path, started: float) -> None:
         "",
         "## Checks",
         "",
-        "| section | check | status | detail | s |",
-        "| --- | --- | --- | --- | ---: |",
+        *checks_and_tables(report, "section"),
     ]
+    path.write_text("\n".join(lines))
+
+
+def checks_and_tables(report: Report, heading: str) -> list[str]:
+    """Markdown lines: the checks (``heading`` names their first column), the summary line, the tables."""
+    lines = [f"| {heading} | check | status | detail | s |", "| --- | --- | --- | --- | ---: |"]
     lines += [f"| {c.section} | {c.name} | {c.status} | {c.detail} | {c.seconds:.1f} |" for c in report.checks]
     counts = {s: sum(c.status == s for c in report.checks) for s in ("ok", "FAIL", "error", "skipped")}
     lines += ["", "Summary: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
     for title, rows in report.tables.items():
         lines += [f"## {title}", "", *rows, ""]
-    path.write_text("\n".join(lines))
+    return lines
 
 
 def _triton_version() -> str:

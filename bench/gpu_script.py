@@ -142,14 +142,8 @@ class Script:
             f"{gr._backends.backends()['available']}, on {self.summary['date']}.",
             *report.environment,
             "",
-            "| step | check | status | detail | s |",
-            "| --- | --- | --- | --- | ---: |",
+            *gr.checks_and_tables(report, "step"),
         ]
-        lines += [f"| {c.section} | {c.name} | {c.status} | {c.detail} | {c.seconds:.1f} |" for c in report.checks]
-        counts = {s: sum(c.status == s for c in report.checks) for s in ("ok", "FAIL", "error", "skipped")}
-        lines += ["", "Summary: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
-        for title, rows in report.tables.items():
-            lines += [f"## {title}", "", *rows, ""]
         lines += ["## summary.json", "", "```json", json.dumps(self.summary, indent=2), "```", ""]
         self.markdown.write_text("\n".join(lines))
         self.summary_path.write_text(json.dumps(self.summary, indent=2) + "\n")
