@@ -160,15 +160,15 @@ class Op:
             return self.reference
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if not available_backends()[backend] and not (backend == "cuda" and has_cuda_kernels()):
-            raise RuntimeError(f"backend {backend!r} is not available here")
-        if backend != "triton":
-            return getattr(_EXTENSION, f"{self.kernel}_{'cpu' if backend == 'cpp' else 'cuda'}")
-        kernel = getattr(triton_kernels(), self.kernel)
-        finish = self.finish
-        if finish is None:
-            return kernel
-        return lambda *args: finish(args, kernel(*args))
+        if backend == "triton":
+            kernels = triton_kernels()
+            if kernels is None:
+                raise RuntimeError("backend 'triton' is not available here (it needs a GPU or TRITON_INTERPRET=1)")
+            kernel, finish = getattr(kernels, self.kernel), self.finish
+            return kernel if finish is None else lambda *args: finish(args, kernel(*args))
+        if _EXTENSION is None or (backend == "cuda" and not has_cuda_kernels()):
+            raise RuntimeError(f"backend {backend!r} is not available here (sopfast._C is not built with it)")
+        return getattr(_EXTENSION, f"{self.kernel}_{'cpu' if backend == 'cpp' else 'cuda'}")
 
     def kernel_on(self, backend: str, device_type: str) -> Callable[..., Any]:
         """What an override of ``backend`` registers for ``device_type``: the implementation, or an error."""
