@@ -354,3 +354,19 @@ def test_a_tiny_sop_forward_compiles_to_one_graph_through_the_ops():
         code = graphs[0].code
         assert len(graphs) == 1 and "sopfast.top_tau" in code and "sopfast.group_select" in code, code
         assert ("sopfast.gather_tokens" in code) == (mode == "drop")
+
+
+@needs_cpp
+def test_a_bad_backend_in_the_environment_at_import_warns_and_the_defaults_run():
+    script = """
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch, sopfast
+assert any("SOPFAST_BACKEND='fortran' is not a backend" in str(w.message) for w in caught)
+assert sopfast.ops.sparsemax(torch.tensor([[1.0, 3.0]])).tolist() == [[0.0, 1.0]]
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SOPFAST_BACKEND": "fortran"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

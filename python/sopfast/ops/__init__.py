@@ -3,6 +3,8 @@ device: CPU → C++, CUDA → Triton or CUDA C++, otherwise the PyTorch referenc
 C++; fake kernels for ``torch.compile``), behind checked Python functions; override the kernels
 with :func:`use_backend` or ``SOPFAST_BACKEND`` (see :mod:`sopfast.ops._backends`)."""
 
+import warnings
+
 from . import _backends
 from ._backends import available_backends, backends, select_backend, use_backend
 from .blur import gaussian_kernel1d
@@ -12,7 +14,10 @@ from .group_select import aggregate, aggregate_reference, group_select, group_se
 from .sparsemax import sparsemax, sparsemax_backward_reference, sparsemax_reference
 from .top_tau import TopTauResult, top_tau, top_tau_backward_reference, top_tau_reference
 
-_backends.sync_environment()  # SOPFAST_BACKEND, once every op is registered
+try:  # SOPFAST_BACKEND, once every op is registered
+    _backends.sync_environment()
+except (ValueError, RuntimeError) as error:  # raised again where the override is read (backends(), use_backend)
+    warnings.warn(f"sopfast: {error}; the default kernels run", RuntimeWarning, stacklevel=2)
 
 __all__ = [
     "TopTauResult",
