@@ -410,17 +410,34 @@ def _joined(main: dict, curves: dict) -> dict:
 
 
 def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, seeds: int = 2) -> dict:
-    """The text demo; returns the results dict (also written to ``<out>/results.json``): SOP trained with
-    ``seeds`` seeds on the frozen MiniLM classifier and compared with the baselines on ``COMPARE_TEXTS``
-    test tweets of every length (``"comparison"``) and on those of at least ``LONG_TEXT`` tokens
-    (``"long"``), each the mean ± spread over the seeds."""
+    """The text demo; returns the results dict (also written to ``<out>/results.json``): the frozen MiniLM
+    classifier (:func:`_text_backbone`) and :func:`text_study` on it."""
+    train_set, test_set = text_splits(quick, seed)
+    backbone = _text_backbone(train_set, device, quick, seed)
+    results = text_study(backbone, train_set, test_set, out_dir, quick, device, list(range(seed, seed + seeds)))
+    backbone.save_pretrained(os.path.join(out_dir, "backbone"))
+    train_set.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
+    return results
+
+
+def text_study(
+    backbone: nn.Module,
+    train_set: TextDataset,
+    test_set: TextDataset,
+    out_dir: str,
+    quick: bool,
+    device: torch.device,
+    seeds: list[int],
+) -> dict:
+    """SOP (the default recipe, 8 groups, τ = 0.2, drop) trained on a text classifier with each of ``seeds``
+    and compared with the baselines on the first ``COMPARE_TEXTS`` of ``test_set``, all lengths
+    (``"comparison"``) and those of at least ``LONG_TEXT`` tokens (``"long"``), each the mean ± spread
+    over the seeds; the first seed's model in ``<out>/sop`` and its pages in ``<out>/explanations``."""
     from ..evaluation.plots import plot_curves
     from ..evaluation.seeds import combine_seeds
     from ..model.checkpoint import save_pretrained
     from ..training.diagnose import diagnose
 
-    train_set, test_set = text_splits(quick, seed)
-    backbone = _text_backbone(train_set, device, quick, seed)
     compared = test_set.subset(torch.arange(min(len(test_set), 24 if quick else COMPARE_TEXTS)))
     long = compared.encoded["attention_mask"].sum(dim=1) >= LONG_TEXT
     n_curve = 8 if quick else CURVE_TEXTS
@@ -429,19 +446,19 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, se
         "short": _text_loaders(compared.subset(~long), round(n_curve * float((~long).float().mean()))),
     }
     parts = {name: loaders for name, loaders in parts.items() if len(loaders[0].dataset) > 0}
+    share = float(compared.labels.float().mean())
     results: dict = {
         "dataset": "tweets",
         "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device),
         "chance": 0.5,
-        "majority": max(float(compared.labels.float().mean()), 1 - float(compared.labels.float().mean())),
-        "seeds": list(range(seed, seed + seeds)),
+        "majority": max(share, 1 - share),
+        "seeds": seeds,
         "long_text": LONG_TEXT,
     }
     test_batches = _parsed_batches(test_set, device)
-    n_sop = 400 if quick else TEXT_SOP_TEXTS
-    sop_train = train_set.subset(torch.arange(min(n_sop, len(train_set))))
+    sop_train = train_set.subset(torch.arange(min(400 if quick else TEXT_SOP_TEXTS, len(train_set))))
     runs, models = [], []
-    for i, run_seed in enumerate(results["seeds"]):
+    for i, run_seed in enumerate(seeds):
         torch.manual_seed(run_seed)
         model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
         if i == 0:
@@ -449,8 +466,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, se
             results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
             results["untrained_accuracy"] = _sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
-        epochs = 1 if quick else TEXT_EPOCHS
-        seconds = _train_sop(model, sop_train, run_dir, device, run_seed, epochs, batch_size=16)
+        seconds = _train_sop(model, sop_train, run_dir, device, run_seed, 1 if quick else TEXT_EPOCHS, batch_size=16)
         results.setdefault("sop_train_seconds", []).append(seconds)
         start = time.perf_counter()
         runs.append(_evaluate_text_seed(model, parts, device, i == 0))
@@ -465,8 +481,6 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, se
         results["long"] = {"comparison": comparison, "spread": spread}
     results["curves_png"] = plot_curves(results["comparison"], os.path.join(out_dir, "curves.png"))
     results["metrics"] = results["comparison"]["SOP"]
-    backbone.save_pretrained(os.path.join(out_dir, "backbone"))
-    train_set.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
     save_pretrained(model, os.path.join(out_dir, "sop"))
     results["pictures"] = write_explanations(model, test_set, os.path.join(out_dir, "explanations"), 6, device)
     return results
