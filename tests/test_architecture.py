@@ -21,6 +21,7 @@ PACKAGE = Path(sopfast.__file__).parent
 LAYERS = {
     "checks": 1,
     "devices": 1,
+    "integrity": 1,
     "types": 1,
     "testing": 1,
     "version": 1,

@@ -110,7 +110,9 @@ def test_checkpoints_record_the_recipe_and_old_ones_load_as_the_paper(tmp_path):
     old.save_pretrained(tmp_path / "old")
     config_file = tmp_path / "old" / "sop_config.json"
     saved = json.loads(config_file.read_text())
-    del saved["config"]["recipe"]  # written before recipes existed: every option explicit
+    del saved["config"]["recipe"]  # written before recipes existed (0.2): every option explicit, no checksums
+    del saved["sha256"], saved["weights"]
+    saved["sopfast_version"] = "0.2.0"
     config_file.write_text(json.dumps(saved))
     assert sopfast.SOP.from_pretrained(tmp_path / "old", backbone).config["recipe"] == "paper"
 

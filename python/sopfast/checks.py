@@ -11,6 +11,7 @@ import argparse
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsIndex, TypeVar, cast
 
@@ -69,18 +70,48 @@ def check_number(
     return value
 
 
-def check_bool(name: str, value: Any) -> bool:
-    """``value`` if it is ``True`` or ``False`` (not a string, number or tensor standing for one)."""
+def check_bool(name: str, value: Any, *, optional: bool = False) -> Any:
+    """``value`` if it is ``True`` or ``False`` (not a string, number or tensor standing for one);
+    ``None`` passes when ``optional``."""
+    if value is None and optional:
+        return None
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+        allowed = "True, False or None" if optional else "True or False"
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
     return value
 
 
 def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
-    """``value`` if it is one of ``choices``."""
-    if value not in choices:
+    """``value`` if it is one of ``choices`` (compared by type and value: ``1`` is not ``True``)."""
+    if not any(value == c and (type(value) is type(c) or isinstance(c, str)) for c in choices):
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_path(name: str, value: Any, *, optional: bool = False) -> Any:
+    """``value`` if it is a non-empty ``str`` or ``os.PathLike`` (``None`` passes when ``optional``)."""
+    if value is None and optional:
+        return None
+    allowed = "a path (str or os.PathLike)" + (" or None" if optional else "")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    if not os.fspath(value):
+        raise ValueError(f"{name} must be {allowed}, got an empty path ('' would mean the current directory)")
+    return value
+
+
+def check_callables(name: str, value: Any) -> list:
+    """``value`` (a list or tuple of callables, or ``None``) as a list."""
+    if value is None:
+        return []
+    if callable(value) or isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{name} must be a list of callables, got {value!r} ({type(value).__name__}); wrap one in [...]"
+        )
+    bad = [v for v in value if not callable(v)]
+    if bad:
+        raise TypeError(f"{name} must be a list of callables, got {bad[0]!r} ({type(bad[0]).__name__}) in it")
+    return list(value)
 
 
 def check_tau(tau: Any, name: str = "tau") -> float:
@@ -142,6 +173,10 @@ def check_same_length(**tensors: torch.Tensor) -> None:
     sizes = {name: int(t.shape[0]) for name, t in tensors.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(f"all inputs need the same number of examples, got {sizes}")
+
+
+class NonFiniteError(ValueError):
+    """Values a model computes became NaN or infinite (what a diverged training run produces)."""
 
 
 def reads_on_host(device: torch.device) -> bool:

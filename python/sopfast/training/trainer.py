@@ -20,16 +20,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from ..checks import NonFiniteError, check_callables
 from ..data.batches import to_device
 from ..devices import resolve_device
+from ..integrity import listed, non_finite
 from ..model.checkpoint import (
     STATE_NAME,
-    atomic_save,
     hash_backbone,
     load_trainable_state_dict,
     load_training_state,
     remove_stale_temp_files,
     save_pretrained,
+    save_training_state,
     trainable_state_dict,
 )
 from ..model.numerics import flush_denormal
@@ -84,9 +86,7 @@ class Trainer:
         for data, name in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:
                 raise ValueError(f"{name} is a Dataset: give batch_size= (or pass a DataLoader)")
-        self.callbacks = list(callbacks or [])
-        if not all(callable(cb) for cb in self.callbacks):
-            raise TypeError("callbacks must be callables (trainer, event, record) -> None")
+        self.callbacks = check_callables("callbacks", callbacks)
         self.model = model
         self.train_data, self.val_data = train_data, val_data
         self.metric = resolve_metric(self.config.metric, model.task)
@@ -98,6 +98,7 @@ class Trainer:
         self._backbone_sha256: str | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._eval_step: int | None = None
+        self._run_fingerprint: dict[str, Any] | None = None
         self.pbar: tqdm | None = None
 
     # -- public -------------------------------------------------------------------------------
@@ -144,11 +145,22 @@ class Trainer:
         }
 
     def save_state(self) -> None:
-        """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
-        self.check_finite()
+        """Write ``output_dir/training_state.pt`` atomically, with its checksum (rank 0 only)."""
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
-            atomic_save(self.state_dict(), output_dir / STATE_NAME)
+            self.check_savable()
+            save_training_state(self.state_dict(), output_dir / STATE_NAME)
+
+    def check_savable(self) -> None:
+        """Raise :class:`NonFiniteLossError` unless the loss, the gradients, the weights and the optimizer
+        state are finite: no model that cannot predict is saved (one host read per save)."""
+        self.check_finite()
+        bad = non_finite({"model": dict(self.model.named_parameters()), "optimizer": self.optimizer.state_dict()})
+        if bad:
+            raise NonFiniteLossError(
+                f"training stopped at step {self.step} (lr {self.config.lr:g}): NaN or infinite values in "
+                f"{listed(bad)}; nothing of this step was saved. Lower lr or turn on grad_clip"
+            )
 
     @property
     def backbone_sha256(self) -> str:
@@ -238,14 +250,19 @@ class Trainer:
         return n
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(
-            self.config,
-            world_size=self.info.world_size,
-            batch_size=self.train_loader.batch_size,
-            batches_per_epoch=self.batches_per_epoch,
-            warmup_steps=self.warmup_steps,
-            num_heads=self.model.generator.num_heads,
-        )
+        """What makes this run this run (:func:`sopfast.training.resume.fingerprint`), computed once."""
+        if self._run_fingerprint is None:
+            self._run_fingerprint = fingerprint(
+                self.config,
+                world_size=self.info.world_size,
+                batch_size=self.train_loader.batch_size,
+                batches_per_epoch=self.batches_per_epoch,
+                warmup_steps=self.warmup_steps,
+                num_heads=self.model.generator.num_heads,
+                model=self.model,
+                data=self.train_data,
+            )
+        return self._run_fingerprint
 
     def _resume(self) -> None:
         path = resume_path(self.config)
@@ -255,7 +272,12 @@ class Trainer:
         check_resumable(path, state, self._fingerprint(), self.batches_per_epoch)
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
-        load_trainable_state_dict(self.model, state["model"])
+        load_trainable_state_dict(self.model, state["model"], source=str(path))
+        bad = non_finite(state["optimizer"])
+        if bad:
+            raise ValueError(
+                f"cannot resume from {path}: the optimizer state holds NaN or infinite values in {listed(bad)}"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -300,9 +322,26 @@ class Trainer:
             except ValueError as err:
                 if isinstance(err, NonFiniteLossError):
                     raise
-                raise ValueError(f"training step {self.step + 1} (epoch {self.epoch + 1}): {err}") from err
+                where = f"training step {self.step + 1} (epoch {self.epoch + 1})"
+                if isinstance(err, NonFiniteError) and self.step > 0:
+                    raise NonFiniteLossError(self._diverged(where, err)) from err
+                raise ValueError(f"{where}: {err}") from err
             if self._done():
                 break
+
+    def _diverged(self, where: str, err: Exception) -> str:
+        """The message for values that became non-finite after ``self.step`` updates: the weights that did, or
+        the error itself; the step, ``lr`` and what to change."""
+        bad = non_finite(dict(self.model.named_parameters()))
+        advice = f"lower lr (now {self.config.lr:g}) or turn on grad_clip"
+        if bad:
+            return (
+                f"{where}: the weights {listed(bad)} became NaN or infinite after {self.step} updates at lr "
+                f"{self.config.lr:g}: the updates diverged; {advice}"
+            )
+        return (
+            f"{where}, after {self.step} updates at lr {self.config.lr:g}: {err}; if the inputs are in range, {advice}"
+        )
 
     def _autocast(self) -> AbstractContextManager:
         amp = self.config.amp
@@ -431,6 +470,7 @@ class Trainer:
             self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
+                self.check_savable()
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
         self.log.plot()
