@@ -132,6 +132,14 @@ def check_levels(name: str, levels: Any) -> tuple[float, ...] | None:
     return tuple(check_tau(z, f"{name}[{i}]") for i, z in enumerate(levels))
 
 
+def check_text_only(modality: str, **given: Any) -> None:
+    """Arguments only text backbones take (``attention_mask``, ``token_type_ids``) are ``None`` unless
+    ``modality`` is ``"text"`` (an image model would ignore them)."""
+    extra = [name for name, value in given.items() if value is not None]
+    if extra and modality != "text":
+        raise ValueError(f"{extra[0]} is for text backbones; this {modality} backbone takes the images alone")
+
+
 # -- tensors -----------------------------------------------------------------------------------
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -201,6 +209,21 @@ def check_values(
         torch._assert_async(ok, message)
     elif not bool(ok):
         raise error(message + (details() if details is not None else ""))
+
+
+def check_class_ids(name: str, ids: Any, count: int, what: str = "classes") -> torch.Tensor:
+    """``ids`` if it is an integer tensor (not bool) with values in ``[0, count)`` (a ValueError naming the
+    values outside; on a GPU a device-side assertion)."""
+    check_tensor(name, ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of ids in [0, {count}), got dtype {ids.dtype}")
+    if ids.numel():
+        check_values(
+            ((ids >= 0) & (ids < count)).all(),
+            f"{name} must lie in [0, {count - 1}] (the {count} {what})",
+            lambda: f", got {sorted({int(v) for v in ids.flatten().tolist() if not 0 <= v < count})[:5]}",
+        )
+    return ids
 
 
 def check_grid(grid: object, d: int) -> tuple[int, int]:

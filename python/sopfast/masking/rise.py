@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..adapters import BackboneAdapter
-from ..checks import check_int, check_tau
+from ..checks import check_class_ids, check_int, check_tau
 from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, feature_inputs, masked_forward
 
 
@@ -59,6 +59,8 @@ def rise(
     b, d = batch.batch_size, adapter.num_features(batch)
     if not isinstance(target, torch.Tensor) or target.shape != (b,):
         raise ValueError(f"target must be a [B] = [{b}] tensor of class ids, got {getattr(target, 'shape', target)!r}")
+    if adapter.num_classes is not None:
+        check_class_ids("target", target, adapter.num_classes)
     grid = adapter.feature_grid(batch) or d
     generator = torch.Generator().manual_seed(seed)
     masks = rise_masks(b, grid, num_masks, keep, cells, generator).to(batch.device)

@@ -13,7 +13,7 @@ from torch import nn
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source, load_recorded
-from ..checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..checks import check_bool, check_choice, check_int, check_number, check_tau, check_text_only
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
@@ -144,11 +144,11 @@ class SOP(nn.Module):
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
         self.recipe = get_recipe(recipe)
-        self.num_groups = check_int("num_groups", num_groups, 1)
+        self.num_groups = num_groups
         self.tau = tau
-        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
+        self.group_batch_size = group_batch_size
         self.task = check_choice("task", task, TASKS)
-        self.deletion = check_bool("deletion", deletion)
+        self.deletion = deletion
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -239,6 +239,43 @@ class SOP(nn.Module):
             raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
         return class_weights
 
+    # Options that may change after construction (saved with their current values): each set is checked.
+    @property
+    def num_groups(self) -> int:
+        """``m``, groups per input."""
+        return self._num_groups
+
+    @num_groups.setter
+    def num_groups(self, value: int) -> None:
+        self._num_groups = check_int("num_groups", value, 1)
+
+    @property
+    def group_batch_size(self) -> int | None:
+        """Groups per backbone call (``None``: picked from a token budget)."""
+        return self._group_batch_size
+
+    @group_batch_size.setter
+    def group_batch_size(self, value: int | None) -> None:
+        self._group_batch_size = check_int("group_batch_size", value, 1, optional=True)
+
+    @property
+    def deletion(self) -> bool:
+        """Whether groups keep the lowest-attention features."""
+        return self._deletion
+
+    @deletion.setter
+    def deletion(self, value: bool) -> None:
+        self._deletion = check_bool("deletion", value)
+
+    @property
+    def epoch(self) -> int:
+        """The training epoch (picks the generator head ``epoch mod H`` in training)."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = check_int("epoch", value, 0)
+
     @property
     def tau(self) -> float:
         return self._tau
@@ -254,8 +291,7 @@ class SOP(nn.Module):
 
     @checkpoint_projection.setter
     def checkpoint_projection(self, value: bool | None) -> None:
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"checkpoint_projection must be True, False or None, got {value!r}")
+        check_bool("checkpoint_projection", value, optional=True)
         if value and not self.adapter.supports_checkpointing:
             raise ValueError(
                 f"checkpoint_projection=True is not supported by {type(self.adapter).__name__} "
@@ -286,6 +322,7 @@ class SOP(nn.Module):
         given = [v for v in (x, input_ids, pixel_values) if v is not None]
         if len(given) != 1:
             raise ValueError("pass exactly one input: x, input_ids= or pixel_values=")
+        check_text_only(self.adapter.modality, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.adapter.prepare(given[0], attention_mask, token_type_ids)
 
     def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:
@@ -422,6 +459,12 @@ class SOP(nn.Module):
                 warn and load anyway).
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
+        check_bool("strict_backbone", strict_backbone)
+        if backbone is not None and not isinstance(backbone, (nn.Module, Backbone)):
+            raise TypeError(
+                f"backbone must be a torch.nn.Module (or a sopfast.adapters.load_backbone record) or None, got "
+                f"{backbone!r} ({type(backbone).__name__})"
+            )
         directory = pretrained_directory(directory)
         if backbone is None:
             recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}

@@ -18,11 +18,10 @@ from . import _backends
 def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
     """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``.
 
-    Checks that the indices lie in ``[-1, T)`` as :func:`gather_tokens` does (an index ``T`` would
-    read the next example's first token)."""
+    Checks the indices (integers in ``[-1, T)``: an index ``T`` would read the next example's first token)
+    and ``prefix`` as :func:`gather_tokens` does."""
     b, t, e = x.shape
-    if indices.numel():
-        _check_index_range(indices, t)
+    prefix = _check_indices_and_prefix(indices, prefix, t)
     _, m, k = indices.shape
     pad = indices < 0
     flat = (indices.clamp_min(0) + torch.arange(b, device=x.device).view(b, 1, 1) * t).reshape(-1)
@@ -121,6 +120,16 @@ def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
     )
 
 
+def _check_indices_and_prefix(indices: torch.Tensor, prefix: object, num_tokens: int) -> int:
+    """int64/int32 ``indices`` in ``[-1, T)`` and an integer ``prefix`` in ``[0, T]`` (returned)."""
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
+    prefix = check_int("prefix", prefix, 0, num_tokens)
+    if indices.numel():
+        _check_index_range(indices, num_tokens)
+    return prefix
+
+
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
     """Gather each group's tokens.
 
@@ -137,14 +146,8 @@ def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> to
     check_rank("x", x, 3, "[B, T, E]")
     check_tensor("indices", indices)
     check_rank("indices", indices, 3, "[B, m, k]")
-    if indices.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
     check_same_device(x=x, indices=indices)
     if indices.shape[0] != x.shape[0]:
         raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
-    prefix = check_int("prefix", prefix)
-    if not 0 <= prefix <= x.shape[1]:
-        raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
-    if indices.numel():
-        _check_index_range(indices, x.shape[1])
+    prefix = _check_indices_and_prefix(indices, prefix, x.shape[1])
     return GatherTokensFunction.apply(x.contiguous(), indices.to(torch.int64).contiguous(), int(prefix))
