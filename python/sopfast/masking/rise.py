@@ -55,6 +55,7 @@ def rise(
     batch = feature_inputs(adapter, inputs)
     check_int("num_masks", num_masks, 1)
     check_int("cells", cells, 1)
+    check_int("seed", seed, 0)
     check_tau(keep, "keep")
     b, d = batch.batch_size, adapter.num_features(batch)
     if not isinstance(target, torch.Tensor) or target.shape != (b,):
