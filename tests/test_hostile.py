@@ -140,7 +140,9 @@ def _call(what: str) -> Any:
         ),
         "cnn embed_dim 7": lambda: sopfast.SOP(make_cnn(), feature_layer="features", embed_dim=7),
         "cnn embed_dim 2.5": lambda: sopfast.SOP(make_cnn(), feature_layer="features", embed_dim=2.5),
-        "train callbacks=print": lambda: sopfast.train(model, [(X, torch.tensor([0, 1]))], batch_size=2, callbacks=print),
+        "train callbacks=print": lambda: sopfast.train(
+            model, [(X, torch.tensor([0, 1]))], batch_size=2, callbacks=print
+        ),
         "train resume=1": lambda: sopfast.train(model, [(X, torch.tensor([0, 1]))], batch_size=2, resume=1),
         "train output_dir ''": lambda: sopfast.train(model, [(X, torch.tensor([0, 1]))], batch_size=2, output_dir=""),
         "train lr 1e38": lambda: sopfast.train(model, [(X, torch.tensor([0, 1]))], batch_size=2, lr=1e38),
@@ -197,3 +199,50 @@ def test_masked_forward_of_no_mask_or_no_example_is_empty(batch, count, mode):
         VIT, X[:batch], torch.ones(batch, count, 16, dtype=torch.bool), mode=mode, return_embeddings=True
     )
     assert out.logits.shape == (batch, count, 3) and out.embeddings.shape == (batch, count, 32)
+
+
+# -- the command line ----------------------------------------------------------------------------
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from sopfast.cli.app import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory):
+    import user_data as U
+
+    return str(U.vit_dir(tmp_path_factory.mktemp("vit")))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--no-resume", "--resume-from", "state.pt"], "--no-resume and --resume-from contradict each other"),
+        (["--output-dir", ""], "--output-dir is empty"),
+        (["--data", "digits", "--text-column", "body"], "text_column (--text-column) is for text data"),
+        (["--data", "digits", "--label-map", "0=1"], "label_map (--label-map) is for your own data"),
+    ],
+)
+def test_cli_train_mistakes_are_one_line(vit_dir, flags, message, capsys):
+    code, err = _cli(["train", "--backbone", vit_dir, "--no-progress", *flags], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_theory_bounds_max_d(capsys):
+    code, err = _cli(["theory", "--max-d", "100000"], capsys)
+    assert code == 2 and "argument --max-d: must be an integer ≤ 64, got 100000" in err
+
+
+def test_cli_labels_the_backbone_does_not_name_need_a_label_map(vit_dir, tmp_path, capsys):
+    import user_data as U
+
+    table = U.image_csv(tmp_path, per_class=2)
+    table.write_text(table.read_text().replace(",owl", ",Owl"))
+    argv = ["train", "--backbone", vit_dir, "--data", str(table), "--holdout", "0.5", "--no-progress"]
+    argv += ["--num-groups", "2", "--batch-size", "4", "--max-steps", "1", "--output-dir", str(tmp_path / "run")]
+    code, err = _cli(argv, capsys)
+    assert code == 2 and "labels ['Owl'] are not classes of the backbone" in err and "'owl'" in err, err
+    code, err = _cli([*argv, "--label-map", "Owl=owl", "cat=cat", "dog=1"], capsys)
+    assert code == 0, err
