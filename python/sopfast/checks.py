@@ -114,6 +114,23 @@ def check_callables(name: str, value: Any) -> list:
     return list(value)
 
 
+class Checked:
+    """A class attribute whose every assignment goes through ``check(name, value)`` (kept as ``_name``):
+    an option that may change after construction is checked as the constructor checks it."""
+
+    def __init__(self, check: Callable[[str, Any], Any], doc: str = ""):
+        self.check, self.__doc__ = check, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, "_" + self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        object.__setattr__(obj, "_" + self.name, self.check(self.name, value))
+
+
 def check_tau(tau: Any, name: str = "tau") -> float:
     """The fraction of features a group keeps, in ``(0, 1]``."""
     if isinstance(tau, bool) or not isinstance(tau, numbers.Real):

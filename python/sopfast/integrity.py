@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-from .version import __version__
-
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.-]?(?:a|b|rc|dev|post)\d*)*(?:\+[\w.]+)?$")
 
 
@@ -67,17 +65,14 @@ def parse_version(text: Any, where: str) -> tuple[int, int, int]:
     return int(match[1]), int(match[2]), int(match[3] or 0)
 
 
-INSTALLED = parse_version(__version__, "sopfast")
-
-
-def check_version(text: Any, where: str) -> tuple[int, int, int]:
+def check_version(text: Any, where: str, installed: str) -> tuple[int, int, int]:
     """The version ``text`` recorded in ``where``; a ValueError when it is not a version or when its major
-    or minor number is newer than the installed sopfast's (a newer minor version may save what this one
+    or minor number is newer than the ``installed`` sopfast's (a newer minor version may save what this one
     cannot read or computes differently: ``docs/training.md``, "Checkpoints that prove themselves")."""
     saved = parse_version(text, where)
-    if saved[:2] > INSTALLED[:2]:
+    if saved[:2] > parse_version(installed, "sopfast")[:2]:
         raise ValueError(
-            f"{where} was saved by sopfast {text}, newer than the installed {__version__}: upgrade sopfast "
+            f"{where} was saved by sopfast {text}, newer than the installed {installed}: upgrade sopfast "
             "(pip install -U sopfast) to load it"
         )
     return saved

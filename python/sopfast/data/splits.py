@@ -44,7 +44,11 @@ class DataOptions:
     def check_modality(self, modality: str) -> None:
         """Options of the other modality are mistakes (they would be ignored): a DataError naming the first."""
         columns = self.columns or Columns()
-        image = {"image_column": columns.image, "image_size": self.image_size, "image_mean": self.image_mean}
+        image: dict[str, Any] = {
+            "image_column": columns.image,
+            "image_size": self.image_size,
+            "image_mean": self.image_mean,
+        }
         image |= {"image_std": self.image_std, "object_masks": self.object_masks}
         text = {"text_column": columns.text, "text_pair_column": columns.text_pair, "max_length": self.max_length}
         other = text if modality == "image" else image

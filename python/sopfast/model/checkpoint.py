@@ -12,9 +12,7 @@ is identified by a hash instead of being copied:
   ``weights``, the dtype and shape of every tensor in the weights file, and ``sha256``, the SHA-256 of
   the weights file and of the config's own entries.
 
-Training state (``training_state.pt``) is one ``torch.save`` file written atomically:
-a temporary file in the same directory, ``fsync``, then ``os.replace``; its ``sha256`` entry is the
-SHA-256 of every other entry's values (:func:`sopfast.integrity.state_sha256`).
+Every file is written atomically, and the training state has a checksum too (:mod:`sopfast.model.state_files`).
 
 Loading verifies what was recorded (a mismatch names the file), requires every entry the saving
 version writes, refuses a checkpoint of a newer sopfast (major or minor) and NaN or infinite values.
@@ -27,26 +25,30 @@ import hashlib
 import json
 import numbers
 import os
-import re
-import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
-from ..integrity import check_version, listed, non_finite, sha256_bytes, state_sha256, update_with_tensor
+from ..integrity import check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
 from .recipes import RECIPES
 
+# the training-state functions, where they always were
+from .state_files import STATE_NAME as STATE_NAME
+from .state_files import atomic_save as atomic_save
+from .state_files import atomic_write
+from .state_files import load_training_state as load_training_state
+from .state_files import remove_stale_temp_files as remove_stale_temp_files
+from .state_files import save_training_state as save_training_state
+
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
-STATE_NAME = "training_state.pt"
 BACKBONE_PREFIX = "backbone."
 # Attributes of SOP that may change after construction; their current values are saved.
 _MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
@@ -71,7 +73,6 @@ REQUIRED_OPTIONS = (
 )
 _REQUIRED_FROM = (0, 3)
 _META = ("config", "adapter", "backbone_sha256", "sopfast_version")
-_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
 _NOT_COMPUTATION = frozenset(
@@ -97,66 +98,6 @@ _NOT_COMPUTATION = frozenset(
         "inplace",
     }
 )
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
-    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced
-    (what ``write`` returns, e.g. ``f.write``'s byte count, is ignored)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX only; a no-op elsewhere)."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
-    """Delete the temp files :func:`atomic_write` left in ``directory`` (and its subfolders) when its
-    process was killed; files of a process that is still running stay.  Returns what was removed."""
-    directory = Path(directory)
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    for path in directory.rglob(".*.tmp"):
-        match = _TEMP_FILE.match(path.name)
-        if match and path.is_file() and not _pid_alive(int(match["pid"])):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save(obj, path)``, atomically."""
-    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def hash_backbone(backbone: nn.Module) -> str:
@@ -370,7 +311,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     missing = [key for key in _META if not isinstance(meta, dict) or key not in meta]
     if missing or not isinstance(meta["config"], dict):
         raise ValueError(f"{path} is not a valid SOP config: it lacks {missing or ['a config mapping']}")
-    version = check_version(meta["sopfast_version"], str(path))
+    version = check_version(meta["sopfast_version"], str(path), __version__)
     recorded = meta.get("sha256")
     if recorded is not None:
         if not isinstance(recorded, dict) or recorded.get(CONFIG_NAME) != _config_sha256(meta):
@@ -494,38 +435,3 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
         # The saved queries stand in for a classifier the backbone may not have.
         options["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
     return Pretrained(options, state, meta["adapter"], weights_path, dict(meta.get("provenance") or {}))
-
-
-def save_training_state(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write a training state atomically with its ``sha256`` (over the values of every other entry) and the
-    sopfast version."""
-    sealed = {k: v for k, v in state.items() if k != "sha256"}
-    sealed["sopfast_version"] = __version__
-    sealed["sha256"] = state_sha256(sealed)
-    return atomic_save(sealed, path)
-
-
-def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a training-state file written by :func:`save_training_state` (tensors land on the CPU),
-    verifying its ``sha256`` and version where recorded (a ValueError naming the file)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / STATE_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no training state to resume from: {path!s} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, unpickling error, ...
-        raise ValueError(f"{path} is not a readable training state ({type(err).__name__}: {err})") from err
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a sopfast training state")
-    if "sha256" in state:
-        rest = {k: v for k, v in state.items() if k != "sha256"}
-        if state["sha256"] != state_sha256(rest):
-            raise ValueError(
-                f"{path} does not match its recorded SHA-256: the training state is corrupted or was changed "
-                "after saving; resume from another state or start afresh (resume=False, --no-resume)"
-            )
-    if "sopfast_version" in state:
-        check_version(state["sopfast_version"], str(path))
-    return state

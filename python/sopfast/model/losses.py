@@ -42,7 +42,7 @@ def scaled_mse_loss(
         targets = targets.unsqueeze(1)
     if tuple(targets.shape) != (b, c):
         one = f" (or [B] = [{b}] for one output)" if c == 1 else ""
-        raise ValueError(f"targets must have shape [B, C] = [{b}, {c}]{one}, got {tuple(targets.shape)}")
+        raise ValueError(f"targets must have shape [B, {c}] = [{b}, {c}]{one}, got {tuple(targets.shape)}")
     if targets.dtype == torch.bool or targets.is_complex():
         raise TypeError(f"targets must be real numbers, got dtype {targets.dtype}")
     targets = targets.float()

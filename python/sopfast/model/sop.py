@@ -13,7 +13,7 @@ from torch import nn
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source, load_recorded
-from ..checks import check_bool, check_choice, check_int, check_number, check_tau, check_text_only
+from ..checks import Checked, check_bool, check_choice, check_int, check_number, check_tau, check_text_only
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
@@ -26,6 +26,14 @@ from .recipes import DEFAULT_RECIPE, RecipeName, check_options, get_recipe, reso
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
+
+
+def _module(backbone: object) -> nn.Module:
+    """The ``nn.Module`` of ``backbone`` (a module, or a :func:`sopfast.adapters.load_backbone` record)."""
+    module = backbone.model if isinstance(backbone, Backbone) else backbone
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"backbone must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    return module
 
 
 class SOPConfig(dict):
@@ -137,9 +145,7 @@ class SOP(nn.Module):
     ):
         super().__init__()
         source = backbone.describe() if isinstance(backbone, Backbone) else None
-        backbone = backbone.model if isinstance(backbone, Backbone) else backbone
-        if not isinstance(backbone, nn.Module):
-            raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+        backbone = _module(backbone)
         #: Where the backbone (and the inputs' preprocessing) came from, saved with the model so that
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
@@ -239,50 +245,12 @@ class SOP(nn.Module):
             raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
         return class_weights
 
-    # Options that may change after construction (saved with their current values): each set is checked.
-    @property
-    def num_groups(self) -> int:
-        """``m``, groups per input."""
-        return self._num_groups
-
-    @num_groups.setter
-    def num_groups(self, value: int) -> None:
-        self._num_groups = check_int("num_groups", value, 1)
-
-    @property
-    def group_batch_size(self) -> int | None:
-        """Groups per backbone call (``None``: picked from a token budget)."""
-        return self._group_batch_size
-
-    @group_batch_size.setter
-    def group_batch_size(self, value: int | None) -> None:
-        self._group_batch_size = check_int("group_batch_size", value, 1, optional=True)
-
-    @property
-    def deletion(self) -> bool:
-        """Whether groups keep the lowest-attention features."""
-        return self._deletion
-
-    @deletion.setter
-    def deletion(self, value: bool) -> None:
-        self._deletion = check_bool("deletion", value)
-
-    @property
-    def epoch(self) -> int:
-        """The training epoch (picks the generator head ``epoch mod H`` in training)."""
-        return self._epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self._epoch = check_int("epoch", value, 0)
-
-    @property
-    def tau(self) -> float:
-        return self._tau
-
-    @tau.setter
-    def tau(self, value: float) -> None:
-        self._tau = check_tau(value)
+    # options that may change after construction (saved with their current values), each set checked
+    tau = Checked(lambda name, v: check_tau(v, name), "The fraction of features a group keeps.")
+    num_groups = Checked(lambda name, v: check_int(name, v, 1), "``m``, groups per input.")
+    group_batch_size = Checked(lambda name, v: check_int(name, v, 1, optional=True), "Groups per backbone call.")
+    deletion = Checked(check_bool, "Whether groups keep the lowest-attention features.")
+    epoch = Checked(lambda name, v: check_int(name, v, 0), "The training epoch (head ``epoch mod H`` trains).")
 
     @property
     def checkpoint_projection(self) -> bool:
@@ -460,17 +428,13 @@ class SOP(nn.Module):
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
         check_bool("strict_backbone", strict_backbone)
-        if backbone is not None and not isinstance(backbone, (nn.Module, Backbone)):
-            raise TypeError(
-                f"backbone must be a torch.nn.Module (or a sopfast.adapters.load_backbone record) or None, got "
-                f"{backbone!r} ({type(backbone).__name__})"
-            )
+        if backbone is not None:
+            _module(backbone)  # a wrong type fails before any file is read
         directory = pretrained_directory(directory)
         if backbone is None:
             recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
             backbone = load_recorded(recorded, f"the checkpoint {directory}")
-        module = backbone.model if isinstance(backbone, Backbone) else backbone
-        saved = read_pretrained(directory, module, strict_backbone=strict_backbone)
+        saved = read_pretrained(directory, _module(backbone), strict_backbone=strict_backbone)
         model = cls(backbone, **{**saved.options, **overrides})
         saved.load_into(model, adapter_given="adapter" in overrides)
         model.provenance = {**saved.provenance, **{k: v for k, v in model.provenance.items() if v is not None}}

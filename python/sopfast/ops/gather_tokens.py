@@ -124,10 +124,10 @@ def _check_indices_and_prefix(indices: torch.Tensor, prefix: object, num_tokens:
     """int64/int32 ``indices`` in ``[-1, T)`` and an integer ``prefix`` in ``[0, T]`` (returned)."""
     if indices.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
-    prefix = check_int("prefix", prefix, 0, num_tokens)
+    checked: int = check_int("prefix", prefix, 0, num_tokens)
     if indices.numel():
         _check_index_range(indices, num_tokens)
-    return prefix
+    return checked
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:

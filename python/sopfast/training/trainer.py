@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 from ..checks import NonFiniteError, check_callables
 from ..data.batches import to_device
 from ..devices import resolve_device
-from ..integrity import listed, non_finite
 from ..model.checkpoint import (
     STATE_NAME,
     hash_backbone,
@@ -48,17 +47,13 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .guards import NonFiniteLossError, check_optimizer_state, check_savable, diverged
 from .records import RunRecords, write_run_config
 from .resume import check_resumable, fingerprint, resume_path
 from .state import capture_rng, restore_rng, seed_everything
 from .validation import forward_batch, validate
 
 Callback = Callable[["Trainer", str, dict[str, Any]], None]
-
-
-class NonFiniteLossError(ValueError):
-    """Training stopped: the loss (or, without a gradient scaler, the gradient norm) became NaN or
-    infinite; nothing computed after that step was saved."""
 
 
 class Trainer:
@@ -153,14 +148,9 @@ class Trainer:
 
     def check_savable(self) -> None:
         """Raise :class:`NonFiniteLossError` unless the loss, the gradients, the weights and the optimizer
-        state are finite: no model that cannot predict is saved (one host read per save)."""
+        state are finite: no model that cannot predict is saved."""
         self.check_finite()
-        bad = non_finite({"model": dict(self.model.named_parameters()), "optimizer": self.optimizer.state_dict()})
-        if bad:
-            raise NonFiniteLossError(
-                f"training stopped at step {self.step} (lr {self.config.lr:g}): NaN or infinite values in "
-                f"{listed(bad)}; nothing of this step was saved. Lower lr or turn on grad_clip"
-            )
+        check_savable(self.model, self.optimizer, self.step, float(self.config.lr or 0))
 
     @property
     def backbone_sha256(self) -> str:
@@ -273,11 +263,7 @@ class Trainer:
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
         load_trainable_state_dict(self.model, state["model"], source=str(path))
-        bad = non_finite(state["optimizer"])
-        if bad:
-            raise ValueError(
-                f"cannot resume from {path}: the optimizer state holds NaN or infinite values in {listed(bad)}"
-            )
+        check_optimizer_state(path, state["optimizer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -324,24 +310,10 @@ class Trainer:
                     raise
                 where = f"training step {self.step + 1} (epoch {self.epoch + 1})"
                 if isinstance(err, NonFiniteError) and self.step > 0:
-                    raise NonFiniteLossError(self._diverged(where, err)) from err
+                    raise diverged(where, err, self.model, self.step, float(self.config.lr or 0)) from err
                 raise ValueError(f"{where}: {err}") from err
             if self._done():
                 break
-
-    def _diverged(self, where: str, err: Exception) -> str:
-        """The message for values that became non-finite after ``self.step`` updates: the weights that did, or
-        the error itself; the step, ``lr`` and what to change."""
-        bad = non_finite(dict(self.model.named_parameters()))
-        advice = f"lower lr (now {self.config.lr:g}) or turn on grad_clip"
-        if bad:
-            return (
-                f"{where}: the weights {listed(bad)} became NaN or infinite after {self.step} updates at lr "
-                f"{self.config.lr:g}: the updates diverged; {advice}"
-            )
-        return (
-            f"{where}, after {self.step} updates at lr {self.config.lr:g}: {err}; if the inputs are in range, {advice}"
-        )
 
     def _autocast(self) -> AbstractContextManager:
         amp = self.config.amp
