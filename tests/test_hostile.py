@@ -116,6 +116,12 @@ def _call(what: str) -> Any:
         "group_counts above the features": lambda: sopfast.evaluate(
             model, [(X, torch.tensor([0, 1]))], metrics=["num_groups"], group_counts=[100]
         ),
+        "iou of empty ground truth": lambda: sopfast.evaluate(
+            model, [(X, torch.tensor([0, 1]), torch.zeros(2, 16))], metrics=["iou"], ground_truth_key=2, progress=False
+        ),
+        "iou of NaN ground truth": lambda: sopfast.evaluate(
+            model, [(X, torch.tensor([0, 1]), torch.full((2, 16), float("nan")))], metrics=["iou"], progress=False
+        ),
         "example_ids -1": lambda: sopfast.MaskedForward(VIT, X)(torch.ones(1, 16), torch.tensor([-1])),
         "float example_ids": lambda: sopfast.MaskedForward(VIT, X)(torch.ones(1, 16), torch.tensor([0.0])),
         "NaN presence": lambda: sopfast.MaskedForward(VIT, X)(torch.full((1, 16), float("nan")), torch.tensor([0])),
@@ -164,6 +170,8 @@ WRONG = {
     "evaluate a plain ViT": "model must be a sopfast.SOP",
     "evaluate labels beyond the classes": r"labels must lie in \[0, 2\].*got \[7\]",
     "group_counts above the features": "group_counts must be at most the 16 features",
+    "iou of empty ground truth": "every ground-truth mask is empty",
+    "iou of NaN ground truth": "ground-truth masks must be finite",
     "example_ids -1": "example_ids",
     "float example_ids": "example_ids",
     "NaN presence": "presence",

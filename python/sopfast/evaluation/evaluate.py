@@ -151,15 +151,10 @@ def _check_batch(batch: _Prepared, plan: Plan, model: SOP, given_counts: list[in
     if task == "classification" and batch.labels is not None:
         check_class_ids("labels", batch.labels, model.num_classes, "classes of the model")
     d = model.adapter.num_features(batch.inputs)
-    for metric, name, counts in (
-        ("num_groups", "group_counts", plan.group_counts),
-        ("curves", "curve_counts", plan.curve_counts),
-    ):
-        if metric in metrics and max(counts, default=0) > d:
-            raise ValueError(
-                f"{name} must be at most the {d} features of the inputs (one group per feature at most), got "
-                f"{[c for c in counts if c > d]}"
-            )
+    if "num_groups" in metrics and max(given_counts, default=0) > d:
+        raise ValueError(
+            f"group_counts must be at most the {d} features of the inputs, got {[c for c in given_counts if c > d]}"
+        )
     missing = [m for m in metrics if REGISTRY[m].needs_ground_truth]
     if missing and batch.ground_truth is None:
         raise ValueError(
