@@ -88,8 +88,9 @@ def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
     return value
 
 
-def check_path(name: str, value: Any, *, optional: bool = False) -> Any:
-    """``value`` if it is a non-empty ``str`` or ``os.PathLike`` (``None`` passes when ``optional``)."""
+def check_path(name: str, value: Any, *, optional: bool = False, directory: bool | None = None) -> Any:
+    """``value`` if it is a non-empty ``str`` or ``os.PathLike`` (``None`` passes when ``optional``); with
+    ``directory`` True (False), a path that exists must be a directory (must not be one)."""
     if value is None and optional:
         return None
     allowed = "a path (str or os.PathLike)" + (" or None" if optional else "")
@@ -97,6 +98,9 @@ def check_path(name: str, value: Any, *, optional: bool = False) -> Any:
         raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
     if not os.fspath(value):
         raise ValueError(f"{name} must be {allowed}, got an empty path ('' would mean the current directory)")
+    if directory is not None and os.path.exists(value) and os.path.isdir(value) != directory:
+        wanted = "a directory" if directory else "a file, not a directory"
+        raise ValueError(f"{name} must be {wanted}, got {os.fspath(value)!r}")
     return value
 
 

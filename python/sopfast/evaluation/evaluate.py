@@ -262,6 +262,8 @@ def evaluate(
         raise TypeError(
             f"model must be a sopfast.SOP, got {type(model).__name__}; wrap a backbone first: sopfast.SOP(backbone)"
         )
+    if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes, torch.Tensor)):
+        raise TypeError(f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}")
     metrics = check_metrics(metrics, model.task, ground_truth_key is not None)
     if "purity" in metrics and model.adapter.modality != "image":
         raise ValueError("metric 'purity' (CosmoGrid void/cluster purity) needs an image model")

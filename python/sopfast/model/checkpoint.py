@@ -35,6 +35,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
+from ..checks import check_path
 from ..integrity import check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
 from .recipes import RECIPES
@@ -254,7 +255,7 @@ def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256
     ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.  NaN or
     infinite weights are refused (a ValueError naming them): a model that cannot predict is not written.
     """
-    directory = Path(directory)
+    directory = Path(check_path("directory", directory, directory=True))
     state = trainable_state_dict(model)
     not_finite = non_finite(state)
     if not_finite:

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_number, check_path
+from ..devices import resolve_device
 from ..model.recipes import Recipe
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
@@ -99,8 +100,10 @@ class TrainConfig:
         check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
         check_bool("progress", self.progress)
         check_bool("find_unused_parameters", self.find_unused_parameters, optional=True)
-        check_path("output_dir", self.output_dir, optional=True)
-        check_path("log_file", self.log_file, optional=True)
+        check_path("output_dir", self.output_dir, optional=True, directory=True)
+        check_path("log_file", self.log_file, optional=True, directory=False)
+        if self.device is not None:
+            resolve_device(self.device, local_rank=0)  # a device that is none, or that this machine lacks
         if not isinstance(self.resume, bool):
             check_path("resume (True, False or a path)", self.resume)
         check_int("batch_size", self.batch_size, 1, optional=True)
