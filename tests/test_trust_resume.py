@@ -44,6 +44,7 @@ def run(tmp_path):
         (dict(data=data(seed=1)), r"the training data \(--data.*4 examples, sha256 \w+… of tensors → 4 examples"),
         (dict(train={"weight_decay": 0.1}), r"weight_decay \(--weight-decay\): 0.01 → 0.1"),
         (dict(train={"grad_clip": None}), r"grad_clip \(--grad-clip\): 1.0 → None"),
+        (dict(train={"amp": "bf16"}), r"amp \(--amp\): None → 'bf16'"),
     ],
 )
 def test_resume_refuses_another_run_naming_the_difference_and_the_flag(run, change, match):
@@ -106,7 +107,7 @@ def test_nan_optimizer_state_is_never_saved(tmp_path):
     assert state["step"] == 1 and not (tmp_path / "last").exists()
 
 
-def test_data_identity_says_what_it_hashed():
+def test_data_identity_says_what_it_hashed(monkeypatch):
     tensors = data()
     assert data_identity(tensors) == data_identity(DataLoader(data(), batch_size=2))
     assert data_identity(tensors)["basis"] == "tensors"
@@ -117,3 +118,14 @@ def test_data_identity_says_what_it_hashed():
         "sha256": data_identity([4, 5, 6])["sha256"],
         "basis": "count only (list names no examples)",
     }
+    monkeypatch.setattr("sopfast.data.identity.FULL_HASH_BYTES", 100)  # larger than this: shapes and rows
+    assert data_identity(tensors)["basis"] == "tensor shapes and 4 rows"
+
+    class Named(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def identity(self):
+            return "v1"
+
+    assert data_identity(Named())["basis"] == "Named.identity()"
