@@ -45,6 +45,9 @@ APIS = {
     "top_tau": lambda **kw: ops.top_tau(torch.randn(2, 16), 0.25, **kw),
     "sparsemax": lambda **kw: ops.sparsemax(torch.randn(2, 5), **kw),
     "gather_tokens": lambda **kw: ops.gather_tokens(torch.randn(1, 4, 2), torch.zeros(1, 1, 1, dtype=torch.long), **kw),
+    "from_pretrained": lambda **kw: sopfast.SOP.from_pretrained("missing", VIT, **kw),
+    "probability_curve": lambda **kw: sopfast.metrics.probability_curve(torch.randn(2, 3, 4), **kw),
+    "num_kept": lambda **kw: ops.num_kept(**{"tau": 0.2, "d": 10, **kw}),
 }
 TARGETS = {
     "SOP": sopfast.SOP,
@@ -56,6 +59,9 @@ TARGETS = {
     "top_tau": ops.top_tau,
     "sparsemax": ops.sparsemax,
     "gather_tokens": ops.gather_tokens,
+    "from_pretrained": sopfast.SOP.from_pretrained,
+    "probability_curve": sopfast.metrics.probability_curve,
+    "num_kept": ops.num_kept,
 }
 # arguments typed ``str`` that take a choice (their annotation does not say so)
 CHOICES = {("top_tau", "ties"), ("rise", "mode"), ("masked_forward", "mode"), ("MaskedForward", "mode")}
