@@ -88,10 +88,13 @@ def test_a_training_state_of_0_3_0_resumes(run):
     assert train(model(), data(), output_dir=run, **{**RUN, "max_steps": 2}).step == 2
 
 
-def poison_optimizer(trainer, event, record):
-    if event == "step" and record["step"] == 1:
-        for state in trainer.optimizer.state.values():
-            state["exp_avg"].fill_(math.nan)
+class PoisonOptimizer(sopfast.TrainerCallback):
+    """Sets the optimizer's ``exp_avg`` to NaN after step 1."""
+
+    def on_step_end(self, trainer, record):
+        if record["step"] == 1:
+            for state in trainer.optimizer.state.values():
+                state["exp_avg"].fill_(math.nan)
 
 
 def test_nan_optimizer_state_is_never_saved(tmp_path):
@@ -100,7 +103,7 @@ def test_nan_optimizer_state_is_never_saved(tmp_path):
             model(),
             data(n=8),
             output_dir=tmp_path,
-            callbacks=[poison_optimizer],
+            callbacks=[PoisonOptimizer()],
             **{**RUN, "max_steps": None, "save_every": 1},
         )
     state = load_training_state(tmp_path / STATE_NAME)

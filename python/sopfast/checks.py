@@ -104,20 +104,6 @@ def check_path(name: str, value: Any, *, optional: bool = False, directory: bool
     return value
 
 
-def check_callables(name: str, value: Any) -> list:
-    """``value`` (a list or tuple of callables, or ``None``) as a list."""
-    if value is None:
-        return []
-    if callable(value) or isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(
-            f"{name} must be a list of callables, got {value!r} ({type(value).__name__}); wrap one in [...]"
-        )
-    bad = [v for v in value if not callable(v)]
-    if bad:
-        raise TypeError(f"{name} must be a list of callables, got {bad[0]!r} ({type(bad[0]).__name__}) in it")
-    return list(value)
-
-
 class Checked:
     """A class attribute whose every assignment goes through ``check(name, value)`` (kept as ``_name``):
     an option that may change after construction is checked as the constructor checks it."""

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_number, check_path
-from ..devices import resolve_device
+from ..devices import check_device
 from ..model.recipes import Recipe
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
@@ -102,8 +102,6 @@ class TrainConfig:
         check_bool("find_unused_parameters", self.find_unused_parameters, optional=True)
         check_path("output_dir", self.output_dir, optional=True, directory=True)
         check_path("log_file", self.log_file, optional=True, directory=False)
-        if self.device is not None:
-            resolve_device(self.device, local_rank=0)  # a device that is none, or that this machine lacks
         if not isinstance(self.resume, bool):
             check_path("resume (True, False or a path)", self.resume)
         check_int("batch_size", self.batch_size, 1, optional=True)
@@ -117,6 +115,8 @@ class TrainConfig:
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
         check_choice("amp", self.amp, (None, *AMP_DTYPES))
+        if self.device is not None:
+            check_device(self.device)
         check_choice("metric", self.metric, (None, *METRICS))
         if self.output_dir is not None:
             self.output_dir = output_dir = Path(self.output_dir)
