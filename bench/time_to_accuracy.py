@@ -29,7 +29,7 @@ import torch
 
 import sopfast
 from sopfast.data import builtin as data
-from sopfast.demo.backbones import small_vit, train_masked_backbone
+from sopfast.demo.backbones import small_vit, train_backbone
 from sopfast.model.reference import reference_forward
 
 VARIANTS = ("authors' algorithm", "exact", "drop")
@@ -48,7 +48,7 @@ def backbone_for(train: data.ImageData, seed: int, epochs: int) -> tuple[torch.n
     grid = (size // patch, size // patch)
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(train.classes))
-    return train_masked_backbone(model, train.x, train.y, grid, epochs=epochs, seed=seed, progress=False), grid
+    return train_backbone(model, train.x, train.y, epochs=epochs, seed=seed, progress=False), grid
 
 
 @torch.no_grad()

@@ -235,6 +235,22 @@ def test_occlusion_is_the_drop_in_logit_when_a_feature_is_blanked(vit_model, x):
     torch.testing.assert_close(attr[:, 5], y[:, 0] - y[:, 1], atol=1e-5, rtol=0)
 
 
+def test_masked_attributions_explain_the_backbone_whatever_mode_the_groups_run_in(vit_model, x):
+    """The -F attributions of a ViT perturb in exact mode (the backbone's own function) even when the
+    evaluation scores groups in drop; ``mode="drop"`` is the faster, different one."""
+    pytest.importorskip("captum")
+    inputs = vit_model.prepare(x)
+    target = torch.tensor([2, 0])
+    faithful = B.captum_attribution("occlusion")(vit_model, inputs, target, "drop")
+    torch.testing.assert_close(faithful, B.captum_attribution("occlusion", mode="exact")(vit_model, inputs, target))
+    with pytest.warns(sopfast.masking.UnfaithfulModeWarning):
+        fast = B.captum_attribution("occlusion", mode="drop")(vit_model, inputs, target)
+    assert not torch.allclose(faithful, fast)
+    rise_exact = B.rise_attribution(num_masks=8)(vit_model, inputs, target, "drop")
+    torch.testing.assert_close(rise_exact, B.rise_attribution(num_masks=8, mode="exact")(vit_model, inputs, target))
+    assert isinstance(B.make_baseline("occlusion-f", mode="drop"), B.AttributionBaseline)
+
+
 @pytest.mark.parametrize("method", ["lime", "kernelshap"])
 def test_perturbation_methods_use_the_forward_budget(vit_model, x, method, monkeypatch):
     pytest.importorskip("captum")

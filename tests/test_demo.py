@@ -6,11 +6,8 @@ import importlib.util
 import json
 
 import pytest
-import torch
-from torch import nn
 
 from sopfast.cli.app import main
-from sopfast.demo.backbones import forward_kept_tokens, small_vit
 
 
 def _is_png(path: str) -> bool:
@@ -33,24 +30,35 @@ def image_demo(tmp_path_factory):
 def test_image_demo_quick(image_demo):
     tmp_path, printed = image_demo
     results = json.loads((tmp_path / "results.json").read_text())
-    for key in ("backbone_accuracy", "sop_exact_accuracy", "sop_drop_accuracy", "exact_drop_agreement"):
-        assert 0.0 <= results[key] <= 1.0, key
-    assert abs(results["metrics"]["fidelity"]) < 1e-4
     assert set(results["epoch_seconds"]) == {"reference", "exact", "drop"}
-    assert len(results["pictures"]) == 6 and all(_is_png(p) for p in results["pictures"])
-    assert (tmp_path / "sop" / "sop_config.json").exists() and (tmp_path / "backbone" / "config.json").exists()
-    assert "SOP accuracy, drop" in printed and "| drop |" in printed
-    # two SOP seeds, reported as mean ± spread with random groups; every other baseline once
-    assert results["seeds"] == [0, 1] and len(results["per_seed"]) == 2
-    assert results["comparison"]["SOP"]["seeds"] == 2 and results["comparison"]["Random"]["seeds"] == 2
-    assert results["comparison"]["IG-F"]["seeds"] == 1
+    # the backbone as trained (no masking) first, then its adapted copy: the same study on each
+    for name in ("ordinary", "adapted"):
+        study = results[name]
+        for key in ("backbone_accuracy", "sop_exact_accuracy", "sop_drop_accuracy", "exact_drop_agreement"):
+            assert 0.0 <= study[key] <= 1.0, (name, key)
+        assert abs(study["metrics"]["fidelity"]) < 1e-4
+        assert len(study["pictures"]) == 6 and all(_is_png(p) for p in study["pictures"])
+        assert study["diagnosis"]["verdict"] and set(study["diagnosis"]["random_groups"]) == {"exact", "drop"}
+        # two SOP seeds, reported as mean ± spread with random groups; every other baseline once
+        assert len(study["per_seed"]) == 2
+        assert study["comparison"]["SOP"]["seeds"] == 2 and study["comparison"]["Random"]["seeds"] == 2
+        assert study["comparison"]["IG-F"]["seeds"] == 1
+        assert {"0.05/1", "0.2/20", "0.4/5"} <= set(study["comparison"]["SOP"]["curves"])
+        assert _is_png(study["curves_png"])
+        assert 0.0 <= study["comparison"]["SOP"]["on_object"] <= 1.0
+        assert study["untrained_accuracy"] >= results["chance"]  # an untrained SOP is not below chance
+    assert results["seeds"] == [0, 1]
+    assert "GradCAM-F" in results["ordinary"]["comparison"] and "GradCAM-F" not in results["adapted"]["comparison"]
+    adaptation = json.loads((tmp_path / "backbone-adapted" / "sopfast_adaptation.json").read_text())
+    assert adaptation["adapted_sha256"] != adaptation["original_sha256"]
+    assert results["adaptation"]["after"]["full_accuracy"] == adaptation["after"]["full_accuracy"]
+    for path in ("sop", "sop-adapted"):
+        assert (tmp_path / path / "sop_config.json").exists()
+    assert (tmp_path / "backbone" / "config.json").exists() and (tmp_path / "backbone-adapted" / "config.json").exists()
+    assert "## SOP on the backbone as trained" in printed and "## SOP on the adapted copy" in printed
+    assert printed.count("SOP accuracy, drop") == 2 and "| drop |" in printed and "verdict:" in printed
     assert "SOP (2 seeds) | " in printed and " ± " in printed
-    # the paper's curves (τ × m) and grounding on intensity object masks, as a table and a picture
-    assert {"0.05/1", "0.2/20", "0.4/5"} <= set(results["comparison"]["SOP"]["curves"])
     assert "| m = 20 | τ = 0.05 | τ = 0.1 | τ = 0.2 | τ = 0.4 |" in printed
-    assert _is_png(results["curves_png"])
-    assert 0.0 <= results["comparison"]["SOP"]["on_object"] <= 1.0
-    assert results["untrained_accuracy"] >= results["chance"]  # an untrained SOP is not below chance
 
 
 def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
@@ -96,30 +104,3 @@ def test_text_demo_quick(tmp_path):
     assert abs(results["metrics"]["fidelity"]) < 1e-4
     pages = results["pictures"]
     assert len(pages) == 6 and all(open(p).read().startswith("<!DOCTYPE html>") for p in pages)
-
-
-class _TupleBlock(nn.Module):
-    """A ViT block as transformers 4.x returns it: ``(hidden_states,)``."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, h: torch.Tensor, head_mask: torch.Tensor | None = None) -> tuple[torch.Tensor]:
-        out = self.block(h, head_mask)
-        return out if isinstance(out, tuple) else (out,)
-
-
-def test_forward_kept_tokens_is_the_adapters_drop_pass_with_gradients():
-    torch.manual_seed(0)
-    model = small_vit(8, 2, 1, 3, hidden=16, layers=2, heads=2).eval()
-    x = torch.randn(2, 1, 8, 8)
-    every_patch = torch.arange(16).expand(2, -1)
-    some = torch.tensor([[0, 3, 5, 15], [1, 2, 8, 9]])
-    with torch.no_grad():
-        torch.testing.assert_close(
-            forward_kept_tokens(model, x, every_patch), model(pixel_values=x).logits, atol=1e-5, rtol=0
-        )
-    logits = forward_kept_tokens(model, x, some)
-    logits.sum().backward()
-    assert model.classifier.weight.grad is not None

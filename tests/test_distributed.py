@@ -19,6 +19,7 @@ from sopfast.model.checkpoint import trainable_state_dict
 from sopfast.testing import make_cnn
 from sopfast.training.distributed import DistInfo, ResumableSampler, make_eval_loader, make_train_loader
 from sopfast.training.trainer import Trainer, train
+from sopfast.training.validation import has_unused_parameters
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -103,11 +104,12 @@ def test_probe_for_unused_parameters(family, unused):
         data = TensorDataset(torch.randn(4, 3, 16, 16), torch.randint(0, 3, (4,)))
     else:
         model, data = make_model(), make_data(4, 0)
-    trainer = Trainer(model, data, batch_size=2, progress=False)
+    trainer = Trainer(model, data, batch_size=2, progress=False, diagnose=False)
     trainer.info = DistInfo()
     trainer._setup()
     rng, weights = torch.get_rng_state(), trainable_state_dict(model)
-    assert trainer._has_unused_parameters() is unused
+    batch = next(iter(trainer.train_loader))
+    assert has_unused_parameters(model, batch, trainer.device, trainer._autocast) is unused
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(t, weights[k]) for k, t in trainable_state_dict(model).items())

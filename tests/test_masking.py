@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import sopfast
-from sopfast.masking import MaskedForward, masked_forward, rise, rise_masks
+from sopfast.masking import MaskedForward, UnfaithfulModeWarning, agreement, masked_forward, rise, rise_masks
+from sopfast.masking.agreement import spearman, top_overlap
 from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
 
 PATCH = 8  # make_hf_vit: 32 px images in a 4×4 grid of 8 px patches
@@ -65,6 +66,7 @@ def test_exact_is_the_plain_vit_on_blanked_patches(vit, x):
         torch.testing.assert_close(out[:, j], plain, atol=1e-5, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore::sopfast.masking.UnfaithfulModeWarning")
 def test_drop_runs_only_the_kept_tokens_whatever_their_count(vit, x):
     masks = _random_masks(2, 6, 16, seed=3)  # kept counts differ: bucketed by count
     assert len(set(masks.sum(-1).flatten().tolist())) > 2
@@ -75,7 +77,7 @@ def test_drop_runs_only_the_kept_tokens_whatever_their_count(vit, x):
                 expected = _vit_on_kept_tokens(vit, x[b : b + 1], masks[b, j])[0]
                 torch.testing.assert_close(out[b, j], expected, atol=1e-5, rtol=0)
     # the chunking budget does not change the result
-    torch.testing.assert_close(masked_forward(vit, x, masks, tokens_per_call=5), out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(masked_forward(vit, x, masks, mode="drop", tokens_per_call=5), out, atol=1e-6, rtol=0)
 
 
 def test_bert_drop_equals_exact_and_padding_is_never_kept(bert):
@@ -150,13 +152,16 @@ def _captum_on_plain_vit(vit, x, explainer, **kwargs) -> torch.Tensor:
     return attributions[:, 0, ::PATCH, ::PATCH].reshape(x.shape[0], 16)
 
 
+@pytest.mark.parametrize("mode", ["exact", None])
 @pytest.mark.parametrize("name", ["FeatureAblation", "KernelShap", "ShapleyValueSampling"])
-def test_captum_in_exact_mode_equals_captum_on_the_plain_model(vit, x, name):
+def test_captum_in_exact_mode_equals_captum_on_the_plain_model(vit, x, name, mode):
+    """Explicitly ``exact``, and with no mode at all: a ViT's explainers default to its faithful mode."""
     captum = pytest.importorskip("captum.attr")
     explainer = getattr(captum, name)
     samples = {"KernelShap": {"n_samples": 25}, "ShapleyValueSampling": {"n_samples": 2}}.get(name, {})
     target = torch.tensor([0, 2])
-    forward = MaskedForward(vit, x, mode="exact")
+    forward = MaskedForward(vit, x, mode=mode)
+    assert forward.mode == "exact"
     torch.manual_seed(0)
     ours = explainer(forward).attribute(
         forward.presence,
@@ -174,7 +179,8 @@ def test_captum_in_exact_mode_equals_captum_on_the_plain_model(vit, x, name):
 def test_occlusion_and_lime_run_on_the_drop_path(vit, x):
     captum = pytest.importorskip("captum.attr")
     pytest.importorskip("sklearn")
-    forward = MaskedForward(vit, x, mode="drop")
+    with pytest.warns(UnfaithfulModeWarning, match="sopfast.masking.agreement"):
+        forward = MaskedForward(vit, x, mode="drop")
     target = torch.tensor([1, 0])
     occlusion = captum.Occlusion(forward).attribute(
         forward.presence,
@@ -255,3 +261,67 @@ def test_probabilities_instead_of_logits(vit, x):
     probabilities = MaskedForward(vit, x, probabilities=True)
     rows = torch.ones(2, 16)
     torch.testing.assert_close(probabilities(rows, torch.arange(2)), logits(rows, torch.arange(2)).softmax(-1))
+
+
+# -- the faithful default mode, and agreement between modes ------------------------------------------
+def test_explainers_default_to_the_mode_that_runs_the_backbone_itself(vit, bert, x):
+    """A ViT's ``drop`` computes another function: masked_forward / MaskedForward / rise default to
+    ``exact`` there, and to ``drop`` for BERT, whose drop equals exact (no warning for either)."""
+    import warnings
+
+    masks = _random_masks(2, 3, 16)
+    target = torch.tensor([0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnfaithfulModeWarning)
+        torch.testing.assert_close(masked_forward(vit, x, masks), masked_forward(vit, x, masks, mode="exact"))
+        torch.testing.assert_close(
+            rise(vit, x, target, num_masks=20, cells=2), rise(vit, x, target, num_masks=20, cells=2, mode="exact")
+        )
+        ids, attention, _ = text_batch()
+        assert MaskedForward(bert, {"input_ids": ids, "attention_mask": attention}).mode == "drop"
+        masked_forward(bert, {"input_ids": ids, "attention_mask": attention}, _random_masks(3, 2, 14), mode="drop")
+    with pytest.warns(UnfaithfulModeWarning, match="mode='drop' on HFViTAdapter"):
+        masked_forward(vit, x, masks, mode="drop")
+    with pytest.warns(UnfaithfulModeWarning):
+        rise(vit, x, target, num_masks=5, mode="drop")
+
+
+def test_agreement_is_one_where_drop_is_exact_and_measured_where_not(vit, bert, x):
+    ids, attention, _ = text_batch()
+    text = agreement(bert, {"input_ids": ids, "attention_mask": attention}, explainer="rise", samples=30)
+    assert text.median_spearman == pytest.approx(1.0) and text.mean_top_overlap == 1.0
+    image = agreement(vit, x, explainer="rise", samples=30, top=0.25)
+    assert image.spearman.shape == (2,) and image.top_overlap.shape == (2,)
+    assert bool(((image.spearman >= -1) & (image.spearman <= 1)).all())
+    assert not torch.equal(image.attributions["exact"], image.attributions["drop"])
+    assert "rise, exact vs drop on 2 examples" in str(image)
+    # a callable explainer gets the MaskedForward of each mode
+    seen = []
+    agreement(vit, x, explainer=lambda forward, target: seen.append(forward.mode) or forward.presence, samples=1)
+    assert seen == ["exact", "drop"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"explainer": "gradcam"}, ValueError, "explainer must be one of"),
+        ({"modes": ("exact",)}, ValueError, "modes must be a pair"),
+        ({"modes": ("exact", "fast")}, ValueError, "mode must be one of"),
+        ({"samples": 0}, ValueError, "samples"),
+        ({"top": 0.0}, ValueError, "top"),
+    ],
+)
+def test_agreement_argument_errors(vit, x, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        agreement(vit, x, **kwargs)
+
+
+def test_spearman_and_top_overlap_against_their_definitions():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(30, generator=gen), torch.randn(30, generator=gen)
+    b[:5] = b[5]  # ties get their mean rank, as scipy's
+    assert float(spearman(a, b)) == pytest.approx(scipy_stats.spearmanr(a.numpy(), b.numpy()).statistic, abs=1e-6)
+    assert float(spearman(a, a * 3 + 1)) == pytest.approx(1.0)
+    assert float(spearman(torch.ones(4), torch.ones(4))) == 1.0 and float(spearman(torch.ones(4), a[:4])) == 0.0
+    assert float(top_overlap(torch.tensor([4.0, 3, 2, 1]), torch.tensor([4.0, 1, 2, 3]), 0.5)) == pytest.approx(1 / 3)

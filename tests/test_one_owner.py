@@ -124,7 +124,7 @@ def test_typed_callbacks_get_every_event_in_order(tmp_path):
     model = sopfast.SOP(make_hf_vit(), num_groups=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        sopfast.train(model, _data(), _data(2), output_dir=tmp_path, callbacks=[recorder], progress=False)
+        sopfast.train(model, _data(), _data(2), epochs=1, output_dir=tmp_path, callbacks=[recorder], progress=False)
     names = [name for name, _ in recorder.events]
     assert names[0] == "begin" and names[-1] == "end" and names.count("step") == 2
     assert names.index("eval") < names.index("end") and "log" in names
@@ -137,7 +137,7 @@ def test_old_function_callbacks_still_work_with_a_deprecation_warning():
     seen = []
     model = sopfast.SOP(make_hf_vit(), num_groups=2)
     with pytest.warns(DeprecationWarning, match="subclass sopfast.TrainerCallback"):
-        sopfast.train(model, _data(), callbacks=[lambda t, event, record: seen.append(event)], progress=False)
+        sopfast.train(model, _data(), epochs=1, callbacks=[lambda t, event, record: seen.append(event)], progress=False)
     assert seen == ["step", "step", "log", "end"]
     with pytest.raises(TypeError, match=r"callbacks must be sopfast\.TrainerCallback instances"):
         sopfast.train(model, _data(), callbacks=[Recorder], progress=False)

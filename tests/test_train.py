@@ -149,7 +149,16 @@ def test_outputs_logs_and_best_checkpoint(tmp_path):
         callbacks=[record_head],
     )
     assert heads == [0, 0, 1, 1]
-    expected = {"best", "last", "log.jsonl", STATE_NAME, "metrics.csv", "training_curves.png", "config.yaml"}
+    expected = {
+        "best",
+        "last",
+        "log.jsonl",
+        STATE_NAME,
+        "metrics.csv",
+        "training_curves.png",
+        "config.yaml",
+        "diagnosis.json",
+    }
     assert {p.name for p in tmp_path.iterdir()} - {"tensorboard"} == expected
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("train") == 4
@@ -181,7 +190,7 @@ def test_text_batches_with_accumulation_and_bf16():
 
     model = sopfast.SOP(make_bert(), num_groups=2, mode="drop")
     before = trainable_state_dict(model)
-    result = train(model, Text(), Text(), batch_size=2, grad_accum=2, amp="bf16", lr=1e-3, progress=False)
+    result = train(model, Text(), Text(), epochs=1, batch_size=2, grad_accum=2, amp="bf16", lr=1e-3, progress=False)
     assert result.step == 1 and set(result.metrics) == {"val_loss", "val_accuracy"}
     after = trainable_state_dict(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -191,7 +200,7 @@ def test_regression_uses_mse():
     model = sopfast.SOP(make_hf_vit(num_labels=1), num_groups=4, mode="drop", task="regression")
     x = image_data(4).tensors[0]
     data = TensorDataset(x, torch.randn(4))
-    result = train(model, data, data, batch_size=2, progress=False)
+    result = train(model, data, data, epochs=1, batch_size=2, progress=False)
     assert set(result.metrics) == {"val_loss", "val_mse"} and result.best_metric == result.metrics["val_mse"]
 
 

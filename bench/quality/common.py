@@ -1,7 +1,7 @@
 """Shared pieces of the quality sweep: the cached demo backbones, data, and one SOP run scored.
 
-The backbone is trained once exactly as ``sopfast demo`` trains it and cached under
-``.cache/`` (git-ignored); every sweep row reuses it.
+The backbone is trained once exactly as ``sopfast demo`` trains it (the ordinary way, no masking) and
+cached under ``.cache/`` (git-ignored); every sweep row reuses it.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ def image_data() -> tuple[data.ImageData, data.ImageData]:
 
 
 def image_backbone(seed: int = 0):
-    """The demo's small ViT on Fashion-MNIST, trained once and cached in ``.cache/fmnist-vit``."""
+    """The demo's small ViT on Fashion-MNIST (trained normally), trained once and cached in
+    ``.cache/fmnist-vit-plain``."""
     from transformers import ViTForImageClassification
 
     from sopfast.demo.run import _image_backbone
 
-    path = os.path.join(CACHE, "fmnist-vit")
+    path = os.path.join(CACHE, "fmnist-vit-plain")
     if not os.path.exists(os.path.join(path, "config.json")):
         train, _ = image_data()
         start = time.perf_counter()
-        model, _, _ = _image_backbone(train, False, torch.device("cpu"), seed)
+        model, _ = _image_backbone(train, False, torch.device("cpu"), seed)
         model.save_pretrained(path)
         print(f"backbone trained in {time.perf_counter() - start:.0f} s -> {path}")
     return ViTForImageClassification.from_pretrained(path).eval()
@@ -51,6 +52,22 @@ def sop_outputs(model: SOP, x: torch.Tensor, mode: str, batch: int = 100):
         masks.append(out.group_masks)
         used.append(out.group_scores[torch.arange(len(pred)), pred] > 0)
     return torch.cat(logits), torch.cat(masks), torch.cat(used)
+
+
+def adapted_image_backbone(seed: int = 0):
+    """:func:`image_backbone` after ``sopfast.adapt_backbone`` with its defaults on SOP's 12,000 training
+    images (as ``sopfast demo`` adapts it), cached in ``.cache/fmnist-vit-adapted``."""
+    from transformers import ViTForImageClassification
+
+    import sopfast
+
+    path = os.path.join(CACHE, "fmnist-vit-adapted")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        train, _ = image_data()
+        data = torch.utils.data.TensorDataset(train.x[-12000:], train.y[-12000:])
+        check = torch.utils.data.TensorDataset(train.x[-12000:][:256], train.y[-12000:][:256])
+        sopfast.adapt_backbone(image_backbone(seed), data, check, seed=seed, output_dir=path)
+    return ViTForImageClassification.from_pretrained(path).eval()
 
 
 def text_data(seed: int = 0):

@@ -16,7 +16,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import CACHE, image_backbone, image_data, text_backbone, text_data
 
-from sopfast.demo.run import compare_methods, format_comparison
+from sopfast.demo.report import format_comparison
+from sopfast.demo.run import compare_methods
 from sopfast.model.sop import SOP
 
 

@@ -5,7 +5,7 @@ from .adapters import BackboneAdapter, get_adapter, list_adapters, register_adap
 from .evaluation import baselines, evaluate, format_table, metrics
 from .masking import MaskedForward, masked_forward, rise
 from .model import SOP, SOPOutput
-from .training import Trainer, TrainerCallback, TrainResult, train
+from .training import Trainer, TrainerCallback, TrainResult, adapt_backbone, diagnose, train
 from .version import __version__
 
 __all__ = [
@@ -17,7 +17,9 @@ __all__ = [
     "Trainer",
     "TrainerCallback",
     "__version__",
+    "adapt_backbone",
     "baselines",
+    "diagnose",
     "evaluate",
     "format_table",
     "get_adapter",

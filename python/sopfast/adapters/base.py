@@ -103,6 +103,9 @@ class BackboneAdapter(ABC):
     #: Modes whose group passes need every group of one call to keep the same number of features
     #: (ViT ``drop``: a ``-1`` pad would run as a token that attends).
     equal_size_modes: tuple[str, ...] = ()
+    #: Modes whose group passes compute the backbone's own function on the masked input (BERT ``drop``
+    #: runs the kept tokens at their positions: the same logits as ``exact``; a ViT's ``drop`` does not).
+    exact_modes: tuple[str, ...] = ("exact",)
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
     #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
     projection_source: str = ""
@@ -147,6 +150,12 @@ class BackboneAdapter(ABC):
                 f"not of {type(backbone).__name__} ({cls.family})"
             )
         return {}
+
+    @property
+    def faithful_mode(self) -> str:
+        """The fastest mode that runs the backbone's own function on a masked input (:attr:`exact_modes`):
+        what the explainers of :mod:`sopfast.masking` use unless told otherwise."""
+        return "drop" if "drop" in self.exact_modes and "drop" in self.supported_modes else "exact"
 
     @classmethod
     def weight_name(cls, name: str) -> str:

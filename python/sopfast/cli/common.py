@@ -16,6 +16,7 @@ from .parser import CLIError, fraction, int_at_least, key_value, positive_float
 if TYPE_CHECKING:
     import torch
 
+    from ..adapters import BackboneAdapter
     from ..adapters.sources import Backbone
     from ..model.sop import SOP
 
@@ -177,6 +178,16 @@ def load_model(args: argparse.Namespace, backbone: Backbone, overrides: dict[str
 def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None):
     """The dataset for ``role`` (train / val / test) of ``--data``; the lines saying which split it is
     and which preprocessing it gets are reported, and the preprocessing recorded with the model."""
+    dataset, preprocessing = load_adapter_split(args, model.adapter, backbone, role, limit)
+    if preprocessing is not None:
+        model.provenance["preprocessing"] = preprocessing
+    return dataset
+
+
+def load_adapter_split(
+    args: argparse.Namespace, adapter: BackboneAdapter, backbone: Backbone, role: str, limit: int | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """:func:`load_split` for a bare ``adapter``: the dataset and its preprocessing record."""
     from ..data.object_masks import ObjectMasks
     from ..data.splits import DataOptions, load_split
     from ..data.user_data import Columns
@@ -194,12 +205,11 @@ def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: s
         object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
         label_map=None if args.label_map is None else dict(args.label_map),
     )
-    loaded = load_split(args.data, role, model.adapter, backbone, options, limit)
+    loaded = load_split(args.data, role, adapter, backbone, options, limit)
     report(loaded.description)
     if loaded.preprocessing is not None:
         report(f"{role} preprocessing: {describe_preprocessing(loaded.preprocessing)}")
-        model.provenance["preprocessing"] = loaded.preprocessing
-    return loaded.dataset
+    return loaded.dataset, loaded.preprocessing
 
 
 def describe_preprocessing(prep: dict[str, Any]) -> str:

@@ -1,10 +1,6 @@
-"""Small backbones for the demo and tests, and a masking-robust training loop for them.
-
-SOP runs the backbone on inputs with most features masked (``exact``) or on a subset of
-the tokens (``drop``); a backbone trained with random patch masking and random token
-dropping keeps its accuracy there (as large pretrained ViTs do), so the demo trains its small
-ViT that way.
-"""
+"""The demo's small backbone, trained the ordinary way (whole images, no masking), as a user's own
+classifier would be; ``sopfast.adapt_backbone`` is the separate, opt-in step that makes a copy of it
+predict from groups of its patches."""
 
 from __future__ import annotations
 
@@ -13,9 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import testing
-from ..adapters import get_adapter
-from ..adapters.images import pixel_grid_mask
-from ..types import Groups
 
 
 def small_vit(
@@ -33,48 +26,18 @@ def small_vit(
     ).train()
 
 
-def random_patch_masks(batch: int, grid: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
-    """``[B, h·w]`` bool masks keeping a uniformly random 10–100 % of the patches."""
-    d = grid[0] * grid[1]
-    keep = torch.rand(batch, 1, generator=generator) * 0.9 + 0.1
-    return torch.rand(batch, d, generator=generator) < keep
-
-
-def forward_kept_tokens(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Logits ``[B, C]`` of a ViT backbone run on its class token plus the patches ``keep [B, k]``
-    (ascending positions): the adapter's ``drop`` group pass, with gradients."""
-    adapter = get_adapter(model)
-    inputs = adapter.prepare(x)
-    mask = torch.zeros(len(x), adapter.num_features(inputs), dtype=torch.bool, device=x.device)
-    groups = Groups.from_masks(mask.scatter(1, keep, True).unsqueeze(1))
-    return adapter.run_groups(inputs, groups, "drop", len(x)).logits[:, 0]
-
-
-def _augmented_logits(model: nn.Module, x: torch.Tensor, grid: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
-    """A third of the batch with masked pixels, a third with dropped tokens, a third intact."""
-    third = len(x) // 3
-    d = grid[0] * grid[1]
-    masks = random_patch_masks(third, grid, gen)
-    masked = x[:third] * pixel_grid_mask(masks, grid, (int(x.shape[-2]), int(x.shape[-1])))
-    k = int(torch.randint(max(1, d // 10), d + 1, (1,), generator=gen))
-    keep = torch.rand(third, d, generator=gen).argsort(dim=1)[:, :k].sort(dim=1).values
-    dropped = forward_kept_tokens(model, x[third : 2 * third], keep)
-    rest = model(pixel_values=torch.cat([masked, x[2 * third :]])).logits
-    return torch.cat([rest[:third], dropped, rest[third:]])
-
-
-def train_masked_backbone(
+def train_backbone(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    grid: tuple[int, int],
     epochs: int = 3,
     batch_size: int = 128,
     lr: float = 2e-3,
     seed: int = 0,
     progress: bool = True,
 ) -> nn.Module:
-    """Train an HF ViT with random patch masking and token dropping (see :func:`_augmented_logits`)."""
+    """Train an HF image classifier the ordinary way: whole images, cross-entropy, AdamW with a one-cycle
+    schedule — no masking (``sopfast.adapt_backbone`` is the separate, opt-in step that adds it)."""
     from tqdm.auto import tqdm
 
     gen = torch.Generator().manual_seed(seed)
@@ -87,7 +50,7 @@ def train_masked_backbone(
         order = torch.randperm(len(x), generator=gen)
         for start in range(0, len(x), batch_size):
             idx = order[start : start + batch_size]
-            loss = F.cross_entropy(_augmented_logits(model, x[idx], grid, gen), y[idx])
+            loss = F.cross_entropy(model(pixel_values=x[idx]).logits, y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

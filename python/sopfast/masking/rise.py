@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from ..adapters import BackboneAdapter
 from ..checks import check_class_ids, check_int, check_tau
-from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, feature_inputs, masked_forward
+from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, explainer_mode, feature_inputs, run_mask_sets
 
 
 def rise_masks(
@@ -40,7 +40,7 @@ def rise(
     num_masks: int = 1000,
     keep: float = 0.5,
     cells: int = 7,
-    mode: str = "drop",
+    mode: str | None = None,
     seed: int = 0,
     tokens_per_call: int = MASKED_TOKENS_PER_CALL,
 ) -> torch.Tensor:
@@ -48,14 +48,17 @@ def rise(
 
     ``num_masks`` random masks per example (:func:`rise_masks`: ``cells`` coarse cells per side kept
     with probability ``keep``, smoothed and shifted as in the paper, at feature resolution), each run
-    through :func:`~sopfast.masking.masked_forward` in ``mode``; saliency ``S_j = Σ_i p_t(x ⊙ M_i)
+    through :func:`~sopfast.masking.masked_forward` in ``mode`` (``None``: the backbone's faithful mode,
+    ``exact`` for a ViT, ``drop`` for BERT); saliency ``S_j = Σ_i p_t(x ⊙ M_i)
     M_ij / (num_masks · keep)``.  Masks that keep nothing run as the input with every feature removed.
     """
     adapter = adapter_of(backbone)
+    mode = explainer_mode(adapter, mode)
     batch = feature_inputs(adapter, inputs)
     check_int("num_masks", num_masks, 1)
     check_int("cells", cells, 1)
     check_int("seed", seed, 0)
+    check_int("tokens_per_call", tokens_per_call, 1)
     check_tau(keep, "keep")
     b, d = batch.batch_size, adapter.num_features(batch)
     if not isinstance(target, torch.Tensor) or target.shape != (b,):
@@ -66,7 +69,6 @@ def rise(
     generator = torch.Generator().manual_seed(seed)
     masks = rise_masks(b, grid, num_masks, keep, cells, generator).to(batch.device)
     masks &= adapter.candidate_mask(batch).unsqueeze(1)
-    logits = masked_forward(adapter, batch, masks, mode=mode, tokens_per_call=tokens_per_call, allow_empty=True)
-    assert isinstance(logits, torch.Tensor)
+    logits = run_mask_sets(adapter, batch, masks, mode, tokens_per_call, allow_empty=True).logits
     probs = logits.float().softmax(-1).gather(2, target.view(b, 1, 1).expand(b, num_masks, 1).to(logits.device))
     return (probs * masks.float()).sum(1) / (num_masks * keep)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -24,6 +24,10 @@ STATE_FORMAT = 1
 #: The largest ``lr``: AdamW moves every weight by about ``lr`` per step, so above 1 a step overwrites the
 #: weights (``lr`` 1e6 with ``grad_clip=None`` trained to a model that fails on every input).
 MAX_LR = 1.0
+#: ``epochs=None``: at least this many epochs, about this many evaluations, and this patience.
+MIN_EPOCHS = 3
+EVALUATIONS = 20
+DEFAULT_PATIENCE = 5
 
 
 @dataclass
@@ -31,7 +35,18 @@ class TrainConfig:
     """Options of :func:`train` (all keyword-only there).
 
     Args:
-        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.
+        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.  ``None``
+            (default): set by the data — the fewest whole epochs (at least 3) that make ``min_steps``
+            optimizer steps, stopped early after ``patience`` evaluations without a better validation
+            metric (the run records why it stopped).
+        min_steps: with ``epochs=None``, the least number of optimizer steps the schedule plans
+            (a few hundred images make ~20 steps an epoch: 3 epochs would leave SOP untrained).
+        patience: stop after this many evaluations without a better validation metric (``best/`` keeps
+            the best model); ``None``: 5 with ``epochs=None`` and ``val_data``, else never.
+        diagnose: before the first step, measure the frozen backbone on the validation data (or the
+            training data): its accuracy on whole inputs and on random groups of the model's ``tau``
+            (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
+        diagnose_examples: how many examples the diagnostic measures.
         lr, weight_decay: AdamW settings (``lr`` default: the model's recipe — 1e-3 for
             ``"sopfast"``, the paper's 5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
         batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
@@ -41,7 +56,8 @@ class TrainConfig:
         grad_clip: max global gradient norm (``None``: no clipping).
         grad_accum: micro-batches per optimizer step.
         amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
-        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch).
+        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
+            ``epochs=None``, 20 times over the planned steps).
         save_every: write the training state every N steps (also at each epoch end and at the end).
         log_every: write the per-step train records (loss, gradient norm, learning rate) every N
             steps (their values stay on the device in between: one transfer per N steps).
@@ -64,7 +80,11 @@ class TrainConfig:
             ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
     """
 
-    epochs: int = 1
+    epochs: int | None = None
+    min_steps: int = 1000
+    patience: int | None = None
+    diagnose: bool = True
+    diagnose_examples: int = 128
     lr: float | None = None
     weight_decay: float = 0.01
     batch_size: int | None = None
@@ -89,7 +109,10 @@ class TrainConfig:
     head_schedule: Literal["phases", "epochs"] = "phases"
 
     def __post_init__(self) -> None:
-        check_int("epochs", self.epochs, 1)
+        check_int("epochs", self.epochs, 1, optional=True)
+        check_int("min_steps", self.min_steps, 1)
+        check_int("patience", self.patience, 1, optional=True)
+        check_int("diagnose_examples", self.diagnose_examples, 1)
         check_number("lr", self.lr, 0.0, MAX_LR, above=True, optional=True)
         check_number("weight_decay", self.weight_decay, 0.0)
         check_number("warmup_ratio", self.warmup_ratio, 0.0, optional=True)
@@ -99,6 +122,7 @@ class TrainConfig:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
         check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
         check_bool("progress", self.progress)
+        check_bool("diagnose", self.diagnose)
         check_bool("find_unused_parameters", self.find_unused_parameters, optional=True)
         check_path("output_dir", self.output_dir, optional=True, directory=True)
         check_path("log_file", self.log_file, optional=True, directory=False)
@@ -138,10 +162,33 @@ class TrainConfig:
         """``output_dir`` typed as the Path ``__post_init__`` made of it."""
         return None if self.output_dir is None else Path(self.output_dir)
 
+    def planned_epochs(self, steps_per_epoch: int) -> int:
+        """``epochs``, or with ``epochs=None`` the fewest whole epochs (at least :data:`MIN_EPOCHS`) that
+        make ``min_steps`` optimizer steps of ``steps_per_epoch``."""
+        if self.epochs is not None:
+            return self.epochs
+        return max(MIN_EPOCHS, math.ceil(self.min_steps / steps_per_epoch))
+
+    def eval_interval(self, steps_per_epoch: int) -> int | None:
+        """Optimizer steps between evaluations (``None``: at each epoch's end)."""
+        if self.eval_every is not None or self.epochs is not None:
+            return self.eval_every
+        return math.ceil(self.planned_epochs(steps_per_epoch) * steps_per_epoch / EVALUATIONS)
+
+    def early_stopping_patience(self, has_val_data: bool) -> int | None:
+        """Evaluations without improvement after which training stops (``None``: never)."""
+        if not has_val_data:
+            return None
+        if self.patience is not None:
+            return self.patience
+        return DEFAULT_PATIENCE if self.epochs is None else None
+
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: where training stopped and the best validation metric."""
+    """What :func:`train` returns: where training stopped, why (``stop_reason``: ``"epochs"``,
+    ``"max_steps"``, ``"early_stopping"`` or ``"callback"``), the best validation metric and the
+    backbone diagnostic (:func:`sopfast.diagnose`, as a dict) when one ran."""
 
     step: int
     epoch: int
@@ -149,6 +196,8 @@ class TrainResult:
     best_step: int | None
     metrics: dict[str, float] = field(default_factory=dict)
     output_dir: Path | None = None
+    stop_reason: str = "epochs"
+    diagnosis: dict[str, Any] | None = None
 
 
 def lr_factor(schedule: str, warmup: int, total: int, period: int | None = None) -> Callable[[int], float]:

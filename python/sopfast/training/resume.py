@@ -18,6 +18,7 @@ from ..data.identity import data_identity, describe_identity
 from ..integrity import listed
 from ..model.checkpoint import STATE_NAME, model_config
 from .config import STATE_FORMAT, TrainConfig
+from .guards import check_optimizer_state
 
 # the settings that may grow between a run and its continuation
 GROWABLE = ("epochs",)
@@ -120,6 +121,12 @@ def _shown(key: str, value: Any) -> str:
     return describe_identity(value) if key == "data" and value is not None else repr(value)
 
 
+def run_identity(model: Any, data: Any) -> dict[str, Any]:
+    """The fingerprint entries of ``model`` (a :class:`sopfast.SOP`: its options as ``model.<name>``) and of
+    the training ``data`` (its identity, :func:`sopfast.data.identity.data_identity`)."""
+    return {**{f"model.{k}": v for k, v in model_options(model).items()}, "data": data_identity(data)}
+
+
 def resume_path(config: TrainConfig) -> Path | None:
     """The training state to resume from: ``resume`` as a path (it must exist), or ``output_dir``'s
     state when ``resume`` is True and there is one, or ``None``."""
@@ -145,6 +152,7 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
             f"cannot resume from {path}: the training state lacks "
             f"{listed(missing or ['rng or fingerprint mappings'])}; start afresh with resume=False (--no-resume)"
         )
+    check_optimizer_state(path, state["optimizer"])
     saved = state["fingerprint"]
     # a sealed state (sopfast > 0.3.0) records every setting; an older one only some
     compared = now if "sha256" in state else {k: v for k, v in now.items() if k in saved or k in _LEGACY}

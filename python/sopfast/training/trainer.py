@@ -9,10 +9,12 @@ was never interrupted.  See ``docs/training.md``.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from functools import cached_property
 from itertools import islice
 from typing import Any
 
@@ -20,7 +22,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..checks import NonFiniteError
 from ..data.batches import to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
@@ -36,7 +37,8 @@ from ..model.checkpoint import (
 from ..model.numerics import flush_denormal
 from ..model.sop import SOP
 from .callbacks import LegacyCallback, TrainerCallback, as_callbacks, emit
-from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
+from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, resolve_metric
+from .diagnose import diagnose_run, saved_diagnosis
 from .distributed import (
     ResumableSampler,
     all_reduce_sum,
@@ -48,13 +50,16 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
-from .guards import NonFiniteLossError, check_optimizer_state, check_savable, diverged
+from .guards import NonFiniteLossError, check_savable, step_error
+from .optimizer import build_optimization
 from .records import RunRecords, write_run_config
-from .resume import check_resumable, fingerprint, resume_path
+from .resume import check_resumable, fingerprint, resume_path, run_identity
 from .state import capture_rng, restore_rng, seed_everything
-from .validation import forward_batch, validate
+from .stopping import Stopping
+from .validation import forward_batch, has_unused_parameters, validate
 
 Callback = TrainerCallback | LegacyCallback
+logger = logging.getLogger("sopfast.training")
 
 
 class Trainer:
@@ -91,15 +96,17 @@ class Trainer:
         self.best_step: int | None = None
         self.metrics: dict[str, float] = {}
         self.should_stop = False
+        self.stopping = Stopping(None)
+        self.diagnosis: dict[str, Any] | None = None
         self._backbone_sha256: str | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._eval_step: int | None = None
-        self._run_fingerprint: dict[str, Any] | None = None
         self.pbar: tqdm | None = None
 
     # -- public -------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        """Train until ``epochs`` are done, ``max_steps`` is reached or a callback stops it."""
+        """Train until the planned epochs are done, ``max_steps`` is reached, the validation metric stops
+        improving (``patience``) or a callback stops it."""
         cfg = self.config
         self.info = init_distributed(torch.device(cfg.device).type if cfg.device is not None else None)
         main = self.info.is_main
@@ -107,7 +114,7 @@ class Trainer:
         try:
             self._setup()
             self._emit("begin", {"step": self.step, "total_steps": self.total_steps})
-            while self.epoch < cfg.epochs and not self._done():
+            while self.epoch < self.epochs and not self._done():
                 self._run_epoch()
             result = self._finish()
         finally:
@@ -132,7 +139,8 @@ class Trainer:
             "batches_done": self.batches_done,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
-            "fingerprint": self._fingerprint(),
+            "evals_since_best": self.stopping.evals_since_best,
+            "fingerprint": self._fingerprint,
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
             "optimizer": self.optimizer.state_dict(),
@@ -145,15 +153,9 @@ class Trainer:
         """Write ``output_dir/training_state.pt`` atomically, with its checksum (rank 0 only)."""
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
-            self.check_savable()
+            check_savable(self)
             save_training_state(self.state_dict(), output_dir / STATE_NAME)
             self._emit("save", {"step": self.step, "what": "state", "path": str(output_dir / STATE_NAME)})
-
-    def check_savable(self) -> None:
-        """Raise :class:`NonFiniteLossError` unless the loss, the gradients, the weights and the optimizer
-        state are finite: no model that cannot predict is saved."""
-        self.check_finite()
-        check_savable(self.model, self.optimizer, self.step, float(self.config.lr or 0))
 
     @property
     def backbone_sha256(self) -> str:
@@ -174,31 +176,20 @@ class Trainer:
         self.val_loader = None if self.val_data is None else make_eval_loader(self.val_data, cfg.batch_size, info)
         self.batches_per_epoch = self._num_batches(self.train_loader)
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
-        self.total_steps = cfg.epochs * self.steps_per_epoch
-        heads = self.model.generator.num_heads
-        phases = cfg.head_schedule == "phases" and heads > 1
-        self.head_phase = max(1, self.total_steps // heads) if phases else None
-        period = self.head_phase
-        lr, warmup_ratio = cfg.lr, cfg.warmup_ratio
-        if lr is None or warmup_ratio is None:
-            raise ValueError(
-                f"the training config must be resolved (TrainConfig.resolved), got lr={lr}, warmup_ratio={warmup_ratio}"
-            )
-        self.warmup_steps = (
-            cfg.warmup_steps if cfg.warmup_steps is not None else int(warmup_ratio * (period or self.total_steps))
-        )
-        params = self.model.trainable_parameters()
-        if not params:
-            raise ValueError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.schedule, self.warmup_steps, period or self.total_steps, period)
-        )
+        self.epochs = cfg.planned_epochs(self.steps_per_epoch)
+        self.total_steps = self.epochs * self.steps_per_epoch
+        self.eval_every = cfg.eval_interval(self.steps_per_epoch)
+        self.stopping.patience = cfg.early_stopping_patience(self.val_loader is not None)
+        optimization = build_optimization(self.model, cfg, self.total_steps)
+        self.optimizer, self.scheduler = optimization.optimizer, optimization.scheduler
+        self.warmup_steps, self.head_phase = optimization.warmup_steps, optimization.head_phase
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16" and self.device.type == "cuda")
         self._resume()
+        if cfg.diagnose and self.model.task == "classification":
+            self._diagnose()
         find_unused = cfg.find_unused_parameters
         if find_unused is None and info.enabled:
-            find_unused = self._has_unused_parameters()
+            find_unused = has_unused_parameters(self.model, next(iter(self.train_loader)), self.device, self._autocast)
         self.ddp_model = wrap_ddp(self.model, self.device, info, bool(find_unused))
         last = self.total_steps if cfg.max_steps is None else min(cfg.max_steps, self.total_steps)
         self.pbar = tqdm(
@@ -216,21 +207,15 @@ class Trainer:
         self._first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
         self._start_time = time.time()
 
-    def _has_unused_parameters(self) -> bool:
-        """Whether a backward pass on the first batch leaves a trainable parameter without gradient.
-
-        Runs in eval mode (no dropout, no running-statistics updates) and restores the RNG states.
-        """
-        rng = capture_rng()
-        self.model.eval()
-        with self._autocast():
-            out, labels = forward_batch(self.model, to_device(next(iter(self.train_loader)), self.device))
-            loss = out.compute_loss(labels)
-        loss.backward()
-        unused = any(p.grad is None for p in self.model.trainable_parameters())
-        self.optimizer.zero_grad(set_to_none=True)
-        restore_rng(rng)
-        return unused
+    def _diagnose(self) -> None:
+        """The backbone diagnostic on the validation data (else the training data), on a fresh run (rank
+        0); a resumed run reads the one its folder saved."""
+        output_dir = self.config._output_path
+        if self.step > 0:
+            self.diagnosis = saved_diagnosis(output_dir)
+        elif self.info.is_main:
+            data = self.val_data if self.val_data is not None else self.train_data
+            self.diagnosis = diagnose_run(self.model, data, self.config, self.device, self.log.write)
 
     @staticmethod
     def _num_batches(loader: DataLoader) -> int:
@@ -242,41 +227,44 @@ class Trainer:
             raise ValueError("train_data yields no batches")
         return n
 
+    @cached_property
     def _fingerprint(self) -> dict[str, Any]:
-        """What makes this run this run (:func:`sopfast.training.resume.fingerprint`), computed once."""
-        if self._run_fingerprint is None:
-            self._run_fingerprint = fingerprint(
-                self.config,
-                world_size=self.info.world_size,
-                batch_size=self.train_loader.batch_size,
-                batches_per_epoch=self.batches_per_epoch,
-                warmup_steps=self.warmup_steps,
-                num_heads=self.model.generator.num_heads,
-                model=self.model,
-                data=self.train_data,
-            )
-        return self._run_fingerprint
+        saved = fingerprint(
+            self.config,
+            world_size=self.info.world_size,
+            batch_size=self.train_loader.batch_size,
+            batches_per_epoch=self.batches_per_epoch,
+            warmup_steps=self.warmup_steps,
+            num_heads=self.model.generator.num_heads,
+        )
+        # the model's options, the data's identity, the planned epochs (epochs=None: set by the data)
+        return {**saved, **run_identity(self.model, self.train_data), "epochs": self.epochs}
 
     def _resume(self) -> None:
         path = resume_path(self.config)
         if path is None:
             return
         state = load_training_state(path)
-        check_resumable(path, state, self._fingerprint(), self.batches_per_epoch)
+        check_resumable(path, state, self._fingerprint, self.batches_per_epoch)
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
         load_trainable_state_dict(self.model, state["model"], source=str(path))
-        check_optimizer_state(path, state["optimizer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
+        self.stopping.evals_since_best = state.get("evals_since_best", 0)
         self._pending_rng = state["rng"]
 
     # -- the loop ---------------------------------------------------------------------------
     def _done(self) -> bool:
-        return self.should_stop or (self.config.max_steps is not None and self.step >= self.config.max_steps)
+        if self.config.max_steps is not None and self.step >= self.config.max_steps and not self.should_stop:
+            self.stopping.reason = "max_steps"
+            return True
+        if self.should_stop and self.stopping.reason == "epochs":
+            self.stopping.reason = "callback"
+        return self.should_stop
 
     def _restore_pending_rng(self) -> None:
         if self._pending_rng is not None:
@@ -311,10 +299,7 @@ class Trainer:
             except ValueError as err:
                 if isinstance(err, NonFiniteLossError):
                     raise
-                where = f"training step {self.step + 1} (epoch {self.epoch + 1})"
-                if isinstance(err, NonFiniteError) and self.step > 0:
-                    raise diverged(where, err, self.model, self.step, float(self.config.lr or 0)) from err
-                raise ValueError(f"{where}: {err}") from err
+                raise step_error(self, err) from err
             if self._done():
                 break
 
@@ -382,7 +367,8 @@ class Trainer:
         if self.step % cfg.log_every == 0:
             self._log_train()
         if self.val_loader is not None and (
-            (cfg.eval_every is not None and self.step % cfg.eval_every == 0) or (cfg.eval_every is None and epoch_end)
+            (self.eval_every is not None and self.step % self.eval_every == 0)
+            or (self.eval_every is None and epoch_end)
         ):
             self._evaluate_and_track()
         if (cfg.save_every is not None and self.step % cfg.save_every == 0) or epoch_end:
@@ -440,14 +426,17 @@ class Trainer:
         self.metrics = self.evaluate()
         self._eval_step = self.step
         value = self.metrics[f"val_{self.metric}"]
-        if self._improves(value):
+        improved = self._improves(value)
+        if improved:
             self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
-                self.check_savable()
+                check_savable(self)
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
+        if self.stopping.evaluated(improved, self.step < self.total_steps):
+            self.should_stop = True
         self.log.plot()
         self._progress.set_postfix(self._postfix())
         self._emit("eval", record)
@@ -461,11 +450,33 @@ class Trainer:
         if self.info.is_main and output_dir is not None:
             save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
             self._emit("save", {"step": self.step, "what": "last", "path": str(output_dir / "last")})
-        record = self._record("end", best=self.best_metric, best_step=self.best_step)
+        record = self._record(
+            "end",
+            best=self.best_metric,
+            best_step=self.best_step,
+            stop_reason=self.stopping.reason,
+            stopped=self._stopped(),
+        )
+        logger.info(self._stopped())
         self.log.plot()
         self._emit("end", record)
         barrier(self.info)
-        return TrainResult(self.step, self.epoch, self.best_metric, self.best_step, self.metrics, output_dir)
+        return TrainResult(
+            self.step,
+            self.epoch,
+            self.best_metric,
+            self.best_step,
+            self.metrics,
+            output_dir,
+            stop_reason=self.stopping.reason,
+            diagnosis=self.diagnosis,
+        )
+
+    def _stopped(self) -> str:
+        best = (self.best_metric, self.best_step)
+        return self.stopping.describe(
+            self.step, self.total_steps, self.epochs, self.metric, best, self.config.max_steps
+        )
 
 
 def train(

@@ -11,6 +11,7 @@ import torch
 from ..data.batches import FORMATS, parse_batch, to_device
 from ..model.output import SOPOutput
 from .distributed import DistInfo, all_reduce_sum
+from .state import capture_rng, restore_rng
 
 
 def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.Tensor]:
@@ -19,6 +20,25 @@ def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.
     if parsed.labels is None:
         raise ValueError(f"training batches need labels ('labels' | 'label' | 'y', or (x, y) tuples); {FORMATS}")
     return model(**parsed.model_inputs()), parsed.labels
+
+
+def has_unused_parameters(
+    model: Any, batch: Any, device: torch.device, autocast: Callable[[], AbstractContextManager]
+) -> bool:
+    """Whether a backward pass on ``batch`` leaves a trainable parameter of ``model`` (an SOP) without a
+    gradient (what DDP's ``find_unused_parameters`` must know).  Runs in eval mode (no dropout, no
+    running-statistics updates), clears the gradients and restores the RNG states."""
+    rng = capture_rng()
+    model.eval()
+    with autocast():
+        out, labels = forward_batch(model, to_device(batch, device))
+        loss = out.compute_loss(labels)
+    loss.backward()
+    unused = any(p.grad is None for p in model.trainable_parameters())
+    for p in model.trainable_parameters():
+        p.grad = None
+    restore_rng(rng)
+    return unused
 
 
 def _score(task: str, out: SOPOutput, labels: torch.Tensor) -> torch.Tensor:

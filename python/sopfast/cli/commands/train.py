@@ -31,6 +31,7 @@ from ..options import add_api_options, api_values, parameters
 from ..parser import CLIError, int_at_least
 
 if TYPE_CHECKING:
+    from ...adapters import BackboneAdapter
     from ...adapters.sources import Backbone
 
 NAME = "train"
@@ -65,11 +66,40 @@ def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
     g = parser.add_argument_group("model options (sopfast.SOP)")
     shown = {"mode": "drop where the backbone supports it, else exact"}
     names = add_api_options(g, SOP, skip=SOP_SKIP, given_only=True, shown_defaults=shown)
+    return names + adapter_flags(g)
+
+
+def adapter_flags(group: argparse._ArgumentGroup) -> list[str]:
+    """The flags of the built-in adapters' options (``--feature-layer`` for CNNs)."""
+    names: list[str] = []
     for adapter_cls in builtin_adapter_classes():
         names += add_api_options(
-            g, adapter_cls, skip=("backbone",), given_only=True, help_prefix=f"{adapter_cls.family}: "
+            group, adapter_cls, skip=("backbone",), given_only=True, help_prefix=f"{adapter_cls.family}: "
         )
     return names
+
+
+def adapter_options(
+    args: argparse.Namespace, backbone: Backbone, names: list[str], adapter_cls: type[BackboneAdapter] | None = None
+) -> dict:
+    """The given adapter flags among ``names``, checked by ``adapter_cls`` (default: the backbone's)."""
+    from ...adapters import find_adapter_class
+
+    given = {n: getattr(args, n, None) for n in names if n not in SOP_OPTIONS}
+    return (adapter_cls or find_adapter_class(backbone.model)).adapter_options(backbone.model, **given)
+
+
+def bare_backbone(args: argparse.Namespace, purpose: str) -> tuple[Backbone, BackboneAdapter, dict]:
+    """``--backbone`` (required: ``purpose`` says what for) with its adapter built from the adapter flags
+    (``args.adapter_names``), for commands that work on a backbone without an SOP model; the adapter's
+    options are returned too."""
+    from ...adapters import find_adapter_class
+
+    if args.backbone is None:
+        raise CLIError(f"give --backbone: the backbone to {purpose}")
+    backbone = load_backbone(args)
+    options = adapter_options(args, backbone, args.adapter_names)
+    return backbone, find_adapter_class(backbone.model)(backbone.model, **options), options
 
 
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -110,10 +140,8 @@ def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
         return load_model(args, backbone, sop_options)
     named = sop_options.get("adapter")
     adapter_cls = adapter_class(named) if named else find_adapter_class(backbone.model)
-    given = {n: getattr(args, n, None) for n in args.sop_names if n not in SOP_OPTIONS}
-    adapter_options = adapter_cls.adapter_options(backbone.model, **given)
     sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
-    return SOP(backbone, **sop_options, **adapter_options)
+    return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names, adapter_cls))
 
 
 def run(args: argparse.Namespace) -> int:

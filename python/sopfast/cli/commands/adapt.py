@@ -1,0 +1,59 @@
+"""``sopfast adapt``: fine-tune a copy of a backbone to predict from groups of its features, before SOP.
+
+The copy is saved as a separate backbone (``--output-dir``) with ``sopfast_adaptation.json`` recording
+where it came from, the settings and both backbones' accuracy; train SOP on it with ``sopfast train
+--backbone OUTPUT_DIR``.  SOP then explains the adapted copy, not the original.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ...training.adapt import adapt_backbone
+from ..common import (
+    add_common,
+    add_data,
+    add_model_source,
+    check_output_dir,
+    device,
+    load_adapter_split,
+    report,
+)
+from ..options import add_api_options, api_values
+from .train import adapter_flags, bare_backbone
+
+NAME = "adapt"
+HELP = "Adapt a copy of a backbone to masked inputs (SOP's groups), saved as a separate backbone."
+SKIP = ("backbone", "train_data", "val_data", "device", "output_dir", "seed")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_model_source(p, need_checkpoint=False)
+    add_data(p)
+    g = p.add_argument_group("adaptation (sopfast.adapt_backbone)")
+    g.add_argument("--output-dir", required=True, help="where the adapted backbone is saved (a new directory)")
+    names = add_api_options(g, adapt_backbone, skip=SKIP, given_only=True)
+    p.set_defaults(adapt_names=names, adapter_names=adapter_flags(g))
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output_dir("--output-dir", args.output_dir)
+    run_device = device(args.device)
+    backbone, adapter, options = bare_backbone(args, "adapt")
+    train_data, _ = load_adapter_split(args, adapter, backbone, "train", args.limit)
+    val_data, _ = load_adapter_split(args, adapter, backbone, "val", None)
+    result = adapt_backbone(
+        backbone,
+        train_data,
+        val_data,
+        device=run_device,
+        output_dir=args.output_dir,
+        seed=args.seed,
+        **api_values(args, args.adapt_names),
+        **options,
+    )
+    for line in result.lines():
+        report(line)
+    report(f"adapted backbone saved to {result.output_dir} (provenance: sopfast_adaptation.json)")
+    return 0

@@ -1,0 +1,322 @@
+"""Adapt a copy of a backbone to the inputs SOP gives it: groups of a few of its features.
+
+SOP runs the frozen backbone on groups of about τ of the input's features.  A backbone trained only on
+whole inputs may predict little from them (:func:`sopfast.diagnose` measures it), and then SOP learns
+little.  :func:`adapt_backbone` fine-tunes a *copy* under random feature masking (in each mode the
+backbone supports: masked features removed as ``exact`` removes them, and only the kept tokens run as in
+``drop``), with the original's full-input prediction as a teacher beside the labels, so that the copy
+still predicts as the original does on whole inputs.  It reports both backbones' accuracy, on whole
+inputs and on random groups, and saves the copy as a separate backbone that records where it came from.
+It changes the model SOP explains: the explanations are of the adapted copy, never of the original.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Sized
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from ..adapters import BackboneAdapter, get_adapter
+from ..adapters.sources import Backbone
+from ..checks import check_int, check_number
+from ..data.batches import parse_batch
+from ..model.checkpoint import hash_backbone
+from ..types import FeatureInputs, Groups
+from ..version import __version__
+from .diagnose import Diagnosis, diagnose
+
+PROVENANCE_NAME = "sopfast_adaptation.json"
+#: The share of the features a masked training input keeps is drawn uniformly from this range.
+KEEP_RANGE = (0.1, 1.0)
+#: The default number of steps is one pass over the training data, but at least this many.
+MIN_STEPS = 400
+
+
+@dataclass
+class AdaptResult:
+    """What :func:`adapt_backbone` returns: the adapted copy (``backbone``, in eval mode, frozen), the
+    two backbones' diagnostics on the validation data (``before`` / ``after``: whole-input accuracy and
+    random groups) and the provenance saved beside it (``output_dir``, when one was given)."""
+
+    backbone: nn.Module
+    before: Diagnosis
+    after: Diagnosis
+    provenance: dict[str, Any] = field(default_factory=dict)
+    output_dir: str | None = None
+
+    def lines(self) -> list[str]:
+        mode, tau = self.after.mode, self.after.tau
+        b, a = self.before, self.after
+        return [
+            f"whole inputs: original {b.full_accuracy:.3f}, adapted {a.full_accuracy:.3f}",
+            f"one random group of tau={tau:g} ({mode}): original {b.random_groups[mode].one_group:.3f}, "
+            f"adapted {a.random_groups[mode].one_group:.3f}",
+            f"verdict on the adapted backbone: {a.verdict}",
+        ]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def adapt_backbone(
+    backbone: nn.Module | Backbone,
+    train_data: Dataset | DataLoader,
+    val_data: Dataset | DataLoader | None = None,
+    *,
+    steps: int | None = None,
+    batch_size: int = 64,
+    lr: float = 5e-4,
+    teacher_weight: float = 3.0,
+    label_weight: float = 1.0,
+    tau: float = 0.2,
+    num_groups: int = 20,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    output_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    **adapter_kwargs: Any,
+) -> AdaptResult:
+    """Fine-tune a copy of ``backbone`` to predict from random groups of its features.
+
+    Each batch is cut in parts, one per mode the backbone supports plus one whole: a part's examples
+    keep a random ``U(0.1, 1)`` share of their features (``exact``: the others removed as SOP removes
+    them; ``drop``: only the kept tokens run).  The loss is ``label_weight`` times the
+    cross-entropy with the labels plus ``teacher_weight`` times the KL divergence from the original
+    backbone's whole-input prediction.
+
+    Args:
+        backbone: a backbone sopfast has an adapter for (or a :func:`sopfast.adapters.load_backbone`
+            record); it is copied, never changed.
+        train_data: labelled training examples (Dataset or DataLoader, as :func:`sopfast.train`).
+        val_data: labelled examples to report on (default: ``train_data``).
+        steps: optimizer steps (default: one pass over ``train_data``, at least :data:`MIN_STEPS`).
+        batch_size: examples per step (Datasets only).
+        lr: AdamW learning rate (linear warm-up over 5 % of the steps, then cosine decay).  The defaults
+            (5e-4, ``teacher_weight`` 3, at least 400 steps) were chosen on the demo's small ViT trained from
+            scratch (``bench/quality/adaptation.md``); for a large pretrained backbone use the learning
+            rate it was fine-tuned with (such as 2e-5 for a ViT-B/16).
+        teacher_weight: weight of the original's whole-input prediction as a teacher (0: labels only).
+        label_weight: weight of the labels (0: the teacher only; needs no labels).
+        tau, num_groups: the group size and count of the before/after diagnostics.
+        seed: the data order and the masks.
+        device: where to train (default: where the backbone is).
+        output_dir: save the adapted copy there (:func:`save_adapted`) with ``sopfast_adaptation.json``.
+        progress: progress bars.
+        **adapter_kwargs: the adapter's options (``feature_layer`` for CNNs).
+    """
+    source = backbone.describe() if isinstance(backbone, Backbone) else None
+    original = backbone.model if isinstance(backbone, Backbone) else backbone
+    if not isinstance(original, nn.Module):
+        raise TypeError(f"backbone must be a torch.nn.Module, got {type(original).__name__}")
+    check_int("steps", steps, 1, optional=True)
+    check_int("batch_size", batch_size, 1)
+    check_number("lr", lr, 0.0, above=True)
+    check_number("teacher_weight", teacher_weight, 0.0)
+    check_number("label_weight", label_weight, 0.0)
+    if teacher_weight == 0 and label_weight == 0:
+        raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
+    check_int("seed", seed, 0)
+    run_device = torch.device(device) if device is not None else _device_of(original)
+    original = original.to(run_device).eval()
+    teacher = get_adapter(original, **adapter_kwargs)
+    adapted = copy.deepcopy(original).requires_grad_(True)
+    student = get_adapter(adapted, **adapter_kwargs)
+    val_data = train_data if val_data is None else val_data
+    diagnostics = {"tau": tau, "num_groups": num_groups, "seed": seed, "device": run_device, "progress": progress}
+    before = diagnose(teacher, val_data, **diagnostics)
+    loader = _batches(train_data, batch_size, seed)
+    if steps is None and not isinstance(loader, Sized):
+        raise ValueError("train_data has no length: give steps=")
+    total = steps if steps is not None else max(MIN_STEPS, len(cast(Sized, loader)))
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    warmup = max(1, total // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total))
+    adapted.train()
+    bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
+    for step, raw in zip(range(total), _cycle(loader)):
+        batch = parse_batch(raw).to(run_device)
+        if label_weight > 0 and (batch.labels is None or batch.labels.dim() != 1):
+            raise ValueError(
+                "adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels'), or label_weight=0"
+            )
+        inputs = teacher.prepare(**batch.adapter_inputs())
+        loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(adapted.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise ValueError(f"adapt_backbone: the loss became {value} at step {step + 1} (lr {lr:g}); lower lr")
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.3f}")
+    bar.close()
+    adapted.eval().requires_grad_(False)
+    after = diagnose(student, val_data, **diagnostics)
+    settings = {
+        "steps": total,
+        "batch_size": batch_size,
+        "lr": lr,
+        "teacher_weight": teacher_weight,
+        "label_weight": label_weight,
+        "seed": seed,
+    }
+    provenance = {
+        "adapted_from": source or {"spec": getattr(original, "name_or_path", None) or type(original).__name__},
+        "original_sha256": hash_backbone(original),
+        "adapted_sha256": hash_backbone(adapted),
+        "method": "sopfast.adapt_backbone: fine-tuned under random feature masking (every supported mode) with "
+        "the original's whole-input prediction as a teacher",
+        "settings": settings,
+        "before": before.to_dict(),
+        "after": after.to_dict(),
+        "sopfast_version": __version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    result = AdaptResult(adapted, before, after, provenance)
+    if output_dir is not None:
+        result.output_dir = save_adapted(adapted, provenance, output_dir, source)
+    return result
+
+
+def _loss(
+    student: BackboneAdapter,
+    teacher: BackboneAdapter,
+    inputs: FeatureInputs,
+    labels: torch.Tensor | None,
+    weights: tuple[float, float],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Cross-entropy with ``labels`` and KL to the teacher (``weights``) over the batch cut in parts: one
+    per supported mode with random groups, one whole."""
+    modes = list(student.supported_modes)
+    parts = torch.arange(inputs.batch_size).tensor_split(len(modes) + 1)
+    device = inputs.device
+    logits = [student.full_forward(inputs.rows(parts[-1].to(device)))[0]]
+    for mode, rows in zip(modes, parts):
+        if len(rows) == 0:
+            continue
+        part = inputs.rows(rows.to(device))
+        masks = _training_masks(student, part, mode, generator).to(device)
+        logits.insert(len(logits) - 1, student.run_groups(part, Groups.from_masks(masks), mode, len(rows)).logits[:, 0])
+    order = torch.cat([rows for rows in parts[:-1] if len(rows)] + [parts[-1]]).to(device)
+    predicted = torch.cat(logits).float()
+    label_weight, teacher_weight = weights
+    loss = predicted.new_zeros(())
+    if label_weight > 0 and labels is not None:
+        loss = loss + label_weight * F.cross_entropy(predicted, labels.long()[order])
+    if teacher_weight > 0:
+        with torch.no_grad():
+            target = teacher.full_forward(inputs)[0].float().log_softmax(-1)[order]
+        kl = F.kl_div(predicted.log_softmax(-1), target, log_target=True, reduction="batchmean")
+        loss = loss + teacher_weight * kl
+    return loss
+
+
+def _training_masks(
+    adapter: BackboneAdapter, inputs: FeatureInputs, mode: str, generator: torch.Generator
+) -> torch.Tensor:
+    """``[B, 1, d]`` random groups, each keeping a ``U(KEEP_RANGE)`` share (at least one) of its example's
+    candidates; one share for the whole part where ``mode`` needs groups of one size (a ViT's ``drop``)."""
+    low, high = KEEP_RANGE
+    candidates = adapter.candidate_mask(inputs).cpu()
+    b, d = candidates.shape
+    size = 1 if mode in adapter.equal_size_modes else b
+    keep = torch.rand(size, generator=generator) * (high - low) + low
+    k = (keep * candidates.sum(dim=1)).floor().clamp_min(1)
+    scores = torch.rand(b, d, generator=generator).masked_fill(~candidates, -1.0)
+    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
+    return ((rank < k.view(-1, 1)) & candidates).unsqueeze(1)
+
+
+def save_adapted(
+    model: nn.Module, provenance: dict[str, Any], output_dir: str | os.PathLike, source: dict[str, Any] | None = None
+) -> str:
+    """Save an adapted backbone where sopfast loads backbones from, with ``sopfast_adaptation.json``.
+
+    A Hugging Face model: ``save_pretrained`` plus the original directory's preprocessing and tokenizer
+    files (``--backbone OUTPUT_DIR``); a timm / torchvision model: ``model.safetensors`` (``--backbone
+    <the same timm:/torchvision: name> --backbone-weights OUTPUT_DIR/model.safetensors``); another module:
+    ``backbone.pt``, a pickled module (``--backbone OUTPUT_DIR/backbone.pt --trust-pickle``).
+    """
+    out = os.fspath(output_dir)
+    os.makedirs(out, exist_ok=True)
+    kind = (source or {}).get("kind") or ("hf" if hasattr(model, "save_pretrained") else "module")
+    provenance = dict(provenance)
+    if kind == "hf":
+        model.save_pretrained(out)
+        origin = (source or {}).get("spec") or getattr(model, "name_or_path", None)
+        _copy_preprocessing(origin, out)
+        provenance["load"] = {"backbone": os.path.abspath(out)}
+    elif kind in ("timm", "torchvision"):
+        from safetensors.torch import save_file
+
+        weights = os.path.join(out, "model.safetensors")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
+        provenance["load"] = {
+            "backbone": (source or {}).get("spec"),
+            "backbone_weights": os.path.abspath(weights),
+            "options": (source or {}).get("options") or {},
+        }
+    else:
+        path = os.path.join(out, "backbone.pt")
+        torch.save(model, path)
+        provenance["load"] = {"backbone": os.path.abspath(path), "trust_pickle": True}
+    with open(os.path.join(out, PROVENANCE_NAME), "w", encoding="utf-8") as f:
+        json.dump(provenance, f, indent=2, default=str)
+    return out
+
+
+def _copy_preprocessing(origin: Any, out: str) -> None:
+    """The processor and tokenizer files of a Hugging Face directory ``origin``, copied to ``out``."""
+    if not isinstance(origin, str) or not os.path.isdir(origin):
+        return
+    for name in os.listdir(origin):
+        if name == "preprocessor_config.json" or name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy2(os.path.join(origin, name), os.path.join(out, name))
+
+
+def _batches(data: Any, batch_size: int, seed: int) -> Iterable[Any]:
+    """A Dataset in shuffled batches (seeded), a DataLoader or another iterable of batches as it is."""
+    if isinstance(data, Dataset) and not isinstance(data, DataLoader):
+        generator = torch.Generator().manual_seed(seed)
+        drop_last = len(cast(Sized, data)) > batch_size
+        return DataLoader(data, batch_size=batch_size, shuffle=True, generator=generator, drop_last=drop_last)
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"train_data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}"
+        )
+    return data
+
+
+def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    parameter = next(iter(model.parameters()), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+__all__ = ["AdaptResult", "adapt_backbone", "save_adapted"]

@@ -1,0 +1,360 @@
+"""How much of its accuracy a frozen backbone keeps on a group of τ of its features — the bound on what
+SOP can learn over it, measured before training.
+
+SOP predicts from groups: each group pass runs the frozen backbone on about τ of the input's features
+(20 % by default).  A backbone that was never trained on such inputs may predict little from them (a
+small ViT trained on one data set often drops to chance), and then no generator can make groups that
+predict well.  :func:`diagnose` runs the backbone on the full inputs and on random groups of the
+model's size in each mode, and says in plain words what that means for SOP and what to do.
+
+    report = sopfast.diagnose(backbone, val_data, tau=0.2)
+    print(report)           # the table and the verdict; report.to_dict() for files
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from tqdm.auto import tqdm
+
+from ..adapters import BackboneAdapter
+from ..checks import check_choice, check_int, check_tau
+from ..data.batches import parse_batch
+from ..masking.forward import adapter_of, run_mask_sets
+from ..model.sop import SOP
+from ..ops.counts import num_kept_table
+from ..types import FeatureInputs
+
+DIAGNOSIS_NAME = "diagnosis.json"
+logger = logging.getLogger("sopfast.training")
+#: Share of the backbone's accuracy above chance kept on one random group, at or above which SOP has room
+#: to learn groups better than random ones, and below which it learns little.
+ROBUST, BLIND = 0.5, 0.2
+
+
+@dataclass
+class GroupAccuracy:
+    """Accuracy on random groups in one mode: one group alone (the mean over groups), the ``m`` groups'
+    probabilities averaged (what SOP must beat), and the best of the ``m`` (some group is right)."""
+
+    one_group: float
+    mean_of_groups: float
+    best_of_groups: float
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` measured (see the module docstring) and its verdict."""
+
+    tau: float
+    num_groups: int
+    mode: str
+    examples: int
+    chance: float
+    full_accuracy: float
+    random_groups: dict[str, GroupAccuracy]
+    labels: str
+    informed_group: float | None = None
+    informed_examples: int = 0
+    verdict: str = ""
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def to_beat(self) -> float:
+        """The accuracy of groups that are not learned, in SOP's mode: the better of the ``m`` random groups
+        averaged and the informed group.  Trained SOP groups should beat it; it is not SOP's ceiling (no
+        cheap measurement gives that: the best group of 10 of 49 patches is a search over 8·10⁹ sets)."""
+        averaged = self.random_groups[self.mode].mean_of_groups
+        return averaged if self.informed_group is None else max(averaged, self.informed_group)
+
+    def retained(self, mode: str | None = None) -> float:
+        """One random group's accuracy above chance as a share of the full input's (1: nothing lost)."""
+        above = self.full_accuracy - self.chance
+        one = self.random_groups[mode or self.mode].one_group - self.chance
+        return max(0.0, one / above) if above > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["retained"] = {mode: self.retained(mode) for mode in self.random_groups}
+        out["to_beat"] = self.to_beat
+        return out
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_dict` as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    def lines(self) -> list[str]:
+        """The table and the verdict, as lines of text."""
+        truth = "labels" if self.labels == "labels" else "the backbone's own full-input predictions"
+        out = [
+            f"backbone diagnostic on {self.examples} examples (accuracy against {truth}; chance {self.chance:.3f}):",
+            f"  full input: {self.full_accuracy:.3f}",
+        ]
+        for mode, acc in self.random_groups.items():
+            mark = " (SOP's mode)" if mode == self.mode else ""
+            out.append(
+                f"  random groups of tau={self.tau:g}, {mode}{mark}: one group {acc.one_group:.3f}, "
+                f"{self.num_groups} averaged {acc.mean_of_groups:.3f}, best of {self.num_groups} "
+                f"{acc.best_of_groups:.3f} (keeps {self.retained(mode):.0%} of the accuracy above chance)"
+            )
+        if self.informed_group is not None:
+            out.append(
+                f"  one informed group in {self.mode} (the tau={self.tau:g} features whose removal costs the backbone "
+                f"most, occlusion, on {self.informed_examples} examples): {self.informed_group:.3f}"
+            )
+        out.append(f"  groups that are not learned reach {self.to_beat:.3f} in {self.mode}: SOP's should beat it")
+        out.append(f"  verdict: {self.verdict}")
+        out += [f"  - {line}" for line in self.advice]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def diagnose(
+    backbone: nn.Module | BackboneAdapter | SOP,
+    data: Dataset | DataLoader | Iterable,
+    *,
+    tau: float | None = None,
+    num_groups: int | None = None,
+    mode: str | None = None,
+    examples: int = 128,
+    informed_examples: int = 32,
+    batch_size: int = 32,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> Diagnosis:
+    """Measure the frozen ``backbone`` on ``data``: on the full inputs, and on ``num_groups`` random
+    groups of ``tau`` of the features per example in every mode the backbone supports.
+
+    Args:
+        backbone: an :class:`sopfast.SOP` (its backbone, ``tau``, ``num_groups`` and ``mode`` are the
+            defaults), a backbone sopfast has an adapter for, or an adapter.
+        data: labelled examples in any form :func:`sopfast.train` reads (a Dataset: ``examples`` of
+            them drawn at random with ``seed``; a DataLoader or iterable of batches: its first ones).
+            Without labels, accuracy is measured against the backbone's full-input prediction.
+        tau, num_groups: the group size and count (defaults: the SOP model's, else 0.2 and 20).
+        mode: the mode SOP runs in, which the verdict is about (default: the model's, else ``drop``
+            where the backbone supports it).
+        examples: how many examples to measure (at most).
+        informed_examples: on the first this many, also the informed group: the ``tau`` features whose
+            removal lowers the backbone's predicted class most (occlusion, one pass per feature, in
+            ``mode``); 0 skips it.
+        batch_size: examples per backbone call when ``data`` is a Dataset.
+        seed: draws the examples and the random groups.
+        device: where to run (default: where the backbone is).
+        progress: show a progress bar.
+    """
+    adapter = adapter_of(backbone)
+    is_sop = isinstance(backbone, SOP)
+    if is_sop and backbone.task != "classification":
+        raise ValueError("diagnose measures accuracy: it needs a classification model, got task='regression'")
+    tau = check_tau(tau if tau is not None else (backbone.tau if is_sop else 0.2))
+    num_groups = check_int(
+        "num_groups", num_groups if num_groups is not None else (backbone.num_groups if is_sop else 20), 1
+    )
+    default_mode = backbone.mode if is_sop else ("drop" if "drop" in adapter.supported_modes else "exact")
+    mode = check_choice("mode", mode if mode is not None else default_mode, adapter.supported_modes)
+    check_int("examples", examples, 1)
+    check_int("informed_examples", informed_examples, 0)
+    check_int("batch_size", batch_size, 1)
+    check_int("seed", seed, 0)
+    run_device = torch.device(device) if device is not None else _device_of(adapter)
+    generator = torch.Generator().manual_seed(seed)
+    sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}
+    full = seen = informed = informed_seen = 0
+    classes: int | None = adapter.num_classes
+    used_labels = True
+    bar = tqdm(total=examples, desc="sopfast diagnose", disable=not progress, leave=False)
+    with torch.no_grad():
+        for raw in _batches(data, examples, batch_size, generator):
+            batch = parse_batch(raw).to(run_device)
+            n = min(len(batch), examples - seen)
+            inputs = adapter.prepare(**batch.adapter_inputs()).rows(slice(0, n))
+            logits = adapter.full_forward(inputs)[0].float()
+            classes = classes or int(logits.shape[-1])
+            if batch.labels is None or batch.labels.dim() != 1:
+                used_labels = False
+                truth = logits.argmax(-1)
+            else:
+                truth = batch.labels[:n].long()
+            full += int((logits.argmax(-1) == truth).sum())
+            masks = random_group_masks(adapter.candidate_mask(inputs), tau, num_groups, generator)
+            for group_mode in adapter.supported_modes:
+                group_logits = run_mask_sets(adapter, inputs, masks.to(run_device), group_mode).logits.float()
+                sums[group_mode] += _group_scores(group_logits, truth).cpu()
+            take = min(n, informed_examples - informed_seen)
+            if take > 0:
+                rows = slice(0, take)
+                group = informed_group(adapter, inputs.rows(rows), logits[rows].argmax(-1), tau, mode)
+                informed += int((group.argmax(-1) == truth[rows]).sum())
+                informed_seen += take
+            seen += n
+            bar.update(n)
+            if seen >= examples:
+                break
+    bar.close()
+    if seen == 0:
+        raise ValueError("diagnose: data yielded no examples")
+    report = Diagnosis(
+        tau=tau,
+        num_groups=num_groups,
+        mode=mode,
+        examples=seen,
+        chance=1.0 / classes if classes else math.nan,
+        full_accuracy=full / seen,
+        random_groups={m: GroupAccuracy(*(s / seen).tolist()) for m, s in sums.items()},
+        labels="labels" if used_labels else "backbone predictions",
+        informed_group=informed / informed_seen if informed_seen else None,
+        informed_examples=informed_seen,
+    )
+    report.verdict, report.advice = verdict(report)
+    return report
+
+
+def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write: Any) -> dict[str, Any]:
+    """The diagnostic a training run starts with (``config``: its :class:`TrainConfig`): measured on
+    ``data``, saved as ``diagnosis.json`` in the run folder, passed to ``write`` (the run's log) and
+    logged in words (a weak verdict as a warning)."""
+    report = diagnose(
+        model, data, examples=config.diagnose_examples, seed=config.seed, device=device, progress=config.progress
+    )
+    output_dir = config._output_path
+    if output_dir is not None:
+        report.save(output_dir / DIAGNOSIS_NAME)
+    record = report.to_dict()
+    write({"event": "diagnosis", "step": 0, **record})
+    lines = report.lines()
+    verdict_at = len(lines) - 1 - len(report.advice)
+    for line in lines[:verdict_at]:
+        logger.info(line)
+    log = logger.info if report.retained() >= ROBUST else logger.warning
+    log("backbone " + lines[verdict_at].strip())
+    for line in report.advice:
+        log(f"  - {line}")
+    return record
+
+
+def saved_diagnosis(output_dir: Path | None) -> dict[str, Any] | None:
+    """The diagnosis a run folder saved (``None`` when it has none)."""
+    path = None if output_dir is None else output_dir / DIAGNOSIS_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+
+
+def verdict(report: Diagnosis) -> tuple[str, list[str]]:
+    """The plain-words verdict on ``report`` and what to do about it."""
+    kept = report.retained()
+    share = f"{report.tau:.0%}"
+    if report.full_accuracy <= report.chance + 0.05:
+        text = (
+            f"at chance: the backbone itself scores {report.full_accuracy:.3f} on whole inputs (chance "
+            f"{report.chance:.3f}), and SOP cannot be more accurate than its backbone"
+        )
+        return text, [
+            "check that the backbone was trained for these labels (its label names and order), and the "
+            "preprocessing (--image-mean/--image-std, --image-size, the tokenizer)"
+        ]
+    if kept >= ROBUST:
+        text = (
+            f"robust: one random group of {share} of the features keeps {kept:.0%} of the accuracy above chance "
+            f"in {report.mode} mode, so SOP has room to learn groups better than random ones"
+        )
+        advice: list[str] = []
+    elif kept >= BLIND:
+        text = (
+            f"fragile: one random group of {share} of the features keeps only {kept:.0%} of the accuracy above "
+            f"chance in {report.mode} mode; SOP's groups will cost accuracy and learn slowly"
+        )
+        advice = [_ADAPT, _RAISE_TAU]
+    else:
+        text = (
+            f"blind: the backbone barely predicts from {share} of its features ({kept:.0%} of its accuracy above "
+            f"chance in {report.mode} mode); SOP can learn little over it as it is"
+        )
+        advice = [_ADAPT, _RAISE_TAU]
+    better = [
+        m
+        for m in report.random_groups
+        if m != report.mode and report.random_groups[m].one_group > report.random_groups[report.mode].one_group + 0.1
+    ]
+    if better:
+        advice.append(f"mode={better[0]!r} (--mode {better[0]}) keeps more of the accuracy on this backbone")
+    return text, advice
+
+
+_ADAPT = (
+    "adapt a copy of the backbone to masked inputs first (sopfast adapt / sopfast.adapt_backbone): it keeps the "
+    "backbone's accuracy on full inputs within a point or two and makes groups predictive, but SOP then explains "
+    "the adapted copy, not your original model"
+)
+_RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
+
+
+def random_group_masks(
+    candidates: torch.Tensor, tau: float, num_groups: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``[B, m, d]`` bool: ``m`` groups per example, each ``num_kept(tau, candidates)`` of its candidate
+    features (``candidates [B, d]``) drawn uniformly at random with ``generator`` (on the CPU)."""
+    valid = candidates.cpu()
+    b, d = valid.shape
+    table = torch.tensor(num_kept_table(float(tau), d))
+    k = table[valid.sum(dim=1)]
+    scores = torch.rand(b, num_groups, d, generator=generator).masked_fill(~valid.unsqueeze(1), -1.0)
+    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
+    return (rank < k.view(b, 1, 1)) & valid.unsqueeze(1)
+
+
+def informed_group(
+    adapter: BackboneAdapter, inputs: FeatureInputs, target: torch.Tensor, tau: float, mode: str
+) -> torch.Tensor:
+    """Logits ``[B, C]`` of the backbone on one group per example: the ``num_kept(tau, ·)`` candidate
+    features whose removal lowers the probability of ``target [B]`` most (occlusion in ``mode``)."""
+    valid = adapter.candidate_mask(inputs)
+    b, d = valid.shape
+    eye = torch.eye(d, dtype=torch.bool, device=valid.device)
+    without = valid.unsqueeze(1) & ~eye  # [B, d, d]: every feature removed in turn
+    probs = run_mask_sets(adapter, inputs, without, mode, allow_empty=True).logits.float().softmax(-1)
+    cost = -probs.gather(2, target.view(b, 1, 1).expand(b, d, 1)).squeeze(2)
+    cost = cost.masked_fill(~valid, float("-inf"))
+    k = torch.tensor(num_kept_table(float(tau), d), device=valid.device)[valid.sum(dim=1)]
+    rank = cost.argsort(dim=-1, descending=True).argsort(dim=-1)
+    group = (rank < k.view(b, 1)) & valid
+    return run_mask_sets(adapter, inputs, group.unsqueeze(1), mode).logits[:, 0].float()
+
+
+def _group_scores(logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Per-batch sums ``[3]``: correct single groups (averaged over the groups), correct averaged
+    probabilities, examples with some correct group; ``logits [B, m, C]``, ``truth [B]``."""
+    correct = logits.argmax(-1) == truth.view(-1, 1)
+    averaged = logits.softmax(-1).mean(dim=1).argmax(-1) == truth
+    return torch.stack([correct.double().mean(dim=1).sum(), averaged.double().sum(), correct.any(dim=1).double().sum()])
+
+
+def _batches(data: Any, examples: int, batch_size: int, generator: torch.Generator) -> Iterable:
+    """Batches of ``data``: a Dataset's ``examples`` drawn at random, else the iterable itself."""
+    if isinstance(data, Dataset) and not isinstance(data, DataLoader) and hasattr(data, "__len__"):
+        size = len(data)  # type: ignore[arg-type]
+        if size == 0:
+            raise ValueError("diagnose: data is empty")
+        picked = torch.randperm(size, generator=generator)[: min(size, examples)].tolist()
+        return DataLoader(Subset(data, picked), batch_size=batch_size)
+    if not isinstance(data, Iterable):
+        raise TypeError(f"data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}")
+    return data
+
+
+def _device_of(adapter: BackboneAdapter) -> torch.device:
+    parameter = next(iter(adapter.backbone.parameters()), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
