@@ -48,6 +48,8 @@ APIS = {
     "from_pretrained": lambda **kw: sopfast.SOP.from_pretrained("missing", VIT, **kw),
     "probability_curve": lambda **kw: sopfast.metrics.probability_curve(torch.randn(2, 3, 4), **kw),
     "num_kept": lambda **kw: ops.num_kept(**{"tau": 0.2, "d": 10, **kw}),
+    "diagnose": lambda **kw: sopfast.diagnose(VIT, [(X, torch.tensor([0, 1]))], **{"progress": False, **kw}),
+    "adapt_backbone": lambda **kw: sopfast.adapt_backbone(VIT, [(X, torch.tensor([0, 1]))], **{"steps": 1, **kw}),
 }
 TARGETS = {
     "SOP": sopfast.SOP,
@@ -62,9 +64,17 @@ TARGETS = {
     "from_pretrained": sopfast.SOP.from_pretrained,
     "probability_curve": sopfast.metrics.probability_curve,
     "num_kept": ops.num_kept,
+    "diagnose": sopfast.diagnose,
+    "adapt_backbone": sopfast.adapt_backbone,
 }
 # arguments typed ``str`` that take a choice (their annotation does not say so)
-CHOICES = {("top_tau", "ties"), ("rise", "mode"), ("masked_forward", "mode"), ("MaskedForward", "mode")}
+CHOICES = {
+    ("top_tau", "ties"),
+    ("rise", "mode"),
+    ("masked_forward", "mode"),
+    ("MaskedForward", "mode"),
+    ("diagnose", "mode"),
+}
 PROBES = [
     (api, name, kind, value)
     for api, target in TARGETS.items()
