@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DataOptions:
-    """How to read your own data: columns, the split names, the held-out fraction, preprocessing
+    """How to read your own data: columns, the split names, the held-out fraction (``None``: a single
+    split whole), preprocessing
     overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)
     and where object masks come from (items then ``(x, y, mask)``)."""
 
@@ -33,7 +34,7 @@ class DataOptions:
     train_split: str | None = None
     val_split: str | None = None
     split: str | None = None
-    holdout: float = 0.1
+    holdout: float | None = 0.1
     image_size: Sequence[int] | None = None
     image_mean: Sequence[float] | None = None
     image_std: Sequence[float] | None = None

@@ -91,11 +91,11 @@ class Source:
     base_dir: str = ""
 
     def resolve(
-        self, role: str, name: str | None = None, holdout: float = 0.1, label: str = "label"
+        self, role: str, name: str | None = None, holdout: float | None = 0.1, label: str = "label"
     ) -> tuple[str, Any]:
         """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) and a line naming it: ``name`` if
         given, else the source's own split, else the held-out part of a single split (stratified by the
-        ``label`` column)."""
+        ``label`` column), or with ``holdout=None`` that single split whole."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         available = list(self.splits)
@@ -114,7 +114,7 @@ class Source:
                 f"{self.path} has no {role!r} split and no single split to cut one from; "
                 f"available: {available}; name one with {flag}"
             )
-        if role == "train" and evaluation:
+        if (role == "train" and evaluation) or holdout is None:
             return train, self.splits[train]
         return _holdout(train, self.splits[train], role, holdout, label)
 
@@ -389,7 +389,7 @@ def load_split(
     *,
     columns: Columns | None = None,
     split: str | None = None,
-    holdout: float = 0.1,
+    holdout: float | None = 0.1,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
@@ -397,7 +397,7 @@ def load_split(
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
     ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
     split used."""
-    if not 0 < holdout < 1:
+    if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
     if source.kind == "image-folder" and prep.modality == "text":
