@@ -78,7 +78,7 @@ def load_split(
     size = len(cast(Sized, dataset))
     if size == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
-    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, size))]))
+    batch = parse_batch(torch.utils.data.default_collate(_first_readable(dataset, size, data, role)))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
     if batch.labels is None:
@@ -88,6 +88,23 @@ def load_split(
     except (ValueError, TypeError) as err:
         raise DataError(f"--data {data} ({role}) does not fit the backbone: {err}") from err
     return loaded
+
+
+def _first_readable(dataset: torch.utils.data.Dataset, size: int, data: str, role: str, count: int = 8) -> list[Any]:
+    """The first ``count`` examples that can be read (an unreadable file is for the command to skip or
+    report); DataError when none can."""
+    items, error = [], None
+    for i in range(size):
+        try:
+            items.append(dataset[i])
+        except DataError as err:
+            error = error or err
+            continue
+        if len(items) == count:
+            break
+    if not items:
+        raise DataError(f"--data {data}: no {role} example can be read ({error})")
+    return items
 
 
 def _read(

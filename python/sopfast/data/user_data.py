@@ -432,7 +432,7 @@ def load_split(
     images = data[chosen.inputs]  # a lazy column (datasets >= 4)
     masks = data[chosen.mask] if chosen.mask else images
     reader = None if object_masks is None else _mask_reader(images, masks, read, prep, object_masks)
-    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader), name
+    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader, prep.images), name
 
 
 def _mask_reader(

@@ -98,8 +98,10 @@ def record_batch(p: BatchPredictions, outputs: Sequence[str], explainer: str | N
     }
     if p.labels is None:
         columns["label"] = pa.nulls(n, pa.int64())
-    else:
-        columns["label"] = pa.array(p.labels.astype(np.int64)) if p.labels.ndim == 1 else fixed(p.labels)
+    elif p.labels.ndim == 1 and np.issubdtype(p.labels.dtype, np.integer):
+        columns["label"] = pa.array(p.labels.astype(np.int64))
+    else:  # regression targets
+        columns["label"] = fixed(p.labels.astype(np.float32))
     predicted = p.logits.argmax(-1)
     if p.classification:
         columns["prediction"] = pa.array(predicted.astype(np.int64))

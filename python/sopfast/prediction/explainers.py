@@ -62,7 +62,7 @@ def explain(
 ) -> torch.Tensor:
     """Attributions ``[B, d]`` of class ``target [B]`` by explainer ``name``, one example at a time
     (module docstring)."""
-    moded = {} if mode is None else {"mode": mode}
+    moded: dict[str, Any] = {} if mode is None else {"mode": mode}
     rows = []
     for i in range(inputs.batch_size):
         one, goal = inputs.rows(slice(i, i + 1)), target[i : i + 1]
@@ -80,7 +80,7 @@ def _captum(
     adapter: BackboneAdapter,
     inputs: FeatureInputs,
     target: torch.Tensor,
-    moded: dict[str, str],
+    moded: dict[str, Any],
     options: dict[str, Any],
 ) -> torch.Tensor:
     import captum.attr as ca

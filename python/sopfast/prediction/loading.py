@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..data.datasets import take
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -47,20 +49,28 @@ class Skipped:
     error: str
 
 
-def example_source(dataset: Any, index: int) -> str | None:
-    """Where example ``index`` comes from, when the dataset says (an image file's path), else ``None``."""
+def example_sources(dataset: Any, indices: Sequence[int]) -> list[str | None]:
+    """Where the examples ``indices`` come from, when the dataset says (an image file's path), else ``None``."""
     sources = getattr(dataset, "sources", None)
     if sources is None:
-        return None
-    source = sources[index]
+        return [None] * len(indices)
+    return [_path(source) for source in take(sources, indices)]
+
+
+def _path(source: Any) -> str | None:
     if isinstance(source, dict):
         source = source.get("path")
     return os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
 
 
+Item = tuple[int, Any, "str | None", "str | None"]
+
+
 class _Items(Dataset):
     """``dataset[i]`` as ``(i, item, source, error)``: a read that fails with ``OSError`` or
-    ``ValueError`` (an unreadable file, a bad value) gives ``item None`` and the error's first line."""
+    ``ValueError`` (an unreadable file, a bad value) gives ``item None`` and the error's first line.
+    A batch is read at once where the dataset can (``__getitems__``), else (or when one of its
+    examples fails) one example at a time."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -68,8 +78,20 @@ class _Items(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> tuple[int, Any, str | None, str | None]:
-        source = example_source(self.dataset, index)
+    def __getitem__(self, index: int) -> Item:
+        return self._one(index, example_sources(self.dataset, [index])[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Item]:
+        sources = example_sources(self.dataset, indices)
+        fetch = getattr(self.dataset, "__getitems__", None)
+        if fetch is not None:
+            try:
+                return [(i, item, s, None) for i, item, s in zip(indices, fetch(list(indices)), sources)]
+            except (OSError, ValueError):
+                pass  # an example that cannot be read: find it below
+        return [self._one(i, s) for i, s in zip(indices, sources)]
+
+    def _one(self, index: int, source: str | None) -> Item:
         try:
             return index, self.dataset[index], source, None
         except (OSError, ValueError) as err:
@@ -87,7 +109,7 @@ class LoadedBatch(NamedTuple):
     skipped: list[Skipped]
 
 
-def _collate(items: Sequence[tuple[int, Any, str | None, str | None]]) -> LoadedBatch:
+def _collate(items: Sequence[Item]) -> LoadedBatch:
     good = [item for item in items if item[3] is None]
     skipped = [Skipped(i, source, error) for i, _, source, error in items if error is not None]
     batch = torch.utils.data.default_collate([item[1] for item in good]) if good else None

@@ -26,6 +26,7 @@ from ..data.batches import parse_batch
 from ..devices import resolve_device
 from ..evaluation.registry import feature_ground_truth
 from ..masking.forward import adapter_of
+from ..model.output import SOPOutput
 from ..model.sop import SOP
 from ..training.config import AMP_DTYPES
 from ..training.distributed import DistInfo, barrier, cleanup, init_distributed
@@ -147,7 +148,7 @@ def predict(
         description: what the data is, for the dataset card.
         progress: show a progress bar and print a summary line.
     """
-    outputs = _check_outputs(model, outputs)
+    columns = _check_outputs(model, outputs)
     explainer_options = check_explainer(explainer, explainer_options)
     check_int("batch_size", batch_size, 1)
     check_int("num_workers", num_workers, 0)
@@ -172,7 +173,7 @@ def predict(
             model,
             adapter,
             resolve_device(device, local_rank=info.local_rank if info.enabled else None),
-            outputs,
+            columns,
             explainer,
             explainer_options,
             attribution_shape == "input",
@@ -182,7 +183,9 @@ def predict(
             ground_truth_key,
         )
         model.to(run.device).eval()
-        return _predict(run, dataset, output_dir, info, batch_size, num_workers, shard_size, strict, description, progress)
+        return _predict(
+            run, dataset, output_dir, info, batch_size, num_workers, shard_size, strict, description, progress
+        )
     finally:
         model.train(was_training)
         cleanup(info)
@@ -240,9 +243,7 @@ def _predict(
     loader = make_loader(dataset, plan, todo, batch_size, num_workers, run.device.type == "cuda")
     total = sum(len(plan.ids(s)) for s in todo)
     bar = tqdm(total=total, unit="ex", desc="predict", disable=not (progress and info.is_main), dynamic_ncols=True)
-    result = PredictResult(
-        str(output_dir), examples, 0, 0, 0, len(owned) - len(todo), 0.0, info.rank, info.world_size
-    )
+    result = PredictResult(str(output_dir), examples, 0, 0, 0, len(owned) - len(todo), 0.0, info.rank, info.world_size)
     start = time.perf_counter()
     shard: int | None = None
     parts: list[Any] = []
@@ -260,7 +261,9 @@ def _predict(
         if loaded.batch is not None:
             part = record_batch(_compute(run, loaded), run.outputs, run.explainer)
             if not part.schema.equals(schema):
-                raise ValueError(f"examples {loaded.ids[0]}…{loaded.ids[-1]} give columns {part.schema} unlike the first's {schema}")
+                raise ValueError(
+                    f"examples {loaded.ids[0]}…{loaded.ids[-1]} give columns {part.schema} unlike the first's {schema}"
+                )
             parts.append(part)
         result.rows += len(loaded.ids)
         result.skipped += len(loaded.skipped)
@@ -292,7 +295,9 @@ def _predict(
     return result
 
 
-def _write(store: OutputDir, shard: int, schema: Any, parts: list[Any], skipped: list[Skipped], result: PredictResult) -> None:
+def _write(
+    store: OutputDir, shard: int, schema: Any, parts: list[Any], skipped: list[Skipped], result: PredictResult
+) -> None:
     import pyarrow as pa
 
     store.write_shard(shard, pa.Table.from_batches(parts, schema=schema), skipped)
@@ -306,7 +311,9 @@ def _schema(run: _Run, dataset: Dataset, examples: int) -> Any:
         item, error = read_example(dataset, index)
         if error is None:
             batch = torch.utils.data.default_collate([item])
-            return record_batch(_compute(run, LoadedBatch([index], [None], batch, [])), run.outputs, run.explainer).schema
+            return record_batch(
+                _compute(run, LoadedBatch([index], [None], batch, [])), run.outputs, run.explainer
+            ).schema
         first_error = first_error or f"example {index}: {error}"
     raise ValueError(f"no example of the dataset can be read ({first_error})")
 
@@ -342,42 +349,47 @@ def _host(t: torch.Tensor) -> np.ndarray:
 def _compute(run: _Run, loaded: LoadedBatch) -> BatchPredictions:
     """The predictions of one loaded batch (:class:`~sopfast.prediction.columns.BatchPredictions`)."""
     batch = parse_batch(loaded.batch, run.ground_truth_key).to(run.device)
-    # the adapter's view of the batch, for what needs it (SOP's forward prepares its own)
-    inputs = run.adapter.prepare(**batch.adapter_inputs())  # type: ignore[arg-type]
-    wanted = set(run.outputs)
+    sop = run.sop
+    # the adapter's view of the batch, for what needs it beyond SOP's forward (which prepares its own)
+    inputs = None
+    if sop is None or run.explainer or run.input_shaped or batch.ground_truth is not None:
+        inputs = run.adapter.prepare(**batch.adapter_inputs())  # type: ignore[arg-type]
     with torch.inference_mode(), run.autocast():
-        sop = run.sop
-        out = None
-        if sop is not None:
-            out = sop(**batch.model_inputs(), mode=run.mode)
-            logits = out.logits.float()
-        else:
-            logits = run.adapter.full_forward(inputs)[0].float()
+        out = None if sop is None else sop(**batch.model_inputs(), mode=run.mode)
+        logits = (out.logits if out is not None else run.adapter.full_forward(inputs)[0]).float()  # type: ignore[arg-type]
         classification = sop is None or sop.task == "classification"
         target = logits.argmax(-1)
-        p = BatchPredictions(
-            loaded.ids,
-            loaded.sources,
-            None if batch.labels is None else batch.labels.cpu().numpy(),
-            _host(logits),
-            classification,
-        )
-        if out is not None:
-            p.group_indices = out.group_indices.cpu().numpy() if "groups" in wanted else None
-            p.lam = _host(out.lam) if "lam" in wanted else None
-            p.group_scores = _host(out.group_scores) if wanted & {"group_scores", "used_groups"} else None
-            p.group_logits = _host(out.group_logits) if "group_logits" in wanted else None
-            if "attributions" in wanted:
-                p.attributions = _host(_shaped(run, inputs, out.feature_attributions(target if classification else 0)))
-            if "object_fraction" in wanted and batch.ground_truth is not None:
-                on_object = feature_ground_truth(sop, inputs, batch.ground_truth).unsqueeze(1)  # type: ignore[arg-type]
-                masks = out.group_masks
-                p.object_fraction = _host((masks & on_object).sum(-1) / masks.sum(-1).clamp_min(1))
-    if run.explainer is not None:
+        labels = None if batch.labels is None else batch.labels.cpu().numpy()
+        p = BatchPredictions(loaded.ids, loaded.sources, labels, _host(logits), classification)
+        if sop is not None and out is not None:
+            _sop_columns(run, sop, out, inputs, batch.ground_truth, target if classification else 0, p)
+    if run.explainer is not None and inputs is not None:
         values = explain(run.explainer, run.adapter, inputs, target, run.mode, run.seed, run.explainer_options)
         p.explanation = _host(_shaped(run, inputs, values))
     return p
 
 
-def _shaped(run: _Run, inputs: FeatureInputs, values: torch.Tensor) -> torch.Tensor:
-    return input_shaped(run.adapter, inputs, values) if run.input_shaped else values
+def _sop_columns(
+    run: _Run,
+    sop: SOP,
+    out: SOPOutput,
+    inputs: FeatureInputs | None,
+    ground_truth: torch.Tensor | None,
+    target: torch.Tensor | int,
+    p: BatchPredictions,
+) -> None:
+    """Fill ``p`` with the SOP columns that ``run.outputs`` asks for."""
+    wanted = set(run.outputs)
+    p.group_indices = out.group_indices.cpu().numpy() if "groups" in wanted else None
+    p.lam = _host(out.lam) if "lam" in wanted else None
+    p.group_scores = _host(out.group_scores) if wanted & {"group_scores", "used_groups"} else None
+    p.group_logits = _host(out.group_logits) if "group_logits" in wanted else None
+    if "attributions" in wanted:
+        p.attributions = _host(_shaped(run, inputs, out.feature_attributions(target)))
+    if "object_fraction" in wanted and ground_truth is not None and inputs is not None:
+        on_object = feature_ground_truth(sop, inputs, ground_truth).unsqueeze(1)
+        p.object_fraction = _host((out.group_masks & on_object).sum(-1) / out.group_masks.sum(-1).clamp_min(1))
+
+
+def _shaped(run: _Run, inputs: FeatureInputs | None, values: torch.Tensor) -> torch.Tensor:
+    return input_shaped(run.adapter, inputs, values) if run.input_shaped and inputs is not None else values

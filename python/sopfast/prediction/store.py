@@ -107,7 +107,9 @@ class OutputDir:
                 )
             return True
         if os.path.isdir(self.path) and os.listdir(self.path):
-            raise ValueError(f"output_dir {self.path} is not empty and holds no {MANIFEST}: give a new or empty directory")
+            raise ValueError(
+                f"output_dir {self.path} is not empty and holds no {MANIFEST}: give a new or empty directory"
+            )
         return False
 
     def create(self, manifest: dict[str, Any]) -> None:
