@@ -191,3 +191,24 @@ def test_a_batch_of_images_reads_as_its_items_one_by_one(tmp_path):
     batch = dataset.__getitems__([4, 0, 3])
     for (x, y), i in zip(batch, [4, 0, 3]):
         assert torch.equal(x, dataset[i][0]) and int(y) == int(dataset[i][1])
+
+
+@pytest.mark.parametrize("layout", ["flat", "splits", "a split keyword in a name"])
+def test_image_folders_open_as_datasets_infers_them(tmp_path, layout):
+    """One walk of the tree finds the splits ``datasets`` would (its inference walks it ~70 times)."""
+    import datasets
+
+    from sopfast.data import user_data as D
+
+    folder = U.image_folder(tmp_path, 2, splits=layout == "splits")
+    if layout == "a split keyword in a name":  # left to datasets' inference (here: one split)
+        (folder / "owl").rename(folder / "devices")
+    with D._quiet_datasets():
+        plain = D._plain_splits(datasets, str(folder))
+        opened = D.open_source(str(folder)).splits
+        inferred = datasets.load_dataset("imagefolder", data_dir=str(folder))
+    assert (plain is None) == (layout == "a split keyword in a name")
+    assert list(opened) == list(inferred) == (["train", "test"] if layout == "splits" else ["train"])
+    for name, split in inferred.items():
+        assert opened[name]["label"] == split["label"] and opened[name].features["label"] == split.features["label"]
+        assert [i["path"] for i in opened[name]["image"]] == [i.filename for i in split["image"]]

@@ -61,6 +61,23 @@ def test_rows_hold_the_model_outputs_and_datasets_reads_them(tmp_path):
     assert rows["source"] == [None] * 10 and "attributions" not in rows.column_names
     card = (tmp_path / "out" / "README.md").read_text()
     assert "10 of 10 examples in 3 Parquet shards" in card and "| `group_scores` |" in card
+    import datasets
+    import pandas as pd
+
+    by_card = datasets.load_dataset(str(tmp_path / "out"), cache_dir=str(tmp_path / "hf-cache"))["train"]
+    assert by_card["id"] == list(range(10)) and len(pd.read_parquet(tmp_path / "out" / "data")) == 10
+
+
+def test_regression_targets_are_float_labels_without_a_prediction(tmp_path):
+    model = sopfast.SOP(make_hf_vit(num_labels=1), num_groups=3, task="regression")
+    x = make_data(4).tensors[0]
+    y = torch.linspace(-1, 1, 4)
+    sopfast.predict(model, TensorDataset(x, y), tmp_path / "out", progress=False)
+    rows = read(tmp_path / "out")
+    assert "prediction" not in rows.column_names and "used_groups" not in rows.column_names
+    np.testing.assert_allclose(rows["label"], y.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(np.array(rows["logits"]), model(x).logits.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_text_groups_are_ragged_lists_without_padding(tmp_path):
@@ -107,7 +124,8 @@ def test_object_fraction_and_the_docs_queries_run(tmp_path, monkeypatch):
     docs = (ROOT / "docs" / "predict.md").read_text()
     code = re.search(r"```python\n(import pandas.*?)```", docs, re.S).group(1)
     card = (tmp_path / "OUT" / "README.md").read_text()
-    assert code.strip() in card  # the card shows the docs' queries
+    assert code.strip() in card  # the card and the README show the docs' queries
+    assert code.strip() in (ROOT / "README.md").read_text()
     names: dict = {}
     monkeypatch.chdir(tmp_path)
     exec(code, names)

@@ -3,6 +3,6 @@ a Parquet dataset — sharded, resumable, split over ``torchrun`` processes (doc
 
 from .columns import DEFAULT_OUTPUTS, OUTPUTS
 from .explainers import EXPLAINERS
-from .predict import PredictResult, predict
+from .run import PredictResult, predict
 
 __all__ = ["DEFAULT_OUTPUTS", "EXPLAINERS", "OUTPUTS", "PredictResult", "predict"]
