@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -180,6 +181,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="intra-op threads (on the shared machine 2 ran ~10× slower than 1)"
     )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS runs")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--append", action="store_true", help="add this run's section to the results file")
     args = parser.parse_args()
@@ -207,7 +209,7 @@ def main() -> None:
         out = root / "full"
         argv = command(vit, sop, folder, out, args)
         timings.append(pair("full", model, list(x.split(args.batch_size)), argv, out, False))
-        limits = (args.small, args.examples)
+        limits = () if args.no_memory else (args.small, args.examples)
         memory = {m: peak_rss(command(vit, sop, folder, root / f"mem{m}", args, limit=m)) for m in limits}
     report = _report(args, timings, memory)
     print(report)
@@ -219,7 +221,6 @@ def main() -> None:
 def _report(args: argparse.Namespace, timings: list[Timing], memory: dict) -> str:
     load = os.getloadavg()
     rounds = sorted(t.bare / t.loop for t in timings if t.label != "full")
-    median = rounds[len(rounds) // 2] if len(rounds) % 2 else sum(rounds[len(rounds) // 2 - 1 :][:2]) / 2
     lines = [
         f"## {args.examples} images, SOP with {args.num_groups} groups in {args.mode} mode, "
         f"{args.num_workers} DataLoader workers",
@@ -236,16 +237,17 @@ def _report(args: argparse.Namespace, timings: list[Timing], memory: dict) -> st
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(t.row() for t in timings),
         "",
-        f"Median ratio of the short rounds: {median:.3f}×.",
     ]
-    (own_s, work_s), (own_l, work_l) = memory[args.small], memory[args.examples]
-    lines += [
-        f"Peak RSS of `sopfast predict` in a fresh process: {args.small} images {own_s:.0f} MiB, "
-        f"{args.examples} images {own_l:.0f} MiB ({own_l / own_s:.3f}×); its worker processes "
-        f"{work_s:.0f} / {work_l:.0f} MiB.",
-        "",
-    ]
-    return "\n".join(lines)
+    if rounds:
+        lines.append(f"Median ratio of the short rounds: {statistics.median(rounds):.3f}×.")
+    if memory:
+        (own_s, work_s), (own_l, work_l) = memory[args.small], memory[args.examples]
+        lines.append(
+            f"Peak RSS of `sopfast predict` in a fresh process: {args.small} images {own_s:.0f} MiB, "
+            f"{args.examples} images {own_l:.0f} MiB ({own_l / own_s:.3f}×); its worker processes "
+            f"{work_s:.0f} / {work_l:.0f} MiB."
+        )
+    return "\n".join([*lines, ""])
 
 
 if __name__ == "__main__":

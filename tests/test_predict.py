@@ -236,6 +236,8 @@ def test_another_model_data_or_settings_is_refused(tmp_path):
     (tmp_path / "full" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"is not empty and holds no predict\.json"):
         sopfast.predict(make_model(), data, tmp_path / "full", progress=False)
+    with pytest.raises(ValueError, match="is a file; give a directory"):
+        sopfast.predict(make_model(), data, tmp_path / "full" / "notes.txt", progress=False)
 
 
 class _Unreadable(Dataset):

@@ -103,7 +103,7 @@ def predict(
     output_dir: str | os.PathLike,
     *,
     batch_size: int = 32,
-    num_workers: int = 0,
+    num_workers: int | None = None,
     outputs: Sequence[Output] | None = None,
     explainer: Literal["rise", "kernelshap", "lime", "occlusion"] | None = None,
     explainer_options: dict[str, Any] | None = None,
@@ -129,7 +129,8 @@ def predict(
             complete shards are kept, the rest computed).  A directory of another model, data or
             settings is refused.
         batch_size: examples per forward.
-        num_workers: DataLoader worker processes reading the data (0: this process).
+        num_workers: DataLoader worker processes reading the data (0: this process; default: half
+            the CPU cores, at most 4).
         outputs: the optional columns to write (default: all but attributions).
         explainer: also write this perturbation explainer's attributions of the predicted class,
             run on sopfast's masked inference, each example alone with the same seed.
@@ -151,7 +152,9 @@ def predict(
     columns = _check_outputs(model, outputs)
     explainer_options = check_explainer(explainer, explainer_options)
     check_int("batch_size", batch_size, 1)
-    check_int("num_workers", num_workers, 0)
+    num_workers = (
+        min(4, (os.cpu_count() or 1) // 2) if num_workers is None else check_int("num_workers", num_workers, 0)
+    )
     check_int("shard_size", shard_size, 1)
     check_int("seed", seed, 0)
     check_bool("strict", strict)
@@ -238,6 +241,7 @@ def _predict(
     if info.is_main and not resuming:
         store.create(manifest)
     barrier(info)
+    store.open()
     owned = plan.owned(info.rank, info.world_size)
     todo = [s for s in owned if not store.done(s)]
     loader = make_loader(dataset, plan, todo, batch_size, num_workers, run.device.type == "cuda")

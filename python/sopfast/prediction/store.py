@@ -106,16 +106,23 @@ class OutputDir:
                     "give a new directory, or delete it to start again"
                 )
             return True
-        if os.path.isdir(self.path) and os.listdir(self.path):
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(f"output_dir {self.path} is a file; give a directory")
+        if os.path.isdir(self.path) and [e for e in os.listdir(self.path) if not e.startswith(f".{MANIFEST}")]:
             raise ValueError(
                 f"output_dir {self.path} is not empty and holds no {MANIFEST}: give a new or empty directory"
             )
         return False
 
     def create(self, manifest: dict[str, Any]) -> None:
-        """Start the directory: its data folder and the manifest."""
-        os.makedirs(os.path.join(self.path, DATA), exist_ok=True)
+        """Start the directory: the manifest, written first (a run killed before it finds an empty
+        directory, one killed after it resumes)."""
+        os.makedirs(self.path, exist_ok=True)
         _write_atomic(os.path.join(self.path, MANIFEST), json.dumps(manifest, indent=2) + "\n")
+
+    def open(self) -> None:
+        """Make the data folder (every process, every run: idempotent)."""
+        os.makedirs(os.path.join(self.path, DATA), exist_ok=True)
 
     def write_shard(self, shard: int, table: pa.Table, skipped: list[Skipped]) -> None:
         """Write ``table`` as shard ``shard`` (the ``skipped`` examples in its metadata), complete or not at all."""
@@ -140,10 +147,10 @@ class OutputDir:
         """Write the card and the skipped list (if any; its path is returned); remove leftover
         temporary files."""
         _write_atomic(os.path.join(self.path, "README.md"), card)
-        data = os.path.join(self.path, DATA)
-        for name in os.listdir(data):
-            if name.startswith(".") and name.endswith(".tmp"):
-                os.remove(os.path.join(data, name))
+        for folder in (self.path, os.path.join(self.path, DATA)):
+            for name in os.listdir(folder):
+                if name.startswith(".") and name.endswith(".tmp"):
+                    os.remove(os.path.join(folder, name))
         rows = [f"{s.id}\t{s.source or ''}\t{' '.join(s.error.split())}\n" for s in skipped]
         path = os.path.join(self.path, SKIPPED)
         if not rows:
@@ -153,7 +160,8 @@ class OutputDir:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    temporary = f"{path}.{os.getpid()}.tmp"
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     with open(temporary, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(temporary, path)
