@@ -9,9 +9,10 @@ process, side by side:
 * **predict**: ``sopfast predict --checkpoint … --data <folder> --output-dir …`` (the command's
   ``main``), timed by its own loop (the summary line's examples/s) and end to end;
 
-first in short rounds over the first ``--round-examples`` images (alternating which side runs
-first), then over all of them.  Checks that every row's prediction equals the bare loop's ``argmax``
-for that image, and measures peak RSS of the command in fresh processes over 1,000 and 10,000 images.
+first in short rounds over the first ``--round-examples`` images, then over all of them; each
+predict run between two bare loops (their mean is the bare figure).  Checks that every row's
+prediction equals the bare loop's ``argmax`` for that image, and measures peak RSS of the command
+in fresh processes over 1,000 and 10,000 images.
 
     python bench/predict_speed.py                         # writes bench/RESULTS_predict.md
     python bench/predict_speed.py --examples 2000 --rounds 2 --round-examples 500 --no-write
@@ -48,9 +49,9 @@ HEADER = """# `sopfast predict` vs a bare `torch.no_grad()` loop
 
 `python bench/predict_speed.py` (sections added with `--append`). **bare**: `model(x).logits.argmax(-1)` over
 the same batches already decoded and preprocessed in memory; **predict**: `sopfast predict` over the image
-folder in the same process, interleaved round by round; *loop* is the command's own examples/s (its summary
-line: reading, forward, writing), *end to end* adds its start (loading the model, opening the folder,
-fingerprints). Predictions are checked against the bare loop's `argmax` for every row.
+folder in the same process, between two bare loops (their mean is the bare figure); *loop* is the command's
+own examples/s (its summary line: reading, forward, writing), *end to end* adds its start (loading the
+model, opening the folder, fingerprints). Predictions are checked against the bare loop's `argmax` for every row.
 
 """
 
@@ -144,15 +145,18 @@ def run_predict(argv: list[str], out: Path) -> tuple[float, float, float, list[i
     return loop, wall, used, table["prediction"]
 
 
-def pair(label: str, model, batches, argv: list[str], out: Path, predict_first: bool) -> Timing:
-    if predict_first:
-        loop, wall, predict_cpu, predicted = run_predict(argv, out)
-    bare, bare_cpu, expected = bare_loop(model, batches)
-    if not predict_first:
-        loop, wall, predict_cpu, predicted = run_predict(argv, out)
+def pair(label: str, model, batches, argv: list[str], out: Path) -> Timing:
+    """The bare loop just before and just after ``sopfast predict`` (their mean is its measure: a
+    change of the machine's load during the pair moves both sides alike)."""
+    before, before_cpu, expected = bare_loop(model, batches)
+    loop, wall, predict_cpu, predicted = run_predict(argv, out)
+    after, after_cpu, _ = bare_loop(model, batches)
     equal = len(predicted) == len(expected) and bool((torch.tensor(predicted) == expected).all())
+    bare, bare_cpu = (before + after) / 2, (before_cpu + after_cpu) / 2
     timing = Timing(label, len(expected), bare, bare_cpu, loop, wall, predict_cpu, equal)
-    print(timing.row(), flush=True)
+    print(
+        timing.row(), f"(bare before {len(expected) / before:.1f}, after {len(expected) / after:.1f} ex/s)", flush=True
+    )
     return timing
 
 
@@ -205,16 +209,16 @@ def main() -> None:
         for r in range(args.rounds):
             out = root / f"round{r}"
             argv = command(vit, sop, folder, out, args, limit=n)
-            timings.append(pair(f"round {r}", model, list(x[:n].split(args.batch_size)), argv, out, r % 2 == 1))
+            timings.append(pair(f"round {r}", model, list(x[:n].split(args.batch_size)), argv, out))
         out = root / "full"
         argv = command(vit, sop, folder, out, args)
-        timings.append(pair("full", model, list(x.split(args.batch_size)), argv, out, False))
+        timings.append(pair("full", model, list(x.split(args.batch_size)), argv, out))
         limits = () if args.no_memory else (args.small, args.examples)
         memory = {m: peak_rss(command(vit, sop, folder, root / f"mem{m}", args, limit=m)) for m in limits}
     report = _report(args, timings, memory)
     print(report)
     if not args.no_write:
-        head = RESULTS.read_text() if args.append and RESULTS.exists() else HEADER
+        head = RESULTS.read_text().rstrip("\n") + "\n\n" if args.append and RESULTS.exists() else HEADER
         RESULTS.write_text(head + report)
 
 
@@ -230,7 +234,7 @@ def _report(args: argparse.Namespace, timings: list[Timing], memory: dict) -> st
         f"{args.threads} intra-op thread(s), {time.strftime('%Y-%m-%d')}. Data: Fashion-MNIST's first "
         f"{args.examples} test images as PNGs in one image folder. Model: SOP ({args.num_groups} groups, τ = 0.2, "
         f"{args.mode}) over the demo's ViT shape (28×28, 4×4 patches, hidden 64, 4 layers; random weights). "
-        f"Batch {args.batch_size}, shards of 1,000. Rounds alternate which side runs first.",
+        f"Batch {args.batch_size}, shards of 1,000. Bare: the mean of a loop just before and one just after predict.",
         "",
         "| run | examples | bare ex/s | predict ex/s (loop) | ratio | predict ex/s (end to end) | ratio | "
         "bare CPU ms/ex | predict CPU ms/ex (with workers) | predictions = argmax |",

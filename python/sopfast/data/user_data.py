@@ -191,7 +191,7 @@ def _plain_splits(datasets: Any, path: str) -> dict[str, list[str]] | None:
     """The data files ``datasets`` infers for an image folder whose layout is plain — one split, or
     only split-named folders at the top — found in one walk of the tree; ``None`` (let ``datasets``
     infer) where any other name holds a split keyword.  ``datasets`` tries ~70 patterns, each a walk
-    of the whole tree: ~20 s for 10,000 images on a shared 2-core CPU, hours for millions."""
+    of the whole tree."""
     keywords = {k: str(split) for split, words in datasets.data_files.SPLIT_KEYWORDS.items() for k in words}
     special = ("task.toml", "instruction.md", "data")  # names of datasets' other layouts
 

@@ -249,6 +249,41 @@ def _predict(
     bar = tqdm(total=total, unit="ex", desc="predict", disable=not (progress and info.is_main), dynamic_ncols=True)
     result = PredictResult(str(output_dir), examples, 0, 0, 0, len(owned) - len(todo), 0.0, info.rank, info.world_size)
     start = time.perf_counter()
+    _write_shards(run, loader, plan, store, schema, strict, bar, result)
+    result.seconds = time.perf_counter() - start
+    bar.close()
+    barrier(info)
+    if info.is_main:
+        every = store.skipped()
+        text = card(
+            model=_describe(run),
+            data=description or type(dataset).__name__,
+            examples=examples,
+            rows=examples - len(every),
+            skipped=len(every),
+            shards=plan.shards,
+            columns=schema.names,
+            settings=settings,
+            explainer=run.explainer,
+        )
+        result.skipped_file = store.finish(text, every)
+    logger.debug(result.summary())
+    if progress and info.is_main:
+        print(f"sopfast: {result.summary()}", file=sys.stderr)
+    return result
+
+
+def _write_shards(
+    run: _Run,
+    loader: Any,
+    plan: ShardPlan,
+    store: OutputDir,
+    schema: Any,
+    strict: bool,
+    bar: Any,
+    result: PredictResult,
+) -> None:
+    """Predict the loader's batches and write each shard once its last batch is done."""
     shard: int | None = None
     parts: list[Any] = []
     skipped: list[Skipped] = []
@@ -274,29 +309,6 @@ def _predict(
         bar.update(len(loaded.ids) + len(loaded.skipped))
     if shard is not None:
         _write(store, shard, schema, parts, skipped, result)
-    result.seconds = time.perf_counter() - start
-    bar.close()
-    barrier(info)
-    if info.is_main:
-        every = store.skipped()
-        result.skipped_file = store.finish(
-            card(
-                model=_describe(run),
-                data=description or type(dataset).__name__,
-                examples=examples,
-                rows=examples - len(every),
-                skipped=len(every),
-                shards=plan.shards,
-                columns=schema.names,
-                settings=settings,
-                explainer=run.explainer,
-            ),
-            every,
-        )
-    logger.debug(result.summary())
-    if progress and info.is_main:
-        print(f"sopfast: {result.summary()}", file=sys.stderr)
-    return result
 
 
 def _write(
