@@ -50,18 +50,21 @@ def _run(argv: list[str], capsys) -> str:
     return captured.out
 
 
+def _vit_on_folder(tmp_path: Path, per_class: int) -> tuple[list[str], Path, Path]:
+    """``--backbone``/``--checkpoint``/``--data`` of a tiny ViT, a SOP over it and an image folder."""
+    backbone_dir, images = U.vit_dir(tmp_path), U.image_folder(tmp_path, per_class=per_class)
+    checkpoint = _checkpoint(AutoModelForImageClassification.from_pretrained(backbone_dir), tmp_path)
+    return (
+        ["--backbone", str(backbone_dir), "--checkpoint", str(checkpoint), "--data", str(images)],
+        backbone_dir,
+        images,
+    )
+
+
 def test_image_folder_whole_split_with_an_unreadable_file(tmp_path, capsys):
-    backbone_dir, images = U.vit_dir(tmp_path), U.image_folder(tmp_path, per_class=3)
+    common, backbone_dir, images = _vit_on_folder(tmp_path, 3)
     (images / "dog" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     backbone = AutoModelForImageClassification.from_pretrained(backbone_dir)
-    common = [
-        "--backbone",
-        str(backbone_dir),
-        "--checkpoint",
-        str(_checkpoint(backbone, tmp_path)),
-        "--data",
-        str(images),
-    ]
     out = tmp_path / "preds"
     assert _run(["predict", *common, "--output-dir", str(out), *FAST], capsys).strip() == str(out)
     rows = _rows(out)
@@ -119,16 +122,7 @@ def test_saved_text_dataset_csv_of_images_and_a_builtin_set(tmp_path, capsys):
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 def test_torchrun_two_processes_write_the_rows_of_one(tmp_path, capsys):
     """docs/predict.md's torchrun command: 2 gloo processes on the CPU write the shards one process writes."""
-    backbone_dir, images = U.vit_dir(tmp_path), U.image_folder(tmp_path, per_class=4)
-    backbone = AutoModelForImageClassification.from_pretrained(backbone_dir)
-    common = [
-        "--backbone",
-        str(backbone_dir),
-        "--checkpoint",
-        str(_checkpoint(backbone, tmp_path)),
-        "--data",
-        str(images),
-    ]
+    common, _, _ = _vit_on_folder(tmp_path, 4)
     common += ["--batch-size", "2", "--shard-size", "5", "--no-progress", "--device", "cpu"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "sopfast.cli"]
     env = {
