@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import sopfast
-from sopfast.benchmark import transformer_flops
+from sopfast.adapters.flops import transformer_flops
 from sopfast.testing import vit
 
 WIDTH, LAYERS, MLP = 768, 12, 3072

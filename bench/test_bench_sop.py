@@ -17,8 +17,7 @@ import torch
 
 import sopfast
 from sopfast import testing
-from sopfast.benchmark import ideal_drop_ratio, peak_memory_mib, step_functions
-from sopfast.ops import num_kept
+from sopfast.benchmark import peak_memory_mib, step_functions
 
 FULL = os.environ.get("SOPFAST_BENCH_FULL") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -32,7 +31,7 @@ def _cases():
         "vit-tiny": (lambda: testing.vit("tiny", num_labels=10), 2, "image", {}),
         "bert-512": (lambda: testing.bert(bert_b), 4 if FULL else 1, "text", {}),
         "bert-512-pair": (lambda: testing.bert(bert_b), 4 if FULL else 1, "pair", {}),
-        "cnn-resnet18": (testing.resnet18, 2, "image", {"feature_layer": "layer3"}),
+        "cnn-resnet18": (testing.resnet18, 2, "image", {}),
     }
 
 
@@ -66,11 +65,7 @@ def test_sop_modes(benchmark, case, variant, train):
     benchmark.group = f"{case} {'train_step' if train else 'forward'}"
     benchmark.extra_info["peak_mib"] = peak_memory_mib(fn, DEVICE)
     benchmark.extra_info["samples"] = batch
-    if kind != "image" or "feature_layer" not in kwargs:
-        cfg = model.backbone.config
-        d = model.adapter.num_features(model.prepare(*args))
-        tokens = d + 1 if kind == "image" else d
-        benchmark.extra_info["ideal_drop_ratio"] = ideal_drop_ratio(
-            tokens, num_kept(model.tau, d) + 1, 20, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
-        )
+    ideal = model.adapter.drop_flop_ratio(model.prepare(*args), model.tau, model.num_groups, train)
+    if ideal is not None:
+        benchmark.extra_info["ideal_drop_ratio"] = ideal
     benchmark.pedantic(fn, rounds=2, warmup_rounds=1, iterations=1)

@@ -1,5 +1,7 @@
-// The Python module sopfast._C: every op of csrc/ops.h as <op>_<direction>_<device>, for the CPU
-// and, in CUDA builds (SOPFAST_WITH_CUDA), for CUDA.
+// The Python module sopfast._C: every kernel of csrc/ops.h called directly, as <op>_<direction>_<device>,
+// for the CPU and, in CUDA builds (SOPFAST_WITH_CUDA), for CUDA -- the backends' implementations that
+// tests, benchmarks and sopfast.ops.use_backend reach.  The ops run through PyTorch's dispatcher
+// (csrc/registration.cpp, csrc/autograd.cpp); importing this module registers them there.
 #include <torch/extension.h>
 
 #include <string>

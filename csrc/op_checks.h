@@ -90,17 +90,19 @@ inline void check_top_tau_blur(const char* op, const std::optional<at::Tensor>& 
               shortest, " features (needs ks // 2 < ", shortest, ")");
 }
 
-inline void check_top_tau_forward(const at::Tensor& logits, const at::Tensor& k, int64_t k_max,
+inline void check_top_tau_forward(const at::Tensor& logits, const std::optional<at::Tensor>& k, int64_t k_max,
                                   const std::optional<at::Tensor>& valid, const std::optional<at::Tensor>& blur_kernel,
                                   int64_t grid_h, int64_t grid_w, c10::DeviceType device) {
   constexpr const char* op = "top_tau_forward";
   check_float_input(op, "logits", logits, 2, "[N, d]", device);
   const int64_t n = logits.size(0), d = logits.size(1);
   TORCH_CHECK(d <= kTopTauMaxFeatures, op, ": at most ", kTopTauMaxFeatures, " features per row, got d=", d);
-  check_same_device(op, "k", k, logits, "logits");
-  check_dtype(op, "k", k, at::kLong);
-  check_rank(op, "k", k, 1, "[N]");
-  TORCH_CHECK(k.size(0) == n, op, ": k must hold one count per row (", n, "), got ", k.size(0));
+  if (k.has_value()) {
+    check_same_device(op, "k", *k, logits, "logits");
+    check_dtype(op, "k", *k, at::kLong);
+    check_rank(op, "k", *k, 1, "[N]");
+    TORCH_CHECK(k->size(0) == n, op, ": k must hold one count per row (", n, "), got ", k->size(0));
+  }
   TORCH_CHECK(0 <= k_max && k_max <= d, op, ": k_max must lie in [0, d=", d, "], got ", k_max);
   if (valid.has_value()) {
     check_same_device(op, "valid", *valid, logits, "logits");

@@ -12,19 +12,21 @@
 
 namespace sopfast {
 
-// x [N, n] -> p [N, n], same dtype.
+// x [N, n] -> p [N, n], same dtype; a row holding NaN, or only -inf, gives NaN.
 template <c10::DeviceType kDevice>
 at::Tensor sparsemax_forward(const at::Tensor& x);
 // p, grad [N, n] -> grad_x [N, n] in grad's dtype.
 template <c10::DeviceType kDevice>
 at::Tensor sparsemax_backward(const at::Tensor& p, const at::Tensor& grad);
 
-// logits [N, d], k int64 [N] -> (indices int64 [N, k_max], mask bool [N, d], lam [N], attention [N, d]).
+// logits [N, d], k int64 [N] (none: every row keeps k_max) -> (indices int64 [N, k_max], mask bool [N, d],
+// lam [N], attention [N, d]).  A row without a result (a NaN among its valid logits, or none above -inf;
+// with a blur any NaN or infinity) keeps no feature: indices -1, mask false, NaN lam and attention.
 // ties_authors ranks the attention (equal values: higher index first when largest), else the
 // blurred logits (equal values: lower index first).
 template <c10::DeviceType kDevice>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward(
-    const at::Tensor& logits, const at::Tensor& k, int64_t k_max, const std::optional<at::Tensor>& valid, bool largest,
+    const at::Tensor& logits, const std::optional<at::Tensor>& k, int64_t k_max, const std::optional<at::Tensor>& valid, bool largest,
     bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w);
 // -> grad_logits [N, d] in attention's dtype.
 template <c10::DeviceType kDevice>

@@ -569,7 +569,7 @@ def _top_tau_tiled_backward_kernel(
 
 def top_tau_forward(
     logits: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     k_max: int,
     valid: torch.Tensor | None,
     largest: bool,
@@ -578,7 +578,8 @@ def top_tau_forward(
     grid_h: int,
     grid_w: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64, at most the row's valid count) features.
+    """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64, at most the row's valid count; ``None``:
+    ``k_max`` in every row) features.
 
     ``ties_authors`` ranks the attention (equal values: higher index first when ``largest``), else
     the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` int64
@@ -590,6 +591,8 @@ def top_tau_forward(
     n_rows, d = logits.shape
     if not 0 <= k_max <= d:
         raise ValueError(f"k_max must lie in [0, d={d}], got {k_max}")
+    if k is None:
+        k = torch.full((n_rows,), k_max, dtype=torch.int64, device=logits.device)
     if k.shape != (n_rows,):
         raise ValueError(f"k must have shape ({n_rows},), got {tuple(k.shape)}")
     if valid is not None and (valid.shape != logits.shape or valid.dtype != torch.bool):

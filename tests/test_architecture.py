@@ -20,6 +20,7 @@ PACKAGE = Path(sopfast.__file__).parent
 # docs/contributing.md: the layers, bottom (1) to top (7), by top-level module or package
 LAYERS = {
     "checks": 1,
+    "defaults": 1,
     "devices": 1,
     "types": 1,
     "testing": 1,
@@ -81,7 +82,7 @@ def flags(command: str) -> set[str]:
 
 def test_train_has_a_flag_for_every_sop_and_training_option():
     have = flags("train")
-    sop_options = set(parameters(sopfast.SOP)) - {"class_weights", "adapter"}
+    sop_options = set(parameters(sopfast.SOP)) - {"class_weights"}
     cnn_options = set(parameters(sopfast.adapters.CNNAdapter)) - {"backbone"}
     assert sop_options | cnn_options <= have, sorted((sop_options | cnn_options) - have)
     assert set(parameters(TrainConfig)) <= have, sorted(set(parameters(TrainConfig)) - have)

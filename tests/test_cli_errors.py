@@ -244,13 +244,14 @@ def test_data_that_does_not_fit_the_backbone(files):
 
 
 def test_unsupported_models(files, tmp_path):
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import MPNetConfig, MPNetForSequenceClassification
 
-    DistilBertForSequenceClassification(
-        DistilBertConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32)
-    ).save_pretrained(tmp_path / "distil")
+    config = MPNetConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    MPNetForSequenceClassification(config).save_pretrained(tmp_path / "mpnet")
     line = assert_one_line_error(
-        ["train", "--backbone", str(tmp_path / "distil")], "no sopfast adapter", "'distilbert'", "supported are"
+        ["train", "--backbone", str(tmp_path / "mpnet")], "no sopfast adapter", "'mpnet'", "supported are"
     )
     assert "ViTForImageClassification" in line and "timm VisionTransformer" in line
     assert_one_line_error(
@@ -264,20 +265,20 @@ def test_unsupported_models(files, tmp_path):
 def test_cnn_without_feature_layer(tmp_path):
     import torchvision
 
-    weights = tmp_path / "r.pth"
-    torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), weights)
-    source = ["train", "--backbone", "torchvision:resnet18", "--backbone-weights", str(weights)]
+    weights = tmp_path / "m.pth"  # a CNN without a family of its own (torchvision ResNets default to layer3)
+    torch.save(torchvision.models.mobilenet_v3_small(num_classes=2).state_dict(), weights)
+    source = ["train", "--backbone", "torchvision:mobilenet_v3_small", "--backbone-weights", str(weights)]
     assert_one_line_error(source, "CNN backbones need feature_layer=NAME (--feature-layer)")
     assert_one_line_error([*source, "--feature-layer", "layer9"], "'layer9' is not a module")
     assert_one_line_error(
         [
             "train",
             "--backbone",
-            "torchvision:resnet18",
+            "torchvision:mobilenet_v3_small",
             "--backbone-weights",
             str(weights),
             "--feature-layer",
-            "layer3",
+            "features.9",
             "--data",
             "tweets",
         ],

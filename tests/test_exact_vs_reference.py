@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 import sopfast
 from sopfast import testing
 from sopfast.model.reference import reference_forward
-from sopfast.testing import make_bert, make_cnn, make_hf_vit, make_timm_vit, text_batch
+from sopfast.testing import TINY_HF, make_bert, make_cnn, make_hf, make_hf_vit, make_timm_vit, text_batch
 
 
 def make_torchvision_vit():
@@ -28,6 +30,14 @@ FAMILIES = {
     "bert": (make_bert, {}, lambda: text_batch()),
     "torchvision_vit": (make_torchvision_vit, {}, lambda: (torch.randn(2, 3, 32, 32),)),
 }
+# every other Hugging Face family, from its tiny config (tests/test_hf_families.py)
+FAMILIES.update(
+    {
+        name: (partial(make_hf, name), {}, (lambda: (torch.randn(2, 3, 32, 32),)) if "Image" in model else text_batch)
+        for name, (_, model, _) in TINY_HF.items()
+        if name not in ("hf-vit", "hf-bert")
+    }
+)
 
 CONFIGS = [
     dict(num_groups=5, tau=0.2),

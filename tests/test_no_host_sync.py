@@ -47,7 +47,7 @@ DATA_DEPENDENT_OPS = frozenset(
     }
 )
 #: The documented inherent reads of one SOP forward, by family and mode: ``(what, sopfast function)``.
-INHERENT = {("bert", "drop"): [("tolist", "adapters/hf_bert.py:_drop_lengths")]}
+INHERENT = {("bert", "drop"): [("tolist", "adapters/hf_text.py:_drop_lengths")]}
 #: Forwards in :func:`_forward_and_step`.
 FORWARDS = 2
 

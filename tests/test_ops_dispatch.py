@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -193,10 +196,10 @@ def test_use_backend_is_scoped_and_wins_over_the_environment(monkeypatch, refere
 
 def test_unknown_backend_raises(monkeypatch):
     monkeypatch.setenv("SOPFAST_BACKEND", "fortran")
-    with pytest.raises(ValueError, match="not a backend"):
-        sparsemax(torch.randn(2, 3))
-    with pytest.raises(ValueError, match="not a backend"):
+    with pytest.raises(ValueError, match="SOPFAST_BACKEND='fortran' is not a backend"):
         backends()
+    with pytest.raises(ValueError, match="not a backend"):
+        select_backend(torch.zeros(1))
 
 
 @needs_cpp
@@ -213,11 +216,157 @@ def test_torch_compile_matches_eager(monkeypatch):
     logits = torch.randn(4, 16, requires_grad=True)
     tokens = torch.randn(4, 16, 8)
     indices = torch.randint(0, 16, (4, 1, 5))
-    # aot_eager traces the custom ops through their fake implementations without inductor's codegen
-    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=False)
+    # aot_eager traces the ops through their fake kernels and the C++ autograd without inductor's codegen;
+    # fullgraph: no graph break at the ops
+    compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=True)
     eager_out = pipeline(logits, tokens, indices)
     compiled_out = compiled(logits, tokens, indices)
     torch.testing.assert_close(compiled_out, eager_out)
     (eager_grad,) = torch.autograd.grad(eager_out.sum(), logits)
     (compiled_grad,) = torch.autograd.grad(compiled(logits, tokens, indices).sum(), logits)
     torch.testing.assert_close(compiled_grad, eager_grad)
+
+
+OP_NAMES = ("sparsemax", "sparsemax_backward", "top_tau", "top_tau_backward", "gather_tokens", "gather_tokens_backward")
+
+
+def test_the_composites_are_ops_too():
+    """group_select and aggregate: torch.ops.sopfast.<op>, one implementation for every device, differentiable."""
+    queries, z = torch.randn(3, 8, requires_grad=True), torch.randn(2, 5, 8)
+    eye = torch.eye(8)
+    c = torch.ops.sopfast.group_select(queries, z, eye, eye, 2.0)
+    torch.testing.assert_close(c, sopfast.ops.group_select_reference(queries, z, eye, eye, 2.0))
+    lam, y = torch.rand(2, 5), torch.randn(2, 5, 3)
+    out = torch.ops.sopfast.aggregate(c, lam, y)
+    torch.testing.assert_close(out, sopfast.ops.aggregate_reference(c, lam, y))
+    out.sum().backward()
+    assert queries.grad is not None and torch.isfinite(queries.grad).all()
+
+
+@needs_cpp
+def test_every_op_is_in_the_dispatcher_with_a_kernel_per_key():
+    """torch.ops.sopfast.<op>: the C++ kernel for CPU (csrc/registration.cpp), the autograd once in C++
+    (csrc/autograd.cpp; not for top_tau_backward, whose create_graph path is the forward's), the fake
+    kernel for Meta, the reference for any other device; CUDA per default_backend."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in OP_NAMES:
+        qualified = f"sopfast::{name}"
+        assert callable(getattr(torch.ops.sopfast, name))
+        dump = torch._C._dispatch_dump(qualified)
+        assert "CPU: registered at" in dump and "csrc/registration.cpp" in dump.split("CPU: registered at")[1]
+        assert has_kernel(qualified, "Meta") and has_kernel(qualified, "CompositeExplicitAutograd")
+        assert ("csrc/autograd.cpp" in dump) == (name != "top_tau_backward"), dump
+    assert _backends.default_backend("cpu") == "cpp"
+
+
+@needs_cpp
+def test_the_ops_called_through_torch_ops_match_the_public_ops():
+    x = torch.randn(4, 20, requires_grad=True)
+    p = torch.ops.sopfast.sparsemax(x)
+    assert torch.equal(p, sparsemax(x))
+    (grad,) = torch.autograd.grad(p.square().sum(), x)
+    assert torch.equal(grad, torch.autograd.grad(sparsemax(x).square().sum(), x)[0])
+    logits = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    indices, mask, *_ = torch.ops.sopfast.top_tau(logits, None, 4, None, True, True, None, 0, 0)
+    expected = top_tau(logits, k=4)
+    assert torch.equal(indices, expected.indices) and torch.equal(mask, expected.mask)
+
+    def lam_and_attention(t):
+        return torch.ops.sopfast.top_tau(t, None, 4, None, True, False, None, 0, 0)[2:]
+
+    assert torch.autograd.gradcheck(lam_and_attention, logits)
+    tokens = torch.randn(2, 6, 3, requires_grad=True)
+    chosen = torch.randint(-1, 6, (2, 2, 3))
+    assert torch.equal(torch.ops.sopfast.gather_tokens(tokens, chosen, 1), gather_tokens(tokens, chosen, 1))
+
+
+@needs_cpp
+def test_the_environment_is_read_where_documented(monkeypatch, reference_counters):
+    """SOPFAST_BACKEND set after import applies once backends() (or use_backend, select_backend) reads it."""
+    monkeypatch.setenv("SOPFAST_BACKEND", "torch")
+    assert backends()["forced"] == "torch"
+    sparsemax(torch.randn(2, 3))
+    assert reference_counters["sparsemax_reference"].calls == 1
+    monkeypatch.setenv("SOPFAST_BACKEND", "")
+    assert backends()["forced"] is None
+    sparsemax(torch.randn(2, 3))
+    assert reference_counters["sparsemax_reference"].calls == 1
+
+
+@needs_cpp
+def test_an_override_refuses_tensors_its_backend_cannot_take():
+    refuse = _backends.OPS["sparsemax_forward"].kernel_on("cpp", "cuda")
+    with pytest.raises(RuntimeError, match="backend 'cpp' needs CPU tensors, got cuda tensors"):
+        refuse(torch.zeros(1))
+
+
+def test_without_the_extension_the_ops_are_their_differentiable_references(tmp_path):
+    """SOPFAST_NO_EXTENSION installs: sopfast._C missing, every op is its reference
+    (CompositeImplicitAutograd), gradients flow, one warning, torch.ops.sopfast still callable."""
+    script = """
+import sys, warnings
+sys.modules["sopfast._C"] = None  # as if never built
+import torch
+from sopfast import ops
+assert ops.backends()["available"] == {"torch": True, "cpp": False, "triton": False, "cuda": False}
+x = torch.randn(3, 8, requires_grad=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    p = ops.sparsemax(x)
+    ops.sparsemax(x)
+assert len([w for w in caught if "sopfast._C is not available" in str(w.message)]) == 1
+(grad,) = torch.autograd.grad(p.square().sum(), x)
+expected = torch.autograd.grad(ops.sparsemax_reference(x).square().sum(), x)[0]
+assert torch.allclose(grad, expected)
+ops.top_tau(x, 0.25, blur_kernel_size=3).lam.sum().backward()
+groups = ops.top_tau(x, 0.25)
+assert torch.equal(torch.ops.sopfast.top_tau(x, None, 2, None, True, True, None, 0, 0)[0], groups.indices)
+tokens = torch.randn(2, 5, 3, requires_grad=True)
+ops.gather_tokens(tokens, torch.randint(-1, 5, (2, 2, 2)), 1).sum().backward()
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+@needs_cpp
+def test_a_tiny_sop_forward_compiles_to_one_graph_through_the_ops():
+    """torch.compile(fullgraph=True) of a whole SOP forward (tiny HF ViT, drop and exact): no graph break
+    anywhere, the ops in the graph, the outputs those of eager."""
+    from sopfast.testing import make_hf_vit
+
+    backbone = make_hf_vit()
+    model = sopfast.SOP(backbone, num_groups=4, tau=0.25).eval()
+    x = torch.randn(2, 3, backbone.config.image_size, backbone.config.image_size)
+    graphs = []
+
+    def record(gm, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    for mode in ("drop", "exact"):
+        torch._dynamo.reset()
+        graphs.clear()
+        compiled = torch.compile(lambda t, mode=mode: model(t, mode=mode).logits, backend=record, fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x, mode=mode).logits)
+        code = graphs[0].code
+        assert len(graphs) == 1 and "sopfast.top_tau" in code and "sopfast.group_select" in code, code
+        assert ("sopfast.gather_tokens" in code) == (mode == "drop")
+
+
+@needs_cpp
+def test_a_bad_backend_in_the_environment_at_import_warns_and_the_defaults_run():
+    script = """
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch, sopfast
+assert any("SOPFAST_BACKEND='fortran' is not a backend" in str(w.message) for w in caught)
+assert sopfast.ops.sparsemax(torch.tensor([[1.0, 3.0]])).tolist() == [[0.0, 1.0]]
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SOPFAST_BACKEND": "fortran"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

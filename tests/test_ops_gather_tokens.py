@@ -217,17 +217,29 @@ def test_bad_inputs_through_the_public_op(call, error, message):
 
 @needs_cpp
 @pytest.mark.parametrize(
-    ("call", "message"),
+    ("call", "error", "message"),
     [
-        (lambda f, b: f(torch.randn(2, 5, 3), torch.full((2, 1, 1), 5), 0), "must lie in"),
-        (lambda f, b: f(torch.randn(2, 5, 3), torch.zeros(2, 1, 1, dtype=torch.int32), 0), "indices must be Long"),
-        (lambda f, b: f(torch.randn(2, 5, 3, device="meta"), torch.zeros(2, 1, 1).long(), 0), "CPU tensor"),
-        (lambda f, b: f(torch.randn(2, 5, 3), torch.zeros(2, 1, 1).long(), 9), "prefix"),
-        (lambda f, b: b(torch.randn(2, 3, 4), torch.zeros(2, 1, 2).long(), 0, 5), "shape"),
-        (lambda f, b: b(torch.randn(2, 2, 4), torch.full((2, 1, 2), 7), 0, 5), "must lie in"),
-        (lambda f, b: b(torch.randn(2, 2, 4), torch.zeros(2, 1, 2, device="meta").long(), 0, 5), "is on meta"),
+        (lambda f, b: f(torch.randn(2, 5, 3), torch.full((2, 1, 1), 5), 0), ValueError, "must lie in"),
+        (
+            lambda f, b: f(torch.randn(2, 5, 3), torch.zeros(2, 1, 1, dtype=torch.int32), 0),
+            RuntimeError,
+            "indices must be Long",
+        ),
+        (
+            lambda f, b: f(torch.randn(2, 5, 3, device="meta"), torch.zeros(2, 1, 1).long(), 0),
+            RuntimeError,
+            "CPU tensor",
+        ),
+        (lambda f, b: f(torch.randn(2, 5, 3), torch.zeros(2, 1, 1).long(), 9), RuntimeError, "prefix"),
+        (lambda f, b: b(torch.randn(2, 3, 4), torch.zeros(2, 1, 2).long(), 0, 5), RuntimeError, "shape"),
+        (lambda f, b: b(torch.randn(2, 2, 4), torch.full((2, 1, 2), 7), 0, 5), ValueError, "must lie in"),
+        (
+            lambda f, b: b(torch.randn(2, 2, 4), torch.zeros(2, 1, 2, device="meta").long(), 0, 5),
+            RuntimeError,
+            "is on meta",
+        ),
     ],
 )
-def test_bad_inputs_to_the_extension(call, message):
-    with pytest.raises(RuntimeError, match=message):
+def test_bad_inputs_to_the_extension(call, error, message):
+    with pytest.raises(error, match=message):
         call(native("gather_tokens_forward", "cpp"), native("gather_tokens_backward", "cpp"))

@@ -7,6 +7,7 @@ authors' rule, saturated / uniform / duplicated rows, subnormal attention, exact
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -253,21 +254,51 @@ def negative_nan() -> float:
     return torch.tensor([0xFFC00000], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-def test_kernels_rank_nan_with_the_sign_bit_highest(backend, device, use_backend):
-    """The kernels themselves (below the public rule for rows without a result) order NaN as torch.sort."""
-    row = torch.tensor([[1.0, negative_nan(), 3.0, 2.0]])
-    assert torch.isnan(row).any() and row.view(torch.int32)[0, 1] < 0
-    row, k = row.to(device), torch.full((1,), 2, device=device)
-    for largest in (True, False):
-        for authors in (True, False):
-            args = (row, k, 2, None, largest, authors, None, 0, 0)
-            use_backend(backend)
-            indices = torch.ops.sopfast.top_tau_forward(*args)[0]
-            use_backend("torch")
-            assert torch.equal(indices, torch.ops.sopfast.top_tau_forward(*args)[0])
-            if not authors:  # ranking the logits; the authors' rule ranks an all-NaN attention row
-                assert indices.tolist() == ([[1, 2]] if largest else [[0, 3]])
+TORCH_SORT = torch.sort
+
+
+def radix_sort(x: torch.Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """``torch.sort`` as CUDA orders floats (torch 2.11, rows up to 4,096 values): a stable radix sort of
+    the raw bits (sign bit flipped for positive values, every bit for negative ones), so that a NaN with
+    the sign bit set lies below −inf, and −0 equal to +0.  Other dtypes sort as on the CPU."""
+    if not x.is_floating_point():
+        return TORCH_SORT(x, dim=dim, descending=descending, stable=stable)
+    bits = x.contiguous().view(torch.int64 if x.dtype == torch.float64 else torch.int32)
+    largest = torch.iinfo(bits.dtype).max
+    key = torch.where(bits < 0, bits ^ largest, bits)  # the unsigned radix order, as signed integers
+    key = torch.where(x == 0, torch.zeros_like(key), key)
+    order = TORCH_SORT(key, dim=dim, descending=descending, stable=True).indices
+    return torch.return_types.sort((x.gather(dim, order), order))
+
+
+def test_references_rank_nan_alike_under_the_gpu_radix_sort(monkeypatch):
+    """Every sort of the references sees NaN canonicalised: the GPU's radix order (emulated) and the CPU's
+    comparison sort give one ranking, where on the raw values they differ."""
+    from sopfast.model import reference
+
+    top_tau_module = importlib.import_module("sopfast.ops.top_tau")
+    nan = float("nan")
+    rows = torch.tensor(
+        [
+            [1.0, negative_nan(), 3.0, nan, -0.0, 0.0, -INF, INF],
+            [negative_nan(), 0.25, nan, 0.25, negative_nan(), 0.0, -0.0, 0.5],
+        ]
+    )
+    valid = torch.ones_like(rows, dtype=torch.bool)
+    valid[1, 1] = False
+    assert not torch.equal(radix_sort(rows, stable=True).indices, TORCH_SORT(rows, stable=True).indices)
+    rankings = {}
+    for name, sort in (("cpu", TORCH_SORT), ("radix", radix_sort)):
+        monkeypatch.setattr(torch, "sort", sort)
+        rankings[name] = [
+            top_tau_module._ranking(rows, valid, largest, higher_first)
+            for largest in (True, False)
+            for higher_first in (True, False)
+        ] + [reference._authors_order(rows, deletion) for deletion in (True, False)]
+        rankings[name] += [reference._logits_order(rows, deletion) for deletion in (True, False)]
+    monkeypatch.undo()
+    for cpu, radix in zip(rankings["cpu"], rankings["radix"], strict=True):
+        assert torch.equal(cpu, radix)
 
 
 @pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])

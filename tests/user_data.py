@@ -150,3 +150,19 @@ def image_csv(root: Path, per_class: int = 4, size: int = 40, jsonl: bool = Fals
 
 def count_files(path: Path, suffix: str) -> int:
     return sum(1 for _, _, files in os.walk(path) for f in files if f.endswith(suffix))
+
+
+def family_dir(root: Path, family: str) -> Path:
+    """A tiny HF classifier of ``family`` (``sopfast.testing.TINY_HF``) saved with ``save_pretrained``; text
+    families get the word-level tokenizer over :data:`WORDS` of :func:`bert_dir`."""
+    from transformers import BertTokenizer
+
+    from sopfast.testing import make_hf
+
+    model = make_hf(family)
+    path = root / family
+    model.save_pretrained(path)
+    if "SequenceClassification" in type(model).__name__:
+        vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+        BertTokenizer(vocab=vocab).save_pretrained(path)
+    return path

@@ -11,12 +11,12 @@
 namespace sopfast {
 namespace {
 
-// Indices must lie in [-1, tokens): the kernels index x with them unchecked.
+// Indices must lie in [-1, tokens): the kernels index x with them unchecked (a ValueError in Python).
 void check_gather_tokens_range(const char* op, const at::Tensor& indices, int64_t tokens) {
   const int64_t* ptr = indices.const_data_ptr<int64_t>();
   const int64_t count = indices.numel();
   for (int64_t i = 0; i < count; ++i) {
-    TORCH_CHECK(ptr[i] >= -1 && ptr[i] < tokens, op, ": indices must lie in [0, T=", tokens,
+    TORCH_CHECK_VALUE(ptr[i] >= -1 && ptr[i] < tokens, op, ": indices must lie in [0, T=", tokens,
                 ") or be -1 (padding), got ", ptr[i]);
   }
 }

@@ -49,13 +49,18 @@ acc_t sparsemax_threshold(const acc_t* z, int64_t n) {
   }
 }
 
-// p[n] = sparsemax(x[n]); work[n] is scratch.  Rows with +inf put uniform mass on their +inf
-// entries; rows with NaN (and no +inf) or only -inf give NaN.
+// p[n] = sparsemax(x[n]); work[n] is scratch.  A row without a result (a NaN, or only -inf) gives
+// NaN everywhere; otherwise rows with +inf put uniform mass on their +inf entries.
 template <typename scalar_t, typename acc_t>
 void sparsemax_forward_row(const scalar_t* x, scalar_t* p, int64_t n, acc_t* work) {
   constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
   auto at = [x](int64_t i) { return static_cast<acc_t>(x[i]); };
   const acc_t max = lane_max<acc_t>(n, at);  // ignores NaN
+  const int32_t n_nan = lane_sum<int32_t>(n, [&](int64_t i) { return int32_t{at(i) != at(i)}; });
+  if (n_nan > 0 || max == -inf) {
+    std::fill(p, p + n, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
+    return;
+  }
   if (max == inf) {
     const int32_t n_posinf = lane_sum<int32_t>(n, [&](int64_t i) { return int32_t{at(i) == inf}; });
     const acc_t share = acc_t(1) / static_cast<acc_t>(n_posinf);
@@ -63,16 +68,10 @@ void sparsemax_forward_row(const scalar_t* x, scalar_t* p, int64_t n, acc_t* wor
     return;
   }
   int64_t size = 0;  // work[:size] = the shifted entries above -1 (branch-free compaction)
-  bool has_nan = false;
   for (int64_t i = 0; i < n; ++i) {
     const acc_t z = at(i) - max;
     work[size] = z;
     size += z > acc_t(-1);
-    has_nan |= z != z;
-  }
-  if (has_nan || max == -inf) {
-    std::fill(p, p + n, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
-    return;
   }
   const acc_t tau = sparsemax_threshold(work, size);
   for (int64_t i = 0; i < n; ++i) {

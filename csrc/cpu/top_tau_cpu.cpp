@@ -40,13 +40,13 @@ cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest
 
 template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCPU>(
-    const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
+    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
     bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   constexpr const char* op = "top_tau_forward";
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
   const at::Tensor logits = logits_in.contiguous();
-  const at::Tensor k = k_in.contiguous();
+  const at::Tensor k = k_in.has_value() ? k_in->contiguous() : at::Tensor();
   const at::Tensor valid = valid_in.has_value() ? valid_in->contiguous() : at::Tensor();
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const at::Tensor kernel = top_tau_blur_kernel(blur_kernel, acc_dtype);
@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
     const auto pb = top_tau_problem<acc_t>(d, k_max, largest, ties_authors, kernel, grid_h, grid_w);
     const scalar_t* logits_ptr = logits.const_data_ptr<scalar_t>();
     const bool* valid_ptr = valid.defined() ? valid.const_data_ptr<bool>() : nullptr;
-    const int64_t* k_ptr = k.const_data_ptr<int64_t>();
+    const int64_t* k_ptr = k.defined() ? k.const_data_ptr<int64_t>() : nullptr;
     int64_t* indices_ptr = indices.mutable_data_ptr<int64_t>();
     bool* mask_ptr = mask.mutable_data_ptr<bool>();
     acc_t* lam_ptr = lam.mutable_data_ptr<acc_t>();

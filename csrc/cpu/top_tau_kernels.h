@@ -104,10 +104,12 @@ void blur_columns_adjoint(const acc_t* src, acc_t* dst, int64_t len, int64_t wid
   }
 }
 
-// The (optionally blurred) logits of one row in acc_t: the row itself, or ws.s.
+// The (optionally blurred) logits of one row in acc_t: the row itself, or ws.s.  With a blur, sets
+// `finite` to whether every logit of the row is finite (a blur mixes each with its neighbours).
 template <typename scalar_t, typename acc_t>
-const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar_t* logits,
-                                    TopTauWorkspace<acc_t>& ws) {
+const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar_t* logits, TopTauWorkspace<acc_t>& ws,
+                                    bool& finite) {
+  finite = true;
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
     if (!pb.blurs()) return logits;
   }
@@ -115,6 +117,7 @@ const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar
   acc_t* tmp = ws.tmp.data();
   for (int64_t j = 0; j < pb.d; ++j) s[j] = static_cast<acc_t>(logits[j]);
   if (!pb.blurs()) return s;
+  finite = lane_sum<int32_t>(pb.d, [s](int64_t j) { return int32_t{!(s[j] - s[j] == acc_t(0))}; }) == 0;  // inf - inf is NaN
   if (pb.blurs_2d()) {
     blur_lines(s, tmp, pb.grid_h, pb.grid_w, pb.blur_kernel, pb.blur_size);
     blur_columns(tmp, s, pb.grid_h, pb.grid_w, pb.blur_kernel, pb.blur_size);
@@ -125,11 +128,12 @@ const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar
   return s;
 }
 
-// attention[d] = softmax of s over the valid features (invalid -> 0).  A row holding +inf
-// spreads the mass uniformly over its +inf entries; a row with NaN, or whose valid entries
-// are all -inf, gives NaN everywhere (as torch.softmax does).
+// attention[d] = softmax of s over the valid features (invalid -> 0); returns whether the row has a
+// result.  A row with NaN among its valid entries, or whose valid entries are all -inf, has none: NaN
+// everywhere (as torch.softmax answers).  Otherwise a row holding +inf spreads the mass uniformly over
+// its +inf entries.
 template <typename acc_t>
-void top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attention) {
+bool top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attention) {
   constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
   acc_t* a = attention;  // first the logits with invalid features at -inf
   if (valid == nullptr) {
@@ -140,18 +144,19 @@ void top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attent
   const int32_t n_posinf = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] == inf}; });
   const int32_t n_nan = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] != a[j]}; });
   const acc_t max = lane_max<acc_t>(d, [a](int64_t j) { return a[j]; });
+  if (n_nan > 0 || max == -inf) {
+    std::fill(a, a + d, std::numeric_limits<acc_t>::quiet_NaN());
+    return false;
+  }
   if (n_posinf > 0) {
     const acc_t share = acc_t(1) / static_cast<acc_t>(n_posinf);
     for (int64_t j = 0; j < d; ++j) a[j] = a[j] == inf ? share : acc_t(0);
-    return;
-  }
-  if (n_nan > 0 || max == -inf) {
-    std::fill(a, a + d, std::numeric_limits<acc_t>::quiet_NaN());
-    return;
+    return true;
   }
   for (int64_t j = 0; j < d; ++j) a[j] = softmax_exp(a[j] - max);
   const acc_t inv = acc_t(1) / lane_sum<acc_t>(d, [a](int64_t j) { return a[j]; });
   for (int64_t j = 0; j < d; ++j) a[j] *= inv;
+  return true;
 }
 
 // Ties at the threshold priority t of r[d] (r > t kept), taken in index order, or from the highest
@@ -233,12 +238,21 @@ inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, in
 }
 
 // One row of the forward: logits[d] (+ valid[d] or nullptr) and its count k ->
-// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d].
+// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d].  A row without a
+// result (python/sopfast/ops/counts.py: NaN among its valid logits or none above -inf; with a blur any
+// NaN or infinity) keeps no feature (indices -1, mask false) and gets NaN lam and attention.
 template <typename scalar_t, typename acc_t>
 void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, int64_t k,
                          int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
-  const acc_t* s = top_tau_blurred_logits(pb, logits, ws);
-  top_tau_softmax(s, valid, pb.d, attention);
+  bool finite = true;
+  const acc_t* s = top_tau_blurred_logits(pb, logits, ws, finite);
+  if (!top_tau_softmax(s, valid, pb.d, attention) || !finite) {
+    std::fill(indices, indices + pb.k_max, int64_t{-1});
+    std::fill(mask, mask + pb.d, false);
+    *lam = std::numeric_limits<acc_t>::quiet_NaN();
+    std::fill(attention, attention + pb.d, std::numeric_limits<acc_t>::quiet_NaN());
+    return;
+  }
   // the authors' rule ranks the attention, equal values higher index first when keeping the largest
   top_tau_select(pb, pb.ties_authors ? attention : s, valid, k, pb.ties_authors && pb.largest, mask, ws);
   top_tau_write_indices(mask, pb.d, pb.k_max, indices, ws.positions.data());
@@ -266,14 +280,15 @@ void top_tau_backward_row(const TopTauProblem<acc_t>& pb, const acc_t* attention
   }
 }
 
-// Rows [begin, end) of the forward over logits[N, d], valid[N, d] (or nullptr), k[N].
+// Rows [begin, end) of the forward over logits[N, d], valid[N, d] (or nullptr), k[N] (or nullptr:
+// every row keeps k_max).
 template <typename scalar_t, typename acc_t>
 void top_tau_forward_rows(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, const int64_t* k,
                           int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, int64_t begin, int64_t end) {
   TopTauWorkspace<acc_t> ws(pb.d);
   const int64_t d = pb.d;
   for (int64_t r = begin; r < end; ++r) {
-    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k[r], indices + r * pb.k_max,
+    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k == nullptr ? pb.k_max : k[r], indices + r * pb.k_max,
                         mask + r * d, lam + r, attention + r * d, ws);
   }
 }

@@ -1,9 +1,11 @@
 // Torch binding of the CUDA kernels (compiled only in CUDA builds): the kCUDA entry points of
-// csrc/ops.h -- checks, output allocation, the current stream, and the raw-pointer launchers of
-// csrc/cuda/*.cu.
+// csrc/ops.h -- checks, output allocation, the current stream, the raw-pointer launchers of
+// csrc/cuda/*.cu, and the rule for rows without a result (applied on the device, no host sync).
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <limits>
 
 #include "cuda/sopfast_cuda.h"
 #include "op_checks.h"
@@ -39,6 +41,20 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->contiguous() : at::Tensor();
 }
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// [N] bool: the rows of logits [N, d] without a result (csrc/ops.h; python/sopfast/ops/counts.py).
+at::Tensor rows_without_result(const at::Tensor& logits, const at::Tensor& valid, bool blurred) {
+  if (blurred) return at::isfinite(logits).logical_not().any(1);
+  at::Tensor nan = at::isnan(logits);
+  at::Tensor above = logits > -std::numeric_limits<double>::infinity();
+  if (valid.defined()) {
+    nan = nan.logical_and(valid);
+    above = above.logical_and(valid);
+  }
+  return nan.any(1).logical_or(above.any(1).logical_not());
+}
+
 }  // namespace
 
 template <>
@@ -50,6 +66,7 @@ at::Tensor sparsemax_forward<c10::kCUDA>(const at::Tensor& x_in) {
   check_launch("sparsemax_forward",
                cuda::sparsemax_forward_launch(x.const_data_ptr(), p.mutable_data_ptr(), x.size(0), x.size(1),
                                               float_type(x.scalar_type()), current_stream()));
+  if (x.numel() > 0) p.masked_fill_(rows_without_result(x, at::Tensor(), false).unsqueeze(1), kNaN);
   return p;
 }
 
@@ -67,16 +84,17 @@ at::Tensor sparsemax_backward<c10::kCUDA>(const at::Tensor& p_in, const at::Tens
 
 template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCUDA>(
-    const at::Tensor& logits_in, const at::Tensor& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
+    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
     bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA);
   TORCH_CHECK(logits_in.size(1) <= cuda::kTopTauCudaMaxFeatures, "top_tau_forward: the CUDA kernel takes at most ",
               cuda::kTopTauCudaMaxFeatures, " features per row, got d=", logits_in.size(1),
               " (the triton backend has no limit)");
   const c10::cuda::CUDAGuard guard(logits_in.device());
-  const at::Tensor logits = logits_in.contiguous(), k = k_in.contiguous();
+  const at::Tensor logits = logits_in.contiguous();
   const at::Tensor valid = contiguous_or_undefined(valid_in);
   const int64_t n = logits.size(0), d = logits.size(1);
+  const at::Tensor k = k_in.has_value() ? k_in->contiguous() : at::full({n}, k_max, logits.options().dtype(at::kLong));
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const auto opts = logits.options();
   const at::Tensor kernel = blur_kernel.has_value() ? blur_kernel->to(acc_dtype).contiguous() : at::Tensor();
@@ -106,6 +124,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   args.lam = lam.mutable_data_ptr();
   args.attention = attention.mutable_data_ptr();
   check_launch("top_tau_forward", cuda::top_tau_forward_launch(args, current_stream()));
+  if (n > 0) {
+    const at::Tensor undefined = rows_without_result(logits, valid, kernel.defined());
+    const at::Tensor row = undefined.unsqueeze(1);
+    indices.masked_fill_(row, -1);
+    mask.masked_fill_(row, false);
+    lam.masked_fill_(undefined, kNaN);
+    attention.masked_fill_(row, kNaN);
+  }
   return {indices, mask, lam, attention};
 }
 

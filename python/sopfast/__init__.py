@@ -1,12 +1,12 @@
 """sopfast: fast Sum-of-Parts self-attributing models."""
 
 from . import masking, ops
-from .adapters import BackboneAdapter, get_adapter, register_adapter
+from .adapters import BackboneAdapter, get_adapter, list_adapters, register_adapter
 from .evaluation import baselines, evaluate, format_table, metrics
 from .masking import MaskedForward, masked_forward, rise
 from .model import SOP, SOPOutput
 from .prediction import PredictResult, predict
-from .training import Trainer, TrainResult, train
+from .training import Trainer, TrainerCallback, TrainResult, train
 from .version import __version__
 
 __all__ = [
@@ -17,11 +17,13 @@ __all__ = [
     "SOPOutput",
     "TrainResult",
     "Trainer",
+    "TrainerCallback",
     "__version__",
     "baselines",
     "evaluate",
     "format_table",
     "get_adapter",
+    "list_adapters",
     "masked_forward",
     "masking",
     "metrics",

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +23,6 @@ from . import testing
 from .model.output import SOPOutput
 from .model.reference import reference_forward
 from .model.sop import SOP
-from .ops import num_kept
 
 
 @dataclass
@@ -164,29 +162,6 @@ def compare_modes(
     return results
 
 
-def transformer_flops(tokens: int, width: int, layers: int, mlp: int) -> float:
-    """Forward FLOPs of ``layers`` Transformer layers on ``tokens`` tokens (matmuls only)."""
-    per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp) + 4 * tokens * tokens * width
-    return float(layers * per_layer)
-
-
-def ideal_drop_ratio(tokens: int, kept: int, groups: int, width: int, layers: int, mlp: int, train: bool) -> float:
-    """The FLOP ratio reference / drop for SOP on a Transformer (projection pass included).
-
-    Reference: the projection runs all ``layers`` on the full input, then ``groups`` full
-    passes; drop: the projection runs ``layers − 1`` layers, then ``groups`` passes on
-    ``kept`` tokens.  Training adds the projection's backward (2× its forward, ``layers − 1``).
-    """
-    full = transformer_flops(tokens, width, 1, mlp)
-    reference = (layers + groups * layers) * full
-    drop = (layers - 1) * full + groups * transformer_flops(kept, width, layers, mlp)
-    if train:
-        backward = 2 * (layers - 1) * full
-        reference += backward
-        drop += backward
-    return reference / drop
-
-
 def format_table(results: list[BenchResult], ideal: float | None = None) -> str:
     """Markdown table with speed-up and memory ratio relative to the reference."""
     base = next(r for r in results if r.name == "reference")
@@ -209,7 +184,7 @@ def format_table(results: list[BenchResult], ideal: float | None = None) -> str:
 # -- ``sopfast bench`` ---------------------------------------------------------------------------
 def _bench_backbone(name: str) -> tuple[nn.Module, str]:
     """A randomly initialised backbone for ``sopfast bench --model name`` and its input kind
-    (``image``, ``cnn``, ``text`` or ``pair``)."""
+    (``image``, ``cnn``, ``text`` or ``pair``); the ResNet's feature layer is its adapter's."""
     if name.startswith("bert-base"):
         return testing.bert("base", seed=None), "pair" if name.endswith("pair") else "text"
     if name == "cnn":
@@ -228,37 +203,16 @@ def _bench_inputs(kind: str, batch: int, device: torch.device) -> tuple[torch.Te
     return ids, torch.ones_like(ids), types
 
 
-def _ideal_ratio(model: SOP, args: tuple[torch.Tensor, ...], kind: str, train: bool) -> float:
-    """:func:`ideal_drop_ratio` for ``model`` (an HF Transformer backbone) on ``args``.
-
-    ``d`` candidate features, of which a group keeps ``num_kept(model.tau, d)`` (the model's own
-    k rule); drop mode also runs position 0 (CLS) and, for text, the tokens that are never
-    candidates (the second segment of a pair).
-    """
-    cfg: Any = model.backbone.config  # an HF config, read by attribute name
-    inputs = model.prepare(*args)
-    valid = model.adapter.candidates(inputs)
-    features = model.adapter.num_features(inputs)
-    d = features if valid is None else int(valid[0].sum())
-    cls = int(kind == "image")
-    tokens = features + cls
-    kept = num_kept(model.tau, d) + 1 + (tokens - d - cls)
-    return ideal_drop_ratio(
-        tokens, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train
-    )
-
-
 def run_bench(
     name: str, batch: int, groups: int, train: bool, repeats: int, device: torch.device, warmup: int = 1
 ) -> str:
     """Reference vs exact vs drop on one randomly initialised backbone (``sopfast bench``); a markdown table."""
     torch.manual_seed(0)
     backbone, kind = _bench_backbone(name)
-    kwargs: dict[str, Any] = {"feature_layer": "layer3"} if kind == "cnn" else {}
-    model = SOP(backbone, num_groups=groups, tau=0.2, recipe="paper", **kwargs).to(device)
+    model = SOP(backbone, num_groups=groups, tau=0.2, recipe="paper").to(device)
     args = _bench_inputs(kind, batch, device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     results = compare_modes(model, args, labels, train=train, repeats=repeats, warmup=warmup)
-    ideal = None if kind == "cnn" else _ideal_ratio(model, args, kind, train)
+    ideal = model.adapter.drop_flop_ratio(model.prepare(*args), model.tau, model.num_groups, train)
     header = f"{name}, batch {batch}, m={groups}, {'training step' if train else 'forward'}, device {device}"
     return f"{header}\n{format_table(results, ideal)}"

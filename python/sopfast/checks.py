@@ -159,10 +159,11 @@ def check_values(
     (``details`` names the offending values).  On a GPU the check is ``torch._assert_async``: nothing is
     read back; a False ``ok`` fails the next synchronising call as a device-side assertion (rerun on the
     CPU, or with ``CUDA_LAUNCH_BLOCKING=1``, to see ``message``).  Meta tensors have no values to check.
+    Under ``torch.compile`` it is the assertion on every device (a host read would break the graph).
     """
     if ok.device.type == "meta":
         return
-    if not reads_on_host(ok.device):
+    if torch.compiler.is_compiling() or not reads_on_host(ok.device):
         torch._assert_async(ok, message)
     elif not bool(ok):
         raise error(message + (details() if details is not None else ""))

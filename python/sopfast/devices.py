@@ -7,6 +7,18 @@ import torch
 ALLOWED = "cpu, cuda, cuda:N, mps"
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` parsed, without looking at this machine: a ValueError naming ``device`` and what is
+    allowed for anything but a CPU, CUDA or MPS device name."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device; allowed: {ALLOWED}") from err
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {str(device)!r} is not supported; allowed: {ALLOWED}")
+    return parsed
+
+
 def resolve_device(device: str | torch.device | None = None, *, local_rank: int | None = None) -> torch.device:
     """``device`` as a ``torch.device`` that exists on this machine.
 
@@ -16,10 +28,7 @@ def resolve_device(device: str | torch.device | None = None, *, local_rank: int 
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, ValueError, TypeError) as err:
-        raise ValueError(f"device {device!r} is not a device; allowed: {ALLOWED}") from err
+    resolved = check_device(device)
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r}: CUDA is not available on this machine; use 'cpu'")
@@ -28,9 +37,6 @@ def resolve_device(device: str | torch.device | None = None, *, local_rank: int 
             return torch.device("cuda", index)
         if resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif resolved.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"device {str(device)!r}: MPS is not available on this machine; use 'cpu'")
-    elif resolved.type != "cpu":
-        raise ValueError(f"device {str(device)!r} is not supported; allowed: {ALLOWED}")
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(device)!r}: MPS is not available on this machine; use 'cpu'")
     return resolved

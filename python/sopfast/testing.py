@@ -160,3 +160,126 @@ def text_batch(seed: int = 1, pairs: bool = True) -> tuple[torch.Tensor, torch.T
         types[i, n - s : n] = 1
         ids[i, n:] = 0
     return ids, mask, types
+
+
+# -- tiny Hugging Face classifiers of every family (hidden 32, 2 layers, no dropout) -----------------
+_VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32)
+_VISION_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_TEXT = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+_TEXT_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+#: ``family name → (config class, model class, config arguments)`` for :func:`make_hf`; images are 32×32
+#: RGB, texts fit :func:`text_batch`.
+TINY_HF: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "hf-vit": ("ViTConfig", "ViTForImageClassification", {**_VISION, **_VISION_DROPOUT, "patch_size": 8}),
+    "hf-deit": ("DeiTConfig", "DeiTForImageClassification", {**_VISION, **_VISION_DROPOUT, "patch_size": 8}),
+    "hf-beit": (
+        "BeitConfig",
+        "BeitForImageClassification",
+        {**_VISION, **_VISION_DROPOUT, "patch_size": 8, "use_relative_position_bias": True, "drop_path_rate": 0.0},
+    ),
+    "hf-dinov2": (
+        "Dinov2Config",
+        "Dinov2ForImageClassification",
+        {
+            **{k: v for k, v in _VISION.items() if k != "intermediate_size"},
+            **_VISION_DROPOUT,
+            "patch_size": 8,
+            "mlp_ratio": 2,
+        },
+    ),
+    "hf-swin": (
+        "SwinConfig",
+        "SwinForImageClassification",
+        dict(
+            embed_dim=16,
+            depths=[1, 1, 1],
+            num_heads=[1, 2, 2],
+            image_size=32,
+            patch_size=2,
+            window_size=4,
+            drop_path_rate=0.0,
+            **_VISION_DROPOUT,
+        ),
+    ),
+    "hf-resnet": (
+        "ResNetConfig",
+        "ResNetForImageClassification",
+        dict(embedding_size=8, hidden_sizes=[8, 16, 32], depths=[1, 1, 1]),
+    ),
+    "hf-convnext": (
+        "ConvNextConfig",
+        "ConvNextForImageClassification",
+        dict(num_stages=3, hidden_sizes=[8, 16, 32], depths=[1, 1, 1]),
+    ),
+    "hf-bert": (
+        "BertConfig",
+        "BertForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 64},
+    ),
+    "hf-ernie": (
+        "ErnieConfig",
+        "ErnieForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 64},
+    ),
+    "hf-roberta": (
+        "RobertaConfig",
+        "RobertaForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 66},
+    ),
+    "hf-xlm-roberta": (
+        "XLMRobertaConfig",
+        "XLMRobertaForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "max_position_embeddings": 66},
+    ),
+    "hf-distilbert": (
+        "DistilBertConfig",
+        "DistilBertForSequenceClassification",
+        dict(
+            vocab_size=60,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            seq_classif_dropout=0.0,
+        ),
+    ),
+    "hf-albert": (
+        "AlbertConfig",
+        "AlbertForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "embedding_size": 16, "max_position_embeddings": 64, "classifier_dropout_prob": 0.0},
+    ),
+    "hf-electra": (
+        "ElectraConfig",
+        "ElectraForSequenceClassification",
+        {**_TEXT, **_TEXT_DROPOUT, "embedding_size": 16, "max_position_embeddings": 64},
+    ),
+    "hf-deberta-v2": (
+        "DebertaV2Config",
+        "DebertaV2ForSequenceClassification",
+        {
+            **_TEXT,
+            **_TEXT_DROPOUT,
+            "max_position_embeddings": 64,
+            "relative_attention": True,
+            "position_biased_input": False,
+            "pos_att_type": ["p2c", "c2p"],
+            "position_buckets": 8,
+            "pooler_dropout": 0.0,
+        },
+    ),
+}
+
+
+def make_hf(family: str, num_labels: int | None = None, seed: int = 0) -> Any:
+    """A tiny randomly initialised Hugging Face classifier of ``family`` (a key of :data:`TINY_HF`), in eval
+    mode, with ``num_labels`` classes (default: 3 for images, 2 for texts)."""
+    import transformers
+
+    config_name, model_name, arguments = TINY_HF[family]
+    cfg = getattr(transformers, config_name)(**arguments)
+    cfg.num_labels = num_labels if num_labels is not None else (3 if "ImageClassification" in model_name else 2)
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(cfg).eval()

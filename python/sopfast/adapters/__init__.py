@@ -1,4 +1,5 @@
-"""Backbone adapters, found by model type (see :mod:`sopfast.adapters.base` for the protocol).
+"""Backbone adapters, found by model type or chosen by name (see :mod:`sopfast.adapters.base` for the
+protocol, :mod:`sopfast.adapters.registry` for the choice).
 
 Every module of this package is imported here, so a built-in adapter is one file: its class,
 decorated with :func:`~sopfast.adapters.registry.builtin_adapter`, registers itself.
@@ -10,7 +11,7 @@ import importlib
 import pkgutil
 
 from .base import BackboneAdapter
-from .registry import find_adapter_class, get_adapter, register_adapter
+from .registry import adapter_class, find_adapter_class, get_adapter, list_adapters, register_adapter
 from .sources import Backbone, BackboneSourceError, load_backbone
 
 for _module in pkgutil.iter_modules(__path__):
@@ -29,8 +30,10 @@ __all__ = [
     "HFBertAdapter",
     "HFViTAdapter",
     "TimmViTAdapter",
+    "adapter_class",
     "find_adapter_class",
     "get_adapter",
+    "list_adapters",
     "load_backbone",
     "register_adapter",
 ]

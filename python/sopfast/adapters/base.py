@@ -50,7 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..ops import num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
+from .flops import TransformerSize, ideal_drop_ratio
 from .images import upsample_mask
 
 MODES = ("exact", "drop")
@@ -67,6 +69,10 @@ GPU_CALL_SCALE = 16
 def call_scale(device: torch.device) -> int:
     """How many times ``TOKENS_PER_CALL`` and ``TOKENS_PER_EXAMPLE_CHUNK`` a call on ``device`` takes."""
     return GPU_CALL_SCALE if device.type == "cuda" else 1
+
+
+class StopForward(Exception):
+    """Raised by a hook to end a forward pass once the wanted activation is captured."""
 
 
 class AdapterHookMissing(NotImplementedError):
@@ -86,6 +92,14 @@ class BackboneAdapter(ABC):
     family: str = "custom backbone"
     modality: str = "image"
     supported_modes: tuple[str, ...] = ("exact",)
+    #: Modes whose group passes compute the backbone's own function on the masked input (BERT ``drop``
+    #: runs the kept tokens at their positions: the same logits as ``exact``; a ViT's ``drop`` does not).
+    exact_modes: tuple[str, ...] = ("exact",)
+    #: Why the modes of :data:`MODES` this adapter lacks are not supported (the error of :func:`check_mode`
+    #: says it).
+    mode_refusal: str = ""
+    #: Tokens a group pass runs before the features, always (a ViT's [CLS]; DeiT also its distillation token).
+    num_prefix_tokens: int = 0
     #: Modes whose group passes need every group of one call to keep the same number of features
     #: (ViT ``drop``: a ``-1`` pad would run as a token that attends).
     equal_size_modes: tuple[str, ...] = ()
@@ -133,6 +147,12 @@ class BackboneAdapter(ABC):
                 f"not of {type(backbone).__name__} ({cls.family})"
             )
         return {}
+
+    @classmethod
+    def weight_name(cls, name: str) -> str:
+        """``name``, a weight of this family as another version of its library names it (e.g. transformers
+        4.x), in the installed layout; other names pass unchanged (the authors' checkpoints are read by it)."""
+        return name
 
     # -- inputs ---------------------------------------------------------------------------
     @abstractmethod
@@ -231,6 +251,31 @@ class BackboneAdapter(ABC):
         except (AttributeError, ValueError):
             return None
 
+    # -- cost -----------------------------------------------------------------------------
+    def transformer_size(self) -> TransformerSize | None:
+        """Width, layers and MLP width of a Transformer backbone (``None``: not a Transformer)."""
+        return None
+
+    def drop_tokens(self, inputs: FeatureInputs, kept: int) -> int:
+        """Tokens a ``drop`` group pass runs when the group keeps ``kept`` features: those, the prefix
+        tokens and the features that are no candidates (example 0 of ``inputs``)."""
+        valid = self.candidates(inputs)
+        d = self.num_features(inputs)
+        return kept + self.num_prefix_tokens + (0 if valid is None else d - int(valid[0].sum()))
+
+    def drop_flop_ratio(self, inputs: FeatureInputs, tau: float, num_groups: int, train: bool) -> float | None:
+        """The ideal speed-up of ``drop`` over the authors' algorithm in FLOPs (:func:`~sopfast.adapters.flops.
+        ideal_drop_ratio`) on ``inputs`` (example 0) with ``num_groups`` groups of ``tau``; ``None`` for a
+        backbone without a :meth:`transformer_size` or a ``drop`` mode."""
+        size = self.transformer_size()
+        if size is None or "drop" not in self.supported_modes:
+            return None
+        valid = self.candidates(inputs)
+        d = self.num_features(inputs) if valid is None else int(valid[0].sum())
+        tokens = self.num_features(inputs) + self.num_prefix_tokens
+        kept = self.drop_tokens(inputs, num_kept(tau, d))
+        return ideal_drop_ratio(tokens, kept, num_groups, size.width, size.layers, size.mlp, train)
+
     # -- optional hooks -------------------------------------------------------------------
     def candidate_mask(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, d]`` bool: :meth:`candidates`, or every feature when that is ``None``."""
@@ -301,8 +346,11 @@ def check_mode(adapter: BackboneAdapter, mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode not in adapter.supported_modes:
+        reason = adapter.mode_refusal
         raise ValueError(
-            f"mode={mode!r} is not supported by {type(adapter).__name__}; supported: {adapter.supported_modes}"
+            f"mode={mode!r} is not supported by {type(adapter).__name__}"
+            + (f" ({reason})" if reason else "")
+            + f"; supported: {adapter.supported_modes}"
         )
     return mode
 

@@ -1,11 +1,16 @@
 """Adapter for convolutional classifiers (any ``nn.Module`` with a conv feature map and a final
-``nn.Linear``).
+``nn.Linear``), and the base of the families that run like one.
 
 The feature grid is the spatial grid of a named layer's output (``feature_layer``); the
 generator reads that layer from its trainable copy.  Groups mask pixels with the grid mask
 upsampled (nearest) to the image, chunk by chunk — no ``[B, m, H, W]`` mask is built.  Keys
 are the classifier's input (the penultimate dense activation).  CNNs have no token axis, so
 only ``exact`` runs.
+
+A family with a known layout is a subclass with :meth:`CNNAdapter.defaults` (its feature layer:
+torchvision ResNets ``layer3``, ``adapters/hf_cnn.py``); one whose feature map is a layer's input or
+a token sequence sets :attr:`CNNAdapter.feature_from_input` and :meth:`CNNAdapter.to_grid` (Swin, BEiT).
+The generic ``cnn`` adapter claims no model with attention layers: a Transformer is never taken for a CNN.
 """
 
 from __future__ import annotations
@@ -16,18 +21,33 @@ import torch
 from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .base import BackboneAdapter, freeze_, run_chunked
+from .base import BackboneAdapter, StopForward, freeze_, run_chunked
 from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
-from .registry import builtin_adapter
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass once the wanted activation is captured."""
+from .registry import builtin_adapter, class_names
 
 
 def _last_linear(model: nn.Module) -> str | None:
     names = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     return names[-1] if names else None
+
+
+def _is_transformer(model: nn.Module) -> bool:
+    """Whether ``model`` has attention layers (``nn.MultiheadAttention`` or a class named ``…Attention…``)."""
+    return any(isinstance(m, nn.MultiheadAttention) or "Attention" in type(m).__name__ for m in model.modules())
+
+
+def _is_cnn(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules()) and not _is_transformer(model)
+
+
+def model_logits(output: Any) -> torch.Tensor:
+    """A classifier's logits: its output, or the output's ``logits`` (a Hugging Face model's)."""
+    return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def module_name(root: nn.Module, module: nn.Module) -> str:
+    """The ``named_modules`` name of ``module`` inside ``root``."""
+    return next(name for name, m in root.named_modules() if m is module)
 
 
 def _channels_of(module: nn.Module) -> int | None:
@@ -39,13 +59,13 @@ def _channels_of(module: nn.Module) -> int | None:
     return None
 
 
-@builtin_adapter(lambda model: any(isinstance(m, nn.Conv2d) for m in model.modules()), order=100)
+@builtin_adapter("cnn", _is_cnn, generic=True)
 class CNNAdapter(BackboneAdapter):
     """Any CNN classifier: the feature grid is ``feature_layer``'s output grid (module docstring).
 
     Args:
         feature_layer: the module (a ``named_modules`` name) whose ``[B, E, h, w]`` output is the
-            feature grid, e.g. ``layer3`` for a ResNet (required).
+            feature grid, e.g. ``layer3`` for a ResNet (required, except for the families that know theirs).
         classifier: the final ``nn.Linear`` whose weight starts the selector's queries and whose
             input is the group key (default: the last ``nn.Linear``).
         embed_dim: the channel count of ``feature_layer``'s output, when it cannot be read off it.
@@ -54,13 +74,24 @@ class CNNAdapter(BackboneAdapter):
     family = "CNNs (Conv2d features, give feature_layer=)"
     modality = "image"
     supported_modes = ("exact",)
+    mode_refusal = "a CNN has no token axis to drop from"
+    #: Whether the feature map is ``feature_layer``'s input (then :meth:`to_grid` gets its positional
+    #: arguments) rather than its output.
+    feature_from_input = False
+
+    @classmethod
+    def defaults(cls, backbone: nn.Module) -> dict[str, Any]:
+        """The ``feature_layer`` (and ``embed_dim``) this family uses when none is given."""
+        return {}
 
     @classmethod
     def adapter_options(cls, backbone: nn.Module, **given: Any) -> dict[str, Any]:
-        """``feature_layer`` (required), ``classifier``, ``embed_dim`` (see the class docstring)."""
+        """``feature_layer`` (required without a family default), ``classifier``, ``embed_dim``."""
         feature_layer = given.pop("feature_layer", None)
         options = {k: given.pop(k) for k in ("classifier", "embed_dim") if given.get(k) is not None}
         super().adapter_options(backbone, **given)
+        if feature_layer is None and "feature_layer" in cls.defaults(backbone):
+            return options
         if feature_layer is None:
             raise ValueError(
                 "CNN backbones need feature_layer=NAME (--feature-layer): the module whose [B, E, h, w] output is "
@@ -79,6 +110,9 @@ class CNNAdapter(BackboneAdapter):
     ):
         super().__init__(backbone)
         modules = dict(backbone.named_modules())
+        defaults = self.defaults(backbone)
+        feature_layer = feature_layer or defaults.get("feature_layer")
+        embed_dim = embed_dim or defaults.get("embed_dim")
         if feature_layer is None:
             raise ValueError(
                 "CNN backbones need feature_layer=<module name> whose output [B, E, h, w] defines the "
@@ -101,7 +135,7 @@ class CNNAdapter(BackboneAdapter):
         self._grids: dict[tuple[int, int], tuple[int, int]] = {}
 
     def prepare(self, x, attention_mask=None, token_type_ids=None) -> FeatureInputs:
-        return prepare_pixels(x, self.channels, None, parameter_dtype(self.backbone))
+        return prepare_pixels(x, self.channels, self.image_size, parameter_dtype(self.backbone))
 
     @property
     def embed_dim(self) -> int:
@@ -110,21 +144,28 @@ class CNNAdapter(BackboneAdapter):
     def _feature_map(self, model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         captured: list[torch.Tensor] = []
 
-        def hook(_module, _inputs, output):
-            captured.append(output)
-            raise _Stop
+        def hook(_module, inputs, output=None):
+            captured.append(inputs if self.feature_from_input else output)
+            raise StopForward
 
-        handle = dict(model.named_modules())[self.feature_layer].register_forward_hook(hook)
+        layer = dict(model.named_modules())[self.feature_layer]
+        register = layer.register_forward_pre_hook if self.feature_from_input else layer.register_forward_hook
+        handle = register(hook)
         try:
             model(pixels)
-        except _Stop:
+        except StopForward:
             pass
         finally:
             handle.remove()
-        fmap = captured[0]
-        if fmap.dim() != 4:
-            raise ValueError(f"feature_layer {self.feature_layer!r} must output [B, E, h, w], got {tuple(fmap.shape)}")
-        return fmap
+        return self.to_grid(captured[0])
+
+    def to_grid(self, captured: Any) -> torch.Tensor:
+        """The feature map ``[B, E, h, w]`` from what the hook on ``feature_layer`` captured: its output (its
+        positional arguments with :attr:`feature_from_input`)."""
+        if not isinstance(captured, torch.Tensor) or captured.dim() != 4:
+            shape = tuple(captured.shape) if isinstance(captured, torch.Tensor) else type(captured).__name__
+            raise ValueError(f"feature_layer {self.feature_layer!r} must output [B, E, h, w], got {shape}")
+        return captured
 
     def feature_grid(self, inputs: FeatureInputs) -> tuple[int, int]:
         pixels = inputs.require_pixels()
@@ -165,13 +206,13 @@ class CNNAdapter(BackboneAdapter):
             layer = dict(self.backbone.named_modules())[self.feature_layer]
             handle = layer.register_forward_hook(lambda _m, _i, out: captured.append(out.mean(dim=(2, 3))))
         try:
-            logits = self.backbone(inputs.pixels)
+            logits = model_logits(self.backbone(inputs.pixels))
         finally:
             handle.remove()
         return logits, captured[0]
 
     def cam_layer(self) -> tuple[nn.Module, bool, int]:
-        return dict(self.backbone.named_modules())[self.feature_layer], False, 0
+        return dict(self.backbone.named_modules())[self.feature_layer], self.feature_from_input, self.num_prefix_tokens
 
     def run_groups(self, inputs: FeatureInputs, groups: Groups, mode: str, chunk_size: int) -> GroupPredictions:
         b, m, d = groups.mask.shape
@@ -185,3 +226,18 @@ class CNNAdapter(BackboneAdapter):
             return self.full_forward(FeatureInputs(pixels=masked))
 
         return run_chunked(groups, chunk_size, run)
+
+
+def _is_torchvision_resnet(model: nn.Module) -> bool:
+    return "ResNet" in class_names(model) and type(model).__module__.startswith("torchvision")
+
+
+@builtin_adapter("torchvision-resnet", _is_torchvision_resnet)
+class TorchvisionResNetAdapter(CNNAdapter):
+    """torchvision ResNets: the feature grid is ``layer3``'s output (14×14 at 224 pixels)."""
+
+    family = "torchvision ResNet (resnet18, resnet50 …; feature layer layer3)"
+
+    @classmethod
+    def defaults(cls, backbone: nn.Module) -> dict[str, Any]:
+        return {"feature_layer": "layer3"}

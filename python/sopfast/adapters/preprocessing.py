@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..defaults import MAX_LENGTH
 from .base import BackboneAdapter
 from .sources import Backbone
 
@@ -59,7 +60,7 @@ class Preprocessing:
     batch_transform: Callable[[list[Any]], torch.Tensor] | None = field(default=None, repr=False)
     mask_transform: Callable[[Any], torch.Tensor] | None = field(default=None, repr=False)
     tokenizer: Any = None
-    max_length: int = 128
+    max_length: int = MAX_LENGTH
     label2id: dict[str, int] = field(default_factory=dict)
     num_classes: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -282,4 +283,4 @@ def _text_preprocessing(
     except (OSError, ValueError) as err:
         raise PreprocessingError(f"no tokenizer in the backbone directory {directory}: {err}") from err
     limit = adapter.max_tokens or 512
-    return Preprocessing("text", tokenizer=tokenizer, max_length=min(max_length or 128, limit), **common)
+    return Preprocessing("text", tokenizer=tokenizer, max_length=min(max_length or MAX_LENGTH, limit), **common)

@@ -1,10 +1,20 @@
-"""Which adapter a backbone gets: user-registered adapters first (newest first), then the built-in
-ones, each of which registers itself where its module is defined (:func:`builtin_adapter`)."""
+"""Which adapter a backbone gets, and adapters by name.
+
+Every adapter has a name (``"hf-vit"``, ``"cnn"`` …; :func:`list_adapters`), by which
+``sopfast.SOP(backbone, adapter="hf-deit")`` chooses it.  Without a name the backbone is matched:
+adapters registered with :func:`register_adapter` first (newest first), then the built-in families,
+each of which registers itself where its module is defined (:func:`builtin_adapter`).  Among the
+built-in families the most specific one wins: a *generic* family (the CNN adapter, which runs any
+convolutional classifier given a ``feature_layer``) only when no specific family matches, and two
+specific families that both match are refused as ambiguous, as is a backbone no family matches —
+each message names the candidates.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -12,33 +22,73 @@ from .base import BackboneAdapter
 
 Matcher = Callable[[nn.Module], bool]
 AdapterClass = TypeVar("AdapterClass", bound=type[BackboneAdapter])
-_REGISTERED: list[tuple[Matcher, type[BackboneAdapter]]] = []
-_BUILTIN: list[tuple[int, Matcher, type[BackboneAdapter]]] = []
 
 
-def register_adapter(matcher: Matcher, adapter_cls: type[BackboneAdapter]) -> None:
-    """Make :func:`get_adapter` use ``adapter_cls`` for backbones where ``matcher(backbone)`` holds.
+@dataclass(frozen=True)
+class Entry:
+    """One adapter of the registry: its ``name``, class, ``matcher`` and whether it is ``generic``."""
+
+    name: str
+    adapter_cls: type[BackboneAdapter]
+    matcher: Matcher
+    generic: bool = False
+
+
+_REGISTERED: list[Entry] = []
+_BUILTIN: list[Entry] = []
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an adapter name must be a non-empty string, got {name!r}")
+    if name in {e.name for e in _BUILTIN}:
+        raise ValueError(f"{name!r} is the name of a built-in adapter; choose another name")
+    return name
+
+
+def register_adapter(matcher: Matcher, adapter_cls: type[BackboneAdapter], name: str | None = None) -> None:
+    """Make :func:`get_adapter` use ``adapter_cls`` for backbones where ``matcher(backbone)`` holds, and
+    ``adapter=name`` (default: the class name) choose it; it replaces an adapter registered under that
+    name before (a built-in name is refused).
 
     Registered adapters are tried before the built-in ones, newest first.
     """
-    _REGISTERED.insert(0, (matcher, adapter_cls))
+    name = _check_name(name or adapter_cls.__name__)
+    _REGISTERED[:] = [Entry(name, adapter_cls, matcher), *(e for e in _REGISTERED if e.name != name)]
 
 
-def builtin_adapter(matcher: Matcher, order: int = 0) -> Callable[[AdapterClass], AdapterClass]:
-    """Class decorator of a built-in adapter: tried for backbones where ``matcher`` holds, lower
-    ``order`` first (a catch-all family such as CNNs comes last)."""
+def builtin_adapter(name: str, matcher: Matcher, *, generic: bool = False) -> Callable[[AdapterClass], AdapterClass]:
+    """Class decorator of a built-in family called ``name``, matched where ``matcher`` holds; a
+    ``generic`` family (a catch-all such as CNNs) only when no specific family matches."""
 
     def register(adapter_cls: AdapterClass) -> AdapterClass:
-        _BUILTIN.append((order, matcher, adapter_cls))
-        _BUILTIN.sort(key=lambda entry: entry[0])
+        _BUILTIN.append(Entry(_check_name(name), adapter_cls, matcher, generic))
         return adapter_cls
 
     return register
 
 
+def list_adapters() -> list[str]:
+    """The names ``adapter=`` takes: the registered adapters (newest first), then the built-in families."""
+    return [e.name for e in _REGISTERED + _BUILTIN]
+
+
+def adapter_class(name: str) -> type[BackboneAdapter]:
+    """The adapter class called ``name`` (ValueError naming the choices otherwise)."""
+    for entry in _REGISTERED + _BUILTIN:
+        if entry.name == name:
+            return entry.adapter_cls
+    raise ValueError(f"adapter {name!r} is not a sopfast adapter; allowed: {', '.join(list_adapters())}")
+
+
 def class_names(model: nn.Module) -> set[str]:
     """The names of ``model``'s class and its bases (families are matched by name: no import needed)."""
     return {cls.__name__ for cls in type(model).__mro__}
+
+
+def hf_classifier(*names: str) -> Matcher:
+    """A matcher of the Hugging Face classifier classes called ``names`` (or their subclasses)."""
+    return lambda model: bool(class_names(model) & set(names)) and "PreTrainedModel" in class_names(model)
 
 
 def _is_hf_without_head(model: nn.Module) -> bool:
@@ -60,41 +110,67 @@ def _no_head_error(backbone: nn.Module) -> TypeError:
 
 
 def builtin_adapter_classes() -> list[type[BackboneAdapter]]:
-    """The built-in adapter classes, in the order they are tried."""
-    return [cls for _, _, cls in _BUILTIN]
+    """The built-in adapter classes, in the order they registered."""
+    return [e.adapter_cls for e in _BUILTIN]
 
 
 def supported() -> str:
-    """The built-in families, in words."""
-    return "; ".join(cls.family for _, _, cls in _BUILTIN)
+    """The built-in families, in words, with their names."""
+    return "; ".join(f"{e.adapter_cls.family} ({e.name!r})" for e in _BUILTIN)
+
+
+def _kind(backbone: nn.Module) -> str:
+    model_type = getattr(getattr(backbone, "config", None), "model_type", None)
+    return type(backbone).__name__ + (f" (Hugging Face model_type {model_type!r})" if model_type else "")
 
 
 def find_adapter_class(backbone: nn.Module) -> type[BackboneAdapter]:
-    """The adapter class :func:`get_adapter` would use for ``backbone`` (registered ones first).
+    """The adapter class :func:`get_adapter` would use for ``backbone`` (module docstring).
 
-    Raises ``TypeError`` naming the backbone's type (and Hugging Face ``model_type``) and the
-    supported families when no adapter matches.
+    Raises ``TypeError`` naming the backbone's type (and Hugging Face ``model_type``) and the candidates
+    when no family matches it, or when two specific families do.
     """
     if not isinstance(backbone, nn.Module):
         raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
-    for matcher, adapter_cls in _REGISTERED:
-        if matcher(backbone):
-            return adapter_cls
+    for entry in _REGISTERED:
+        if entry.matcher(backbone):
+            return entry.adapter_cls
     if _is_hf_without_head(backbone):
         raise _no_head_error(backbone)
-    for _, matcher, adapter_cls in _BUILTIN:
-        if matcher(backbone):
-            return adapter_cls
-    model_type = getattr(getattr(backbone, "config", None), "model_type", None)
-    kind = f"{type(backbone).__name__}" + (f" (Hugging Face model_type {model_type!r})" if model_type else "")
+    for generic in (False, True):
+        matches = [e for e in _BUILTIN if e.generic == generic and e.matcher(backbone)]
+        if len(matches) > 1:
+            names = ", ".join(repr(e.name) for e in matches)
+            raise TypeError(
+                f"backbone type {_kind(backbone)} matches several sopfast adapters ({names}); choose one with "
+                f"adapter=NAME (sopfast.SOP(backbone, adapter={matches[0].name!r}))"
+            )
+        if matches:
+            return matches[0].adapter_cls
     raise TypeError(
-        f"no sopfast adapter for backbone type {kind}: supported are {supported()}. For another model, "
+        f"no sopfast adapter for backbone type {_kind(backbone)}: supported are {supported()}. For another model, "
         "subclass sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
         "or register it with sopfast.adapters.register_adapter."
     )
 
 
-def get_adapter(backbone: nn.Module, **kwargs) -> BackboneAdapter:
-    """The adapter for ``backbone`` (``kwargs`` go to its constructor, e.g. ``feature_layer`` for CNNs)."""
-    adapter_cls = find_adapter_class(backbone)
-    return adapter_cls(backbone, **kwargs) if kwargs else adapter_cls(backbone)
+def get_adapter(backbone: nn.Module, adapter: str | None = None, **kwargs: Any) -> BackboneAdapter:
+    """The adapter for ``backbone``: the one called ``adapter`` (:func:`list_adapters`), else the one it
+    matches (:func:`find_adapter_class`); ``kwargs`` go to its constructor (``feature_layer`` for CNNs)."""
+    if adapter is None:
+        adapter_cls = find_adapter_class(backbone)
+        return adapter_cls(backbone, **kwargs)
+    if not isinstance(adapter, str):
+        raise TypeError(
+            f"adapter must be a BackboneAdapter, the name of one ({', '.join(list_adapters())}) or None, "
+            f"got {type(adapter).__name__}"
+        )
+    adapter_cls = adapter_class(adapter)
+    try:
+        return adapter_cls(backbone, **kwargs)
+    except (AttributeError, KeyError) as err:
+        fitting = [e.name for e in _REGISTERED + _BUILTIN if e.matcher(backbone)]
+        raise ValueError(
+            f"adapter={adapter!r} ({adapter_cls.family}) cannot run backbone {_kind(backbone)}: {err}; adapters "
+            f"that match it: {', '.join(fitting) or 'none'}"
+        ) from err

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import AdapterHookMissing, freeze_
+from .flops import TransformerSize
 from .registry import builtin_adapter, class_names
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
@@ -23,7 +24,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
     return "VisionTransformer" in class_names(model) and type(model).__module__.startswith("timm")
 
 
-@builtin_adapter(_is_timm_vit)
+@builtin_adapter("timm-vit", _is_timm_vit)
 class TimmViTAdapter(PatchGridAdapter):
     """timm ViT: patches are the features; keys are the pre-norm CLS state (mean patch state
     for average-pooled models without a class token)."""
@@ -41,7 +42,7 @@ class TimmViTAdapter(PatchGridAdapter):
         self.grid = _pair(pe.grid_size)
         self.patch_size = _pair(pe.patch_size)
         self.channels = int(pe.proj.in_channels)
-        self.prefix = int(self.backbone.num_prefix_tokens)
+        self.prefix = self.num_prefix_tokens = int(self.backbone.num_prefix_tokens)
 
     @classmethod
     def constructor_options(cls, probe: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -58,6 +59,10 @@ class TimmViTAdapter(PatchGridAdapter):
     @property
     def embed_dim(self) -> int:
         return int(self.backbone.embed_dim)
+
+    def transformer_size(self) -> TransformerSize:
+        blocks = self.backbone.blocks
+        return TransformerSize(self.embed_dim, len(blocks), int(blocks[0].mlp.fc1.out_features))
 
     def make_projection(self) -> nn.Module:
         projection: Any = super().make_projection()

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import freeze_
+from .flops import TransformerSize
 from .registry import builtin_adapter, class_names
 from .vit_common import PatchGridAdapter, run_vit_groups_drop, run_vit_groups_exact, run_vit_groups_exact_pixels
 
@@ -21,11 +22,12 @@ def _is_torchvision_vit(model: nn.Module) -> bool:
     return "VisionTransformer" in class_names(model) and type(model).__module__.startswith("torchvision")
 
 
-@builtin_adapter(_is_torchvision_vit)
+@builtin_adapter("torchvision-vit", _is_torchvision_vit)
 class TorchvisionViTAdapter(PatchGridAdapter):
     """torchvision ViT: patches are the features; keys are the class token's pre-LayerNorm state."""
 
     family = "torchvision VisionTransformer (vit_b_16, ...)"
+    num_prefix_tokens = 1
 
     def __init__(self, backbone: nn.Module):
         super().__init__(backbone)
@@ -53,6 +55,9 @@ class TorchvisionViTAdapter(PatchGridAdapter):
     @property
     def embed_dim(self) -> int:
         return int(self.backbone.hidden_dim)
+
+    def transformer_size(self) -> TransformerSize:
+        return TransformerSize(self.embed_dim, len(self.backbone.encoder.layers), int(self.backbone.mlp_dim))
 
     def make_projection(self) -> nn.Module:
         projection: Any = super().make_projection()

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..defaults import HOLDOUT, MAX_LENGTH
 from .options import add_api_options
 from .parser import CLIError, fraction, int_at_least, key_value, positive_float
 
@@ -88,8 +89,8 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--holdout",
         type=fraction,
-        default=0.1,
-        help="fraction held out for validation/test when the data has one split (default 0.1)",
+        default=HOLDOUT,
+        help=f"fraction held out for validation/test when the data has one split (default {HOLDOUT})",
     )
     d.add_argument(
         "--image-size",
@@ -103,7 +104,9 @@ def add_data(p: argparse.ArgumentParser) -> None:
 
     d.add_argument("--image-mean", type=finite_float, nargs="+", default=None, help="override the normalisation mean")
     d.add_argument("--image-std", type=positive_float, nargs="+", default=None, help="override the normalisation std")
-    d.add_argument("--max-length", type=int_at_least(2), default=None, help="max tokens per text (default 128)")
+    d.add_argument(
+        "--max-length", type=int_at_least(2), default=None, help=f"max tokens per text (default {MAX_LENGTH})"
+    )
     d.add_argument(
         "--object-masks",
         default=None,

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..defaults import MAX_LENGTH
+
 # more than this share of a text's tokens being the unknown token means the tokenizer does not fit
 UNKNOWN_SHARE = 0.5
 logger = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class TextDataset(torch.utils.data.Dataset):
         texts: Sequence[str],
         labels: Sequence[int] | torch.Tensor,
         pairs: Sequence[str] | None = None,
-        max_length: int = 128,
+        max_length: int = MAX_LENGTH,
         padding: str = "longest",
         classes: Sequence[str] | None = None,
     ) -> TextDataset:

@@ -14,6 +14,7 @@ import torch
 from ..adapters.base import BackboneAdapter
 from ..adapters.preprocessing import preprocessing_for
 from ..adapters.sources import Backbone
+from ..defaults import HOLDOUT
 from .batches import parse_batch
 from .builtin import BUILTIN
 from .object_masks import ObjectMasks
@@ -34,7 +35,7 @@ class DataOptions:
     train_split: str | None = None
     val_split: str | None = None
     split: str | None = None
-    holdout: float | None = 0.1
+    holdout: float | None = HOLDOUT
     image_size: Sequence[int] | None = None
     image_mean: Sequence[float] | None = None
     image_std: Sequence[float] | None = None

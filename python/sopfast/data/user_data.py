@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ..adapters.preprocessing import Preprocessing
+from ..defaults import HOLDOUT
 from .datasets import ImageDataset, TextDataset
 from .object_masks import ObjectMasks
 
@@ -91,7 +92,7 @@ class Source:
     base_dir: str = ""
 
     def resolve(
-        self, role: str, name: str | None = None, holdout: float | None = 0.1, label: str = "label"
+        self, role: str, name: str | None = None, holdout: float | None = HOLDOUT, label: str = "label"
     ) -> tuple[str, Any]:
         """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) and a line naming it: ``name`` if
         given, else the source's own split, else the held-out part of a single split (stratified by the
@@ -415,7 +416,7 @@ def load_split(
     *,
     columns: Columns | None = None,
     split: str | None = None,
-    holdout: float | None = 0.1,
+    holdout: float | None = HOLDOUT,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:

@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
-from ..benchmark import compare_modes, format_table, ideal_drop_ratio
+from ..benchmark import compare_modes, format_table
 from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
 from ..data.datasets import TextDataset
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..model.sop import SOP
-from ..ops import num_kept
 
 # Test inputs the demo's comparison covers (every baseline runs insertion and deletion on each; the
 # text baselines are slower per input). bench/quality/compare.py makes the same table for any count.
@@ -171,12 +170,7 @@ def _sop_accuracy(model: SOP, batches: list[Batch], mode: str) -> tuple[float, f
 
 def _epoch_times(model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int) -> tuple[dict, str]:
     results = compare_modes(model, (x,), y, train=True, repeats=7, warmup=1)
-    cfg: Any = model.backbone.config  # an HF config, read by attribute name
-    d = model.adapter.num_features(model.prepare(x))
-    kept = num_kept(model.tau, d) + 1  # the model's k, plus CLS
-    ideal = ideal_drop_ratio(
-        d + 1, kept, model.num_groups, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, train=True
-    )
+    ideal = model.adapter.drop_flop_ratio(model.prepare(x), model.tau, model.num_groups, train=True)
     model.train()
     return {r.name: r.seconds * steps_per_epoch for r in results}, format_table(results, ideal)
 

@@ -39,7 +39,7 @@ from ..types import FeatureInputs
 from . import metrics as M
 from .baselines import available_baselines, make_baseline
 from .methods import Method, SOPMethod
-from .registry import REGISTRY, Plan, Step, feature_ground_truth
+from .registry import REGISTRY, Plan, Step, feature_ground_truth, metric_names
 from .tables import Results, format_table
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ GROUP_COUNTS = (1, 2, 5, 10, 20)
 # the paper's accuracy curves: inference sparsities × group counts
 CURVE_TAUS = (0.05, 0.1, 0.2, 0.4)
 CURVE_COUNTS = (1, 3, 5, 20)
-#: The registered metric names (:mod:`sopfast.evaluation.registry`), as of import.
-METRICS = tuple(REGISTRY)
 
 
 # -- batches --------------------------------------------------------------------------------
@@ -80,7 +78,7 @@ def check_metrics(metrics: Iterable[str] | str | None, task: str, has_ground_tru
     if isinstance(metrics, str):
         metrics = [metrics]
     metrics = list(metrics)
-    allowed = tuple(REGISTRY)
+    allowed = metric_names()
     if not metrics:
         raise ValueError(f"metrics must name at least one metric; allowed: {allowed}")
     for name in metrics:
@@ -216,7 +214,7 @@ def evaluate(
     Args:
         model: a :class:`sopfast.SOP` (put in eval mode for the run, restored after).
         loader: batches in a format of this module's docstring.
-        metrics: names of registered metrics (:data:`METRICS`, :mod:`sopfast.evaluation.registry`);
+        metrics: names of registered metrics (:func:`~sopfast.evaluation.registry.metric_names`);
             ``None``: accuracy (MSE for regression), fidelity, insertion, deletion, sparsity (+ iou,
             coverage when ``ground_truth_key`` is given).
         mode: ``"exact"`` / ``"drop"`` group execution (default: the model's).
@@ -323,7 +321,6 @@ def _run(model, loader, methods, kept, plan: Plan, ground_truth_key, device, pro
 
 __all__ = [
     "GROUP_COUNTS",
-    "METRICS",
     "TAUS",
     "check_group_counts",
     "check_metrics",
@@ -331,5 +328,6 @@ __all__ = [
     "evaluate",
     "feature_ground_truth",
     "format_table",
+    "metric_names",
     "step_taus",
 ]

@@ -144,6 +144,11 @@ def register_metric(metric: Metric) -> Metric:
     return metric
 
 
+def metric_names() -> tuple[str, ...]:
+    """The names of the registered metrics, now (those added with :func:`register_metric` too)."""
+    return tuple(REGISTRY)
+
+
 def _mean(name: str) -> Callable[[dict[str, torch.Tensor], Plan, Any], dict[str, Any]]:
     return lambda kept, plan, model: {name: float(kept[name].nanmean())}
 

@@ -20,12 +20,13 @@ keys (absent ones take ``SOPConfig``'s defaults, as their class does), ``id2labe
 entry.  Their ``SOP.save`` (``save_to_json`` + ``model.pt``) and training checkpoints
 (``checkpoint.pth``, weights under ``"model"``) load too.
 
-Names written by transformers 4.x (``vit.encoder.layer.N.attention.attention.query`` …) are
-mapped to the installed layout.  ``projected_input_scale`` ``s`` multiplies both keys and queries
-in the authors' generator, so it is folded into γ as ``γ·s²``.  :class:`AuthorsCheckpoint` reads it and
-:meth:`sopfast.SOP.from_authors` builds the equivalent :class:`sopfast.SOP` (``ties="authors"``,
-``mode="exact"`` unless overridden);
-``sopfast convert`` writes it in sopfast's own format.
+Names written by another version of the backbone's library (transformers 4.x's
+``vit.encoder.layer.N.attention.attention.query`` …) are mapped to the installed layout by the backbone's
+adapter (:meth:`sopfast.adapters.BackboneAdapter.weight_name`).  ``projected_input_scale`` ``s``
+multiplies both keys and queries in the authors' generator, so it is folded into γ as ``γ·s²``.
+:class:`AuthorsCheckpoint` reads it and :meth:`sopfast.SOP.from_authors` builds the equivalent
+:class:`sopfast.SOP` (``ties="authors"``, ``mode="exact"`` unless overridden); ``sopfast convert`` writes
+it in sopfast's own format.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..adapters import BackboneAdapter, find_adapter_class
 from .checkpoint import load_trainable_state_dict
 
 CONFIG_FILE = "config.json"
@@ -53,29 +56,10 @@ CLASS_WEIGHTS = "class_weights"
 PROJECTION, BLACKBOX = "projection.", "blackbox_model."
 # Buffers older transformers saved that hold no weights (recomputed by the model).
 _IGNORED_BUFFERS = re.compile(r"(^|\.)position_ids$")
-# transformers 4.x names of HF ViT weights → the 5.x layout (order matters: the attention output first).
-_HF_VIT_LEGACY = (
-    (re.compile(r"\.encoder\.layer\.(\d+)\."), r".layers.\1."),
-    (re.compile(r"\.attention\.attention\.(query|key|value)\."), None),
-    (re.compile(r"\.attention\.output\.dense\."), ".attention.o_proj."),
-    (re.compile(r"\.intermediate\.dense\."), ".mlp.fc1."),
-    (re.compile(r"\.output\.dense\."), ".mlp.fc2."),
-)
-_QKV = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
 
 
 class AuthorsCheckpointError(ValueError):
     """The directory is not a usable authors' SOP checkpoint for this backbone."""
-
-
-def _hf_vit_legacy_name(name: str) -> str:
-    """``name`` (transformers 4.x ViT layout) in the 5.x layout; other names pass unchanged."""
-    for pattern, replacement in _HF_VIT_LEGACY:
-        if replacement is None:
-            name = pattern.sub(lambda m: f".attention.{_QKV[m.group(1)]}.", name)
-        else:
-            name = pattern.sub(replacement, name)
-    return name
 
 
 # The authors' ``SOPConfig`` constructor defaults (exlib ``src/exlib/modules/sop.py``).  Their
@@ -202,25 +186,29 @@ def read_authors_weights(directory: Path) -> dict[str, torch.Tensor]:
     raise AuthorsCheckpointError(f"no weights in {directory}: expected one of {list(WEIGHT_FILES + INDEX_FILES)}")
 
 
-def _backbone_name(key: str, names: set[str]) -> str | None:
-    """The backbone state-dict name that ``key`` (wrapper prefixes, maybe 4.x names) stands for."""
+Renamer = Callable[[str], str]
+
+
+def _backbone_name(key: str, names: set[str], rename: Renamer) -> str | None:
+    """The backbone state-dict name that ``key`` (wrapper prefixes, maybe another version's names, which
+    ``rename`` maps) stands for."""
     parts = key.split(".")
     for start in range(len(parts)):
         candidate = ".".join(parts[start:])
-        for name in (candidate, _hf_vit_legacy_name(candidate)):
+        for name in (candidate, rename(candidate)):
             if name in names:
                 return name
     return None
 
 
-def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module) -> None:
+def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module, rename: Renamer) -> None:
     """The checkpoint's ``blackbox_model`` must be ``backbone``, tensor for tensor."""
     reference = backbone.state_dict()
     covered: set[str] = set()
     for key, tensor in weights.items():
         if not key.startswith(BLACKBOX) or _IGNORED_BUFFERS.search(key):
             continue
-        name = _backbone_name(key[len(BLACKBOX) :], set(reference))
+        name = _backbone_name(key[len(BLACKBOX) :], set(reference), rename)
         if name is None:
             raise AuthorsCheckpointError(f"the checkpoint's backbone has a weight {key!r} the given backbone lacks")
         expected = reference[name]
@@ -235,7 +223,9 @@ def _check_blackbox(weights: dict[str, torch.Tensor], backbone: nn.Module) -> No
         raise AuthorsCheckpointError(f"the checkpoint's blackbox_model lacks backbone weights {missing[:5]}")
 
 
-def _projection_state(weights: dict[str, torch.Tensor], backbone: nn.Module, source: str) -> dict[str, torch.Tensor]:
+def _projection_state(
+    weights: dict[str, torch.Tensor], backbone: nn.Module, source: str, rename: Renamer
+) -> dict[str, torch.Tensor]:
     """sopfast ``projection.*`` entries from the checkpoint's trainable backbone copy."""
     names = set(backbone.state_dict())
     prefix = f"{source}." if source else ""
@@ -243,7 +233,7 @@ def _projection_state(weights: dict[str, torch.Tensor], backbone: nn.Module, sou
     for key, tensor in weights.items():
         if not key.startswith(PROJECTION) or _IGNORED_BUFFERS.search(key):
             continue
-        name = _backbone_name(key[len(PROJECTION) :], names)
+        name = _backbone_name(key[len(PROJECTION) :], names, rename)
         if name is None:
             raise AuthorsCheckpointError(f"the checkpoint's projection has a weight {key!r} the backbone lacks")
         if name.startswith(prefix):
@@ -342,7 +332,11 @@ class AuthorsCheckpoint:
         self.config = read_authors_config(self.directory)
         self.weights = read_authors_weights(self.directory)
         self.backbone = backbone
-        _check_blackbox(self.weights, backbone)
+        try:
+            self.rename: Renamer = find_adapter_class(backbone).weight_name
+        except TypeError:  # no family of sopfast's: the names must be the installed ones
+            self.rename = BackboneAdapter.weight_name
+        _check_blackbox(self.weights, backbone, self.rename)
         self.options = sop_options(self.config)
 
     def load_into(self, model: Any) -> None:
@@ -359,7 +353,7 @@ class AuthorsCheckpoint:
         embed_dim = model.adapter.embed_dim
         num_labels = resolve_num_labels(self.config, self.weights, self.directory)
         state = {
-            **_projection_state(self.weights, self.backbone, model.adapter.projection_source),
+            **_projection_state(self.weights, self.backbone, model.adapter.projection_source, self.rename),
             **_head_weights(self.weights, model.generator.num_heads, embed_dim),
             **_selector_weights(self.weights, embed_dim, num_labels),
         }

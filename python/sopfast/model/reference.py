@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import num_kept
+from ..ops.counts import canonical_for_sort
 from ..ops.sparsemax import sparsemax_reference
 from ..types import FeatureInputs
 from .output import SOPOutput
@@ -79,9 +80,16 @@ def _select_rows(model: SOP, attn: torch.Tensor, valid: torch.Tensor, m: int) ->
 
 
 def _authors_order(a: torch.Tensor, deletion: bool) -> torch.Tensor:
-    """The authors' ranking of attention rows ``a [m, d]``: ascending sort, flipped unless deleting."""
-    order = torch.sort(a, dim=-1, stable=True).indices
+    """The authors' ranking of attention rows ``a [m, d]``: ascending sort, flipped unless deleting (NaN
+    ranked alike on every device: :func:`sopfast.ops.counts.canonical_for_sort`)."""
+    order = torch.sort(canonical_for_sort(a), dim=-1, stable=True).indices
     return order if deletion else order.flip(-1)
+
+
+def _logits_order(s: torch.Tensor, deletion: bool) -> torch.Tensor:
+    """The ranking of blurred logit rows ``s [m, d]`` for ``ties="logits"``: a stable sort, descending
+    unless deleting."""
+    return torch.sort(canonical_for_sort(s), dim=-1, descending=not deletion, stable=True).indices
 
 
 def _binarise(model: SOP, a: torch.Tensor, s: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
@@ -95,7 +103,7 @@ def _binarise(model: SOP, a: torch.Tensor, s: torch.Tensor, valid: torch.Tensor,
             order = _authors_order(a[b].masked_fill(~valid[b], 2.0 if model.deletion else -1.0), model.deletion)
         else:
             scores = s[b].masked_fill(~valid[b], float("inf") if model.deletion else float("-inf"))
-            order = torch.sort(scores, dim=-1, descending=not model.deletion, stable=True).indices
+            order = _logits_order(scores, model.deletion)
         masks[b].scatter_(-1, order[:, :k], True)
     return masks
 

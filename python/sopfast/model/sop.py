@@ -22,7 +22,7 @@ from .generator import GroupGenerator, check_candidates, check_finite_lam
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
-from .recipes import DEFAULT_RECIPE, RecipeName, check_options, get_recipe, resolve_options
+from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, get_recipe, resolve_options
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
@@ -37,9 +37,10 @@ class SOP(nn.Module):
     """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md).
 
     Args:
-        backbone: HF ``ViTForImageClassification`` / ``BertForSequenceClassification``, timm or
-            torchvision ``VisionTransformer``, or a CNN (give ``feature_layer=``); others via
-            ``adapter=``.  A :func:`sopfast.adapters.load_backbone` record also tells where it came
+        backbone: a Hugging Face image or text classifier of a family sopfast knows (ViT, DeiT, BEiT,
+            DINOv2, Swin, ResNet, ConvNeXt; BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA,
+            DeBERTa-v2), timm or torchvision ``VisionTransformer``, or a CNN (give ``feature_layer=``);
+            others via ``adapter=``.  A :func:`sopfast.adapters.load_backbone` record also tells where it came
             from (saved with the model).
         num_groups: ``m``, groups per input.
         tau: fraction of features per group, ``k = max(1, floor(τ·d))``; changeable later
@@ -97,7 +98,9 @@ class SOP(nn.Module):
             forward); ``None`` turns it on where the adapter supports it (ViT, BERT).
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
-        adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone.
+        adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone, or the name of
+            one (:func:`sopfast.adapters.list_adapters`, e.g. ``"hf-deit"``; saved with the model); ``None``
+            finds the backbone's family.
         **adapter_kwargs: passed to the adapter (``feature_layer``, ``classifier`` for CNNs).
     """
 
@@ -132,7 +135,7 @@ class SOP(nn.Module):
         checkpoint_projection: bool | None = None,
         task: Literal["classification", "regression"] = "classification",
         class_weights: torch.Tensor | None = None,
-        adapter: BackboneAdapter | None = None,
+        adapter: BackboneAdapter | str | None = None,
         **adapter_kwargs,
     ):
         super().__init__()
@@ -152,21 +155,13 @@ class SOP(nn.Module):
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
-        self.adapter = adapter if adapter is not None else get_adapter(backbone, **adapter_kwargs)
-        given = {
-            "group_gen_scale": group_gen_scale,
-            "center_embeddings": center_embeddings,
-            "queries": queries,
-            "normalize_logits": normalize_logits,
-            "diversity_weight": diversity_weight,
-            "saliency_weight": saliency_weight,
-            "saliency_loss": saliency_loss,
-            "saliency_levels": saliency_levels,
-            "key_score": key_score,
-            "unit_lambda": unit_lambda,
-            "demote_blank": demote_blank,
-            "keep_special_tokens": keep_special_tokens,
-        }
+        if isinstance(adapter, BackboneAdapter):
+            self.adapter = adapter
+        else:
+            self.adapter = get_adapter(backbone, adapter, **adapter_kwargs)
+        # the recipe options, as given (None: from the recipe); the signature is their one list
+        arguments = locals()
+        given = {name: arguments[name] for name in RECIPE_OPTIONS}
         options = check_options(resolve_options(self.recipe, given, self.adapter), self.adapter)
         self.diversity_weight, self.saliency_weight = options["diversity_weight"], options["saliency_weight"]
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
@@ -209,6 +204,7 @@ class SOP(nn.Module):
                 "group_batch_size": group_batch_size,
                 "checkpoint_projection": checkpoint_projection,
                 "task": task,
+                **({"adapter": adapter} if isinstance(adapter, str) else {}),
                 **adapter_kwargs,
             }
         )

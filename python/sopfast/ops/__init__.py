@@ -1,7 +1,11 @@
-"""Fused SOP ops, each a ``torch.autograd.Function`` over ``torch.library`` custom ops with one
-dispatcher (CUDA → Triton or CUDA C++, CPU → C++, otherwise the PyTorch reference; override
-with :func:`use_backend` or ``SOPFAST_BACKEND``)."""
+"""Fused SOP ops, each ``torch.ops.sopfast.<op>`` in PyTorch's dispatcher (schema once, a kernel per
+device: CPU → C++, CUDA → Triton or CUDA C++, otherwise the PyTorch reference; autograd once, in
+C++; fake kernels for ``torch.compile``), behind checked Python functions; override the kernels
+with :func:`use_backend` or ``SOPFAST_BACKEND`` (see :mod:`sopfast.ops._backends`)."""
 
+import warnings
+
+from . import _backends
 from ._backends import available_backends, backends, select_backend, use_backend
 from .blur import gaussian_kernel1d
 from .counts import num_kept
@@ -9,6 +13,11 @@ from .gather_tokens import gather_tokens, gather_tokens_backward_reference, gath
 from .group_select import aggregate, aggregate_reference, group_select, group_select_reference
 from .sparsemax import sparsemax, sparsemax_backward_reference, sparsemax_reference
 from .top_tau import TopTauResult, top_tau, top_tau_backward_reference, top_tau_reference
+
+try:  # SOPFAST_BACKEND, once every op is registered
+    _backends.sync_environment()
+except (ValueError, RuntimeError) as error:  # raised again where the override is read (backends(), use_backend)
+    warnings.warn(f"sopfast: {error}; the default kernels run", RuntimeWarning, stacklevel=2)
 
 __all__ = [
     "TopTauResult",

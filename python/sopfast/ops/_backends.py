@@ -1,31 +1,42 @@
-"""Backend discovery, selection and the registry of the fused ops.
+"""The fused ops in PyTorch's dispatcher, and the backends that implement them.
 
-Every op (``"sparsemax_forward"``, ``"top_tau_backward"``, …) has up to four implementations,
-found by one regular name (:data:`IMPLEMENTATIONS`, the one place that maps them):
+Every op — ``sparsemax``, ``top_tau``, ``gather_tokens`` and their ``*_backward``, and the composites
+``group_select`` and ``aggregate`` — is ``torch.ops.sopfast.<op>``, callable from Python, C++ or a
+compiled graph.  :class:`Op` declares a fused op's schema once; its kernels are registered per
+dispatch key, and the dispatcher chooses:
 
-* ``torch``  – the pure-PyTorch reference given to :class:`Op` (always available, the oracle),
-* ``cpp``    – ``sopfast._C.<op>_cpu``, the C++ CPU kernel of the compiled extension,
-* ``cuda``   – ``sopfast._C.<op>_cuda``, the CUDA C++ kernel (built only against a CUDA torch),
-* ``triton`` – ``sop_kernels.<op>``, the Triton kernel (CUDA tensors, or the interpreter).
+* ``CPU`` — the C++ kernel of the compiled extension (``csrc/registration.cpp``);
+* ``CUDA`` — the Triton kernel (``sop_kernels``) when Triton can run on a GPU, else the CUDA C++
+  kernel of a CUDA build of the extension (``csrc/registration.cpp``), else the reference;
+* ``Autograd`` — once for every device, in C++ (``csrc/autograd.cpp``);
+* ``Meta`` and fake tensors — the output shapes (``torch.compile``, meta tensors);
+* any other device — the pure-PyTorch reference (``CompositeExplicitAutograd``).
 
-All four take the same arguments.  :func:`select_backend` picks one for a tensor: CUDA tensors →
-``triton`` (else ``cuda``), CPU tensors → ``cpp``, anything else → ``torch``.
-:func:`use_backend` (a context manager) or the environment variable
-``SOPFAST_BACKEND=torch|cpp|triton|cuda`` overrides the choice, the context manager first (an
-unavailable backend is an error, never a silent fallback).
+Without the extension (``SOPFAST_NO_EXTENSION=1``) every op is its differentiable reference
+(``CompositeImplicitAutograd``), with one warning.
+
+Each op has up to four implementations, found by one regular name (:meth:`Op.implementation`):
+``torch`` (the reference, the oracle), ``cpp`` (``sopfast._C.<kernel>_cpu``), ``cuda``
+(``sopfast._C.<kernel>_cuda``) and ``triton`` (``sop_kernels.<kernel>``, on CUDA tensors or in
+Triton's interpreter), where ``<kernel>`` is ``<op>_forward`` or ``<op>_backward``.
+
+For tests and benchmarks, :func:`use_backend` (a context manager) or the environment variable
+``SOPFAST_BACKEND=torch|cpp|triton|cuda`` registers one backend's implementations for CPU and CUDA
+tensors on top of the defaults while it holds — process-wide, the context manager over the variable;
+an unavailable backend is an error, never a silent fallback.  The variable is read when ``sopfast``
+is imported and again by :func:`use_backend`, :func:`backends`, :func:`select_backend` and
+:func:`sync_environment` (the public ops do not read it: a call costs a few µs).
 
 Triton stays ahead of a built CUDA extension on CUDA tensors (decided in issue #24): the Triton
-kernels cover every row length and ran on an H200 (``bench/RESULTS.md`` §3), while no GPU run of
-the CUDA kernels is recorded yet — they are checked by nvcc and, through their per-row code
-(``csrc/team_rows.h``), by host-thread tests against the CPU kernels.  Building them now costs about
-a minute (one architecture), and ``SOPFAST_BACKEND=cuda`` selects them; the default should move to
-``cuda`` once ``bench/gpu_report.py`` has passed on a GPU with them ahead in its timings.
+kernels cover every row length and ran on an H200, while the CUDA kernels are checked by nvcc and,
+through their per-row code (``csrc/team_rows.h``), by host-thread tests against the CPU kernels.
+``SOPFAST_BACKEND=cuda`` selects them; the default should move to ``cuda`` once a GPU run has
+passed with them ahead in its timings.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib
 import os
 import warnings
@@ -37,26 +48,31 @@ from typing import Any
 import torch
 
 BACKENDS = ("torch", "cpp", "triton", "cuda")
-_warned = False
-_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("sopfast_backend", default=None)
+NAMESPACE = "sopfast"
 
 
-@cache
-def native_extension() -> ModuleType | None:
-    """The compiled ``sopfast._C`` module, or ``None`` when it is not built."""
+def _load_extension() -> ModuleType | None:
     try:
         return importlib.import_module("sopfast._C")
     except ImportError:
         return None
 
 
+# loaded with the package: importing it registers the C++ kernels and the autograd
+_EXTENSION = _load_extension()
+
+
+def native_extension() -> ModuleType | None:
+    """The compiled ``sopfast._C`` module, or ``None`` when it is not built."""
+    return _EXTENSION
+
+
 def has_cpp() -> bool:
-    return native_extension() is not None
+    return _EXTENSION is not None
 
 
 def has_cuda_kernels() -> bool:
-    ext = native_extension()
-    return bool(ext is not None and getattr(ext, "has_cuda", lambda: False)())
+    return bool(_EXTENSION is not None and _EXTENSION.has_cuda())
 
 
 def _triton_interpreting() -> bool:
@@ -75,18 +91,183 @@ def triton_kernels() -> ModuleType | None:
 
 
 def available_backends() -> dict[str, bool]:
-    """Which implementations can run on this machine."""
+    """Which implementations can run on this machine (the native ones need the extension, which holds
+    the autograd)."""
     return {
         "torch": True,
         "cpp": has_cpp(),
-        "triton": triton_kernels() is not None,
+        "triton": has_cpp() and triton_kernels() is not None,
         "cuda": has_cuda_kernels() and torch.cuda.is_available(),
     }
 
 
-def _warn_missing_extension() -> None:
+def default_backend(device_type: str) -> str:
+    """The implementation the dispatcher runs for tensors of ``device_type`` without an override."""
+    if not has_cpp():
+        return "torch"
+    if device_type == "cpu":
+        return "cpp"
+    if device_type == "cuda":
+        if torch.cuda.is_available() and triton_kernels() is not None:
+            return "triton"
+        return "cuda" if has_cuda_kernels() else "torch"
+    return "torch"
+
+
+def _runs_on(backend: str, device_type: str) -> bool:
+    if backend == "torch":
+        return True
+    if backend == "triton":
+        return device_type == "cuda" or _triton_interpreting()
+    return device_type == ("cpu" if backend == "cpp" else "cuda")
+
+
+class Op:
+    """One op of ``torch.ops.sopfast``: declares ``name`` + ``schema`` and registers its kernels.
+
+    ``reference`` is the pure-PyTorch implementation (the oracle and the ``torch`` backend), ``fake``
+    gives the output shapes, ``finish(args, outputs)`` (optional) applies the rows-without-a-result
+    rule to the Triton kernels' outputs (the C++ kernels apply it themselves), ``kernel`` names the
+    native implementations."""
+
+    def __init__(
+        self,
+        name: str,
+        schema: str,
+        kernel: str,
+        reference: Callable[..., Any],
+        fake: Callable[..., Any],
+        finish: Callable[[tuple, Any], Any] | None = None,
+    ) -> None:
+        if kernel in OPS:
+            raise ValueError(f"op {kernel!r} is already registered")
+        self.name, self.kernel, self.reference, self.finish = name, kernel, reference, finish
+        LIBRARY.define(name + schema)
+        if has_cpp():
+            # the fake first: it also becomes the Meta kernel, which the reference would otherwise fill
+            torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+            LIBRARY.impl(name, reference, "CompositeExplicitAutograd")
+            if default_backend("cuda") == "triton":
+                LIBRARY.impl(name, self.implementation("triton"), "CUDA")
+        else:
+            LIBRARY.impl(name, reference, "CompositeImplicitAutograd")
+        self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+        OPS[kernel] = self
+
+    def implementation(self, backend: str) -> Callable[..., Any]:
+        """The implementation on ``backend`` (one of :data:`BACKENDS`), called directly."""
+        if backend == "torch":
+            return self.reference
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton":
+            kernels = triton_kernels()
+            if kernels is None:
+                raise RuntimeError("backend 'triton' is not available here (it needs a GPU or TRITON_INTERPRET=1)")
+            kernel, finish = getattr(kernels, self.kernel), self.finish
+            return kernel if finish is None else lambda *args: finish(args, kernel(*args))
+        if _EXTENSION is None or (backend == "cuda" and not has_cuda_kernels()):
+            raise RuntimeError(f"backend {backend!r} is not available here (sopfast._C is not built with it)")
+        return getattr(_EXTENSION, f"{self.kernel}_{'cpu' if backend == 'cpp' else 'cuda'}")
+
+    def kernel_on(self, backend: str, device_type: str) -> Callable[..., Any]:
+        """What an override of ``backend`` registers for ``device_type``: the implementation, or an error."""
+        if _runs_on(backend, device_type):
+            return self.implementation(backend)
+
+        def refuse(*args: Any) -> Any:
+            needs = "CUDA" if backend in ("cuda", "triton") else "CPU"
+            raise RuntimeError(f"backend {backend!r} needs {needs} tensors, got {device_type} tensors")
+
+        return refuse
+
+
+def composite(name: str, schema: str, function: Callable[..., Any]) -> Any:
+    """Declares ``torch.ops.sopfast.<name>``, an op written in torch ops (and the ops above): one Python
+    implementation for every device, differentiated through (``CompositeImplicitAutograd``); returns its
+    overload."""
+    LIBRARY.define(name + schema)
+    LIBRARY.impl(name, function, "CompositeImplicitAutograd")
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+# the schemas of every op
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+# every op by kernel name (sparsemax_forward, ...)
+OPS: dict[str, Op] = {}
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def _check_backend_name(name: str, where: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"{where}={name!r} is not a backend; allowed: {', '.join(BACKENDS)}")
+    return name
+
+
+def _check_available(name: str) -> None:
+    available = available_backends()
+    if not available[name]:
+        raise RuntimeError(
+            f"backend {name!r} was requested but is not available here "
+            f"(available: {[k for k, v in available.items() if v]})"
+        )
+
+
+def _register(name: str, over_defaults: bool) -> torch.library.Library | None:
+    """Registers backend ``name``'s implementations for CPU and CUDA tensors; where it is the default
+    and nothing else is registered (``over_defaults`` False), the default kernel stays."""
+    if not has_cpp():
+        return None  # the references are all there is
+    library = torch.library.Library(NAMESPACE, "IMPL")
+    for device_type in ("cpu", "cuda"):
+        if over_defaults or name != default_backend(device_type):
+            for op in OPS.values():
+                library.impl(op.name, op.kernel_on(name, device_type), device_type.upper())
+    return library
+
+
+class _Overrides:
+    """The registered overrides: ``SOPFAST_BACKEND`` at the bottom, the open :func:`use_backend` blocks
+    above it, innermost on top."""
+
+    def __init__(self) -> None:
+        self.environment_value: str | None = None  # the variable as last applied (raw)
+        self.environment: str | None = None
+        self.stack: list[str] = []
+        self.libraries: list[torch.library.Library | None] = []
+
+    def rebuild(self) -> None:
+        for library in self.libraries:
+            if library is not None:
+                library._destroy()
+        names = ([self.environment] if self.environment else []) + self.stack
+        self.libraries = [_register(name, over_defaults=i > 0) for i, name in enumerate(names)]
+
+
+_overrides = _Overrides()
+_warned = False
+
+
+def sync_environment() -> None:
+    """Applies ``SOPFAST_BACKEND`` when it changed since it was last read."""
+    value = os.environ.get("SOPFAST_BACKEND", "")
+    if value == _overrides.environment_value:
+        return
+    name = value.strip().lower() or None
+    if name is not None:
+        _check_backend_name(name, "SOPFAST_BACKEND")
+        _check_available(name)
+    _overrides.environment_value, _overrides.environment = value, name
+    _overrides.rebuild()
+
+
+def check_extension() -> None:
+    """At every call of a public op: one warning, the first time, when the ops run their references for
+    want of the extension (cheap otherwise)."""
     global _warned
-    if not _warned:
+    if _EXTENSION is None and not _warned:
         _warned = True
         warnings.warn(
             "sopfast: the compiled extension sopfast._C is not available; ops use their "
@@ -97,114 +278,57 @@ def _warn_missing_extension() -> None:
         )
 
 
-def _check_backend_name(name: str, where: str) -> str:
-    if name not in BACKENDS:
-        raise ValueError(f"{where}={name!r} is not a backend; allowed: {', '.join(BACKENDS)}")
-    return name
-
-
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    """Run the ops inside the ``with`` block on backend ``name`` (``"torch"``, ``"cpp"``, ``"triton"`` or
-    ``"cuda"``), restoring the previous choice after; it wins over ``SOPFAST_BACKEND``.
+    """Run the ops on backend ``name`` (``"torch"``, ``"cpp"``, ``"triton"`` or ``"cuda"``) while the
+    ``with`` block is open (process-wide), restoring the previous choice after; it wins over
+    ``SOPFAST_BACKEND``.
 
     >>> with sopfast.ops.use_backend("torch"):
     ...     p = sopfast.ops.sparsemax(x)
     """
-    token = _forced.set(_check_backend_name(name, "backend"))
+    _check_backend_name(name, "backend")
+    _check_available(name)
+    sync_environment()
+    _overrides.stack.append(name)
+    _overrides.rebuild()
     try:
         yield
     finally:
-        _forced.reset(token)
+        _overrides.stack.pop()
+        _overrides.rebuild()
+
+
+def defaults_hold() -> bool:
+    """Whether the default kernels run (no override; the extension built): cheap, for the public ops."""
+    return _EXTENSION is not None and not _overrides.stack and _overrides.environment is None
 
 
 def requested_backend() -> str | None:
     """The backend forced by :func:`use_backend` or ``SOPFAST_BACKEND``, if any (validated)."""
-    forced = _forced.get()
-    if forced is not None:
-        return forced
-    name = os.environ.get("SOPFAST_BACKEND", "").strip().lower()
-    if not name:
-        return None
-    return _check_backend_name(name, "SOPFAST_BACKEND")
+    sync_environment()
+    if _overrides.stack:
+        return _overrides.stack[-1]
+    return _overrides.environment
 
 
 def select_backend(tensor: torch.Tensor) -> str:
-    """The implementation to run for ``tensor`` (see module docstring)."""
+    """The implementation the dispatcher runs for ``tensor``: the override, else the device's default."""
     forced = requested_backend()
-    if forced is not None:
-        if not available_backends()[forced]:
-            raise RuntimeError(
-                f"backend {forced!r} was requested but is not available here "
-                f"(available: {[k for k, v in available_backends().items() if v]})"
-            )
-        if (
-            forced in ("triton", "cuda")
-            and tensor.device.type != "cuda"
-            and not (forced == "triton" and _triton_interpreting())
-        ):
-            raise RuntimeError(f"backend {forced!r} needs CUDA tensors, got {tensor.device}")
-        if forced == "cpp" and tensor.device.type != "cpu":
-            raise RuntimeError(f"backend 'cpp' needs CPU tensors, got {tensor.device}")
-        return forced
-    if tensor.device.type == "cuda":
-        if triton_kernels() is not None:
-            return "triton"
-        if has_cuda_kernels():
-            return "cuda"
-        return "torch"
-    if tensor.device.type == "cpu":
-        if has_cpp():
-            return "cpp"
-        _warn_missing_extension()
-    return "torch"
+    if forced is None:
+        return default_backend(tensor.device.type)
+    if not _runs_on(forced, tensor.device.type):
+        needs = "CPU" if forced == "cpp" else "CUDA"
+        raise RuntimeError(f"backend {forced!r} needs {needs} tensors, got {tensor.device}")
+    return forced
 
 
 def backends() -> dict[str, object]:
-    """What is active: available implementations and the choice for CPU / CUDA tensors."""
-    avail = available_backends()
-    cpu_choice = "cpp" if avail["cpp"] else "torch"
-    cuda_choice = "triton" if avail["triton"] and torch.cuda.is_available() else ("cuda" if avail["cuda"] else "torch")
+    """What is active: available implementations and what runs for CPU / CUDA tensors."""
     forced = requested_backend()
     return {
-        "available": avail,
-        "cpu": forced or cpu_choice,
-        "cuda": forced or cuda_choice,
+        "available": available_backends(),
+        "cpu": forced or default_backend("cpu"),
+        "cuda": forced or default_backend("cuda"),
         "forced": forced,
     }
-
-
-# backend -> op name -> that backend's implementation of the op (the native modules load lazily)
-IMPLEMENTATIONS: dict[str, Callable[[str], Callable[..., Any]]] = {
-    "cpp": lambda op: getattr(native_extension(), f"{op}_cpu"),
-    "cuda": lambda op: getattr(native_extension(), f"{op}_cuda"),
-    "triton": lambda op: getattr(triton_kernels(), op),
-}
-
-
-class Op:
-    """One op's implementations, by backend: ``reference`` for ``torch``, the others by name
-    (:data:`IMPLEMENTATIONS`).  Calling it runs the backend :func:`select_backend` picks for the
-    first argument."""
-
-    def __init__(self, name: str, reference: Callable[..., Any]) -> None:
-        if name in OPS:
-            raise ValueError(f"op {name!r} is already registered")
-        self.name = name
-        self.reference = reference
-        OPS[name] = self
-
-    def implementation(self, backend: str) -> Callable[..., Any]:
-        """The implementation on ``backend`` (one of :data:`BACKENDS`)."""
-        if backend == "torch":
-            return self.reference
-        if backend not in IMPLEMENTATIONS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        return IMPLEMENTATIONS[backend](self.name)
-
-    def __call__(self, *args: Any) -> Any:
-        return self.implementation(select_backend(args[0]))(*args)
-
-
-# every registered op by name
-OPS: dict[str, Op] = {}

@@ -1,4 +1,5 @@
-"""How many features a group keeps, and which rows have no result: rules every op backend shares."""
+"""How many features a group keeps, which rows have no result, and how NaN ranks: rules every op
+backend shares."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from functools import lru_cache
 import torch
 
 
+@torch.compiler.assume_constant_result  # host arithmetic on constants: torch.compile takes its value
 def num_kept(tau: float, d: int) -> int:
     """``k = max(1, floor(tau · d))``: how many of ``d`` features a group keeps, computed exactly with
     ``tau`` read as the decimal it prints as (``0.29 · 100`` keeps 29, where floating point gives
@@ -33,3 +35,11 @@ def rows_without_result(logits: torch.Tensor, valid: torch.Tensor | None = None,
     if valid is not None:
         nan, above = nan & valid, above & valid
     return nan.any(dim=-1) | ~above.any(dim=-1)
+
+
+def canonical_for_sort(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every NaN the positive quiet NaN and ``−0`` as ``+0``, so that every sort ranks it alike:
+    the CPU's comparison sort ranks any NaN above ``+inf`` and ``−0 == +0``, while CUDA's radix sort
+    orders the raw bits (torch 2.11: rows up to 4,096 values), where a NaN with the sign bit set lies
+    below ``−inf``.  A sort of ``x`` needs this on every device to give one answer."""
+    return torch.where(torch.isnan(x), torch.full_like(x, float("nan")), x + 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_float, check_int, check_rank, check_same_device, check_tensor, check_values
+from ..checks import check_float, check_int, check_rank, check_same_device, check_values
 from . import _backends
 
 
@@ -50,65 +50,22 @@ def gather_tokens_backward_reference(
     return acc.to(grad.dtype)
 
 
-# the reference entries look the module's functions up at call time (tests replace them)
-_forward = _backends.Op("gather_tokens_forward", lambda *args: gather_tokens_reference(*args))
-_backward = _backends.Op("gather_tokens_backward", lambda *args: gather_tokens_backward_reference(*args))
-
-
-@torch.library.custom_op("sopfast::gather_tokens_forward", mutates_args=())
-def gather_tokens_forward(x: torch.Tensor, indices: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Gather on contiguous ``x [B, T, E]`` and int64 ``indices [B, m, k]`` on the active backend."""
-    return _forward(x, indices, prefix)
-
-
-@gather_tokens_forward.register_fake
-def _(x, indices, prefix):
-    b, m, k = indices.shape
-    return x.new_empty(b * m, prefix + k, x.shape[-1])
-
-
-@torch.library.custom_op("sopfast::gather_tokens_backward", mutates_args=())
-def gather_tokens_backward(grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int) -> torch.Tensor:
-    """Scatter-add backward on the active backend."""
-    return _backward(grad, indices, prefix, num_tokens)
-
-
-@gather_tokens_backward.register_fake
-def _(grad, indices, prefix, num_tokens):
-    b = indices.shape[0]
-    return grad.new_empty(b, num_tokens, grad.shape[-1])
-
-
-class GatherTokensBackwardFunction(torch.autograd.Function):
-    """The scatter-add as a differentiable function of the incoming gradient (adjoint: the gather)."""
-
-    @staticmethod
-    def forward(ctx, grad: torch.Tensor, indices: torch.Tensor, prefix: int, num_tokens: int) -> torch.Tensor:
-        ctx.save_for_backward(indices)
-        ctx.prefix = prefix
-        return torch.ops.sopfast.gather_tokens_backward(grad, indices, prefix, num_tokens)
-
-    @staticmethod
-    def backward(ctx, grad_grad: torch.Tensor):
-        (indices,) = ctx.saved_tensors
-        return torch.ops.sopfast.gather_tokens_forward(grad_grad.contiguous(), indices, ctx.prefix), None, None, None
-
-
-class GatherTokensFunction(torch.autograd.Function):
-    """Autograd wrapper over the gather / scatter-add custom ops."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, indices: torch.Tensor, prefix: int) -> torch.Tensor:
-        ctx.save_for_backward(indices)
-        ctx.prefix = prefix
-        ctx.num_tokens = x.shape[1]
-        return torch.ops.sopfast.gather_tokens_forward(x, indices, prefix)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (indices,) = ctx.saved_tensors
-        grad_x = GatherTokensBackwardFunction.apply(grad.contiguous(), indices, ctx.prefix, ctx.num_tokens)
-        return grad_x, None, None
+# torch.ops.sopfast.gather_tokens / gather_tokens_backward (int64 indices); the references look the
+# module's functions up at call time (tests replace them)
+_forward = _backends.Op(
+    "gather_tokens",
+    "(Tensor x, Tensor indices, int prefix) -> Tensor",
+    "gather_tokens_forward",
+    lambda *args: gather_tokens_reference(*args),
+    lambda x, indices, prefix: x.new_empty(indices.shape[0] * indices.shape[1], prefix + indices.shape[2], x.shape[-1]),
+).overload
+_backends.Op(
+    "gather_tokens_backward",
+    "(Tensor grad, Tensor indices, int prefix, int num_tokens) -> Tensor",
+    "gather_tokens_backward",
+    lambda *args: gather_tokens_backward_reference(*args),
+    lambda grad, indices, prefix, num_tokens: grad.new_empty(indices.shape[0], num_tokens, grad.shape[-1]),
+)
 
 
 def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
@@ -122,7 +79,7 @@ def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
-    """Gather each group's tokens.
+    """Gather each group's tokens (``torch.ops.sopfast.gather_tokens`` after the checks).
 
     Args:
         x: ``[B, T, E]`` token embeddings.
@@ -132,19 +89,22 @@ def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> to
     Returns:
         ``[B·m, prefix + k, E]`` in ``x``'s dtype.
     """
-    check_tensor("x", x)
+    _backends.check_extension()
     check_float("x", x)
     check_rank("x", x, 3, "[B, T, E]")
-    check_tensor("indices", indices)
     check_rank("indices", indices, 3, "[B, m, k]")
-    if indices.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
-    check_same_device(x=x, indices=indices)
+    if indices.dtype != torch.int64:
+        if indices.dtype != torch.int32:
+            raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
+        indices = indices.long()
+    if indices.device != x.device:
+        check_same_device(x=x, indices=indices)
     if indices.shape[0] != x.shape[0]:
         raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
-    prefix = check_int("prefix", prefix)
+    if type(prefix) is not int:
+        prefix = check_int("prefix", prefix)
     if not 0 <= prefix <= x.shape[1]:
         raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
-    if indices.numel():
-        _check_index_range(indices, x.shape[1])
-    return GatherTokensFunction.apply(x.contiguous(), indices.to(torch.int64).contiguous(), int(prefix))
+    if indices.numel() and not (x.device.type == "cpu" and _backends.defaults_hold()):
+        _check_index_range(indices, x.shape[1])  # the C++ CPU kernel checks them itself
+    return _forward(x, indices, prefix)

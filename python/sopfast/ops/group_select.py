@@ -1,4 +1,5 @@
-"""Group selector and aggregation (docs/method.md, steps 9–10).
+"""Group selector and aggregation (docs/method.md, steps 9–10), ``torch.ops.sopfast.group_select`` and
+``torch.ops.sopfast.aggregate`` (composites of torch ops and ``sparsemax``).
 
 ``c[b, :, :] = sparsemax_i(β · (C W_Qᵀ) (z[b] W_Kᵀ)ᵀ)`` over the ``m`` groups, per class, in
 fp32; ``ŷ[b, c] = Σ_i c[b, c, i] · λ[b, i] · y[b, i, c]``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_rank
+from . import _backends
 from .sparsemax import sparsemax, sparsemax_reference
 
 
@@ -35,8 +37,21 @@ def group_select(
         raise ValueError(
             f"class_queries hidden size {class_queries.shape[1]} does not match z hidden size {z.shape[2]}"
         )
+    return _group_select(class_queries, z, w_q, w_k, float(beta))
+
+
+def _group_select_composite(
+    class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
+) -> torch.Tensor:
     with torch.autocast(device_type=z.device.type, enabled=False):
         return sparsemax(_scores(class_queries, z, w_q, w_k, beta), dim=-1)
+
+
+_group_select = _backends.composite(
+    "group_select",
+    "(Tensor class_queries, Tensor z, Tensor w_q, Tensor w_k, float beta) -> Tensor",
+    _group_select_composite,
+)
 
 
 def aggregate_reference(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -58,5 +73,12 @@ def aggregate(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tens
             f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
             f"y {tuple(y.shape)} [B, m, Cls]"
         )
+    return _aggregate(c, lam, y)
+
+
+def _aggregate_composite(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     with torch.autocast(device_type=c.device.type, enabled=False):
         return torch.einsum("bcm,bm,bmc->bc", c.float(), lam.float(), y.float())
+
+
+_aggregate = _backends.composite("aggregate", "(Tensor c, Tensor lam, Tensor y) -> Tensor", _aggregate_composite)

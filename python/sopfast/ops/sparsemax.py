@@ -3,8 +3,8 @@
 ``p = sparsemax(x)`` solves ``argmin_{p ∈ Δ} ||p − x||²`` along one dimension.  Math in
 fp32 (fp64 stays fp64), output in the input dtype.  Rows holding ``+inf`` put uniform mass
 on their ``+inf`` entries.  **Rows without a result** — holding a NaN, or all ``−inf`` — give NaN
-everywhere, on every backend (the rule of :func:`sopfast.ops.top_tau`, applied here after the
-kernel, as ``torch.softmax`` answers NaN).
+everywhere, on every backend (the rule of :func:`sopfast.ops.top_tau`, as ``torch.softmax`` answers
+NaN).  ``torch.ops.sopfast.sparsemax`` (2-D, last dim) is the op in the dispatcher.
 Backward on the support ``S = {p > 0}``: ``∂x = (g − mean_S(g)) · 1_S``.  It is linear in ``g``
 (a symmetric projection) and constant in ``x`` between support changes, so the double backward
 is the same projection of the incoming gradient (higher-order gradients work).
@@ -24,7 +24,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def sparsemax_reference(x: torch.Tensor) -> torch.Tensor:
-    """Sort-based sparsemax over the last dim of ``x [..., n]`` (the oracle)."""
+    """Sort-based sparsemax over the last dim of ``x [..., n]`` (the oracle), rows without a result NaN."""
     xf = x.to(_compute_dtype(x.dtype))
     n = xf.shape[-1]
     if xf.numel() == 0:
@@ -40,7 +40,8 @@ def sparsemax_reference(x: torch.Tensor) -> torch.Tensor:
     p = torch.clamp(shifted - threshold, min=0)
     n_inf = posinf.sum(dim=-1, keepdim=True)
     p = torch.where(n_inf > 0, posinf.to(xf.dtype) / n_inf.clamp_min(1), p)
-    return p.to(x.dtype)
+    undefined = rows_without_result(xf.reshape(-1, n)).view(*xf.shape[:-1], 1)
+    return p.masked_fill(undefined, float("nan")).to(x.dtype)
 
 
 def sparsemax_backward_reference(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -52,65 +53,35 @@ def sparsemax_backward_reference(p: torch.Tensor, grad: torch.Tensor) -> torch.T
     return ((gf - mean) * support).to(grad.dtype)
 
 
-# the reference entries look the module's functions up at call time (tests replace them)
-_forward = _backends.Op("sparsemax_forward", lambda x: sparsemax_reference(x))
-_backward = _backends.Op("sparsemax_backward", lambda p, grad: sparsemax_backward_reference(p, grad))
+def _blank_rows_without_result(args: tuple, p: torch.Tensor) -> torch.Tensor:
+    """The rule for rows without a result on a kernel's output ``p`` for ``args = (x,)``."""
+    return p.masked_fill(rows_without_result(args[0]).view(-1, 1), float("nan"))
 
 
-@torch.library.custom_op("sopfast::sparsemax_forward", mutates_args=())
-def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
-    """Sparsemax over the last dim of a contiguous 2-D ``x [N, n]`` on the active backend."""
-    return _forward(x)
-
-
-@sparsemax_forward.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("sopfast::sparsemax_backward", mutates_args=())
-def sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """Input gradient of sparsemax for 2-D ``p, grad [N, n]`` on the active backend."""
-    return _backward(p, grad)
-
-
-@sparsemax_backward.register_fake
-def _(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(grad)
-
-
-class SparsemaxBackwardFunction(torch.autograd.Function):
-    """The backward as a differentiable function of the incoming gradient (its own adjoint)."""
-
-    @staticmethod
-    def forward(ctx, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(p)
-        return torch.ops.sopfast.sparsemax_backward(p, grad)
-
-    @staticmethod
-    def backward(ctx, grad_grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        (p,) = ctx.saved_tensors
-        # the support {p > 0} is locally constant: no gradient w.r.t. p
-        return None, SparsemaxBackwardFunction.apply(p, grad_grad.contiguous())
-
-
-class SparsemaxFunction(torch.autograd.Function):
-    """Autograd wrapper over the 2-D forward/backward custom ops."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        p = torch.ops.sopfast.sparsemax_forward(x)
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (p,) = ctx.saved_tensors
-        return SparsemaxBackwardFunction.apply(p, grad.contiguous())
+# torch.ops.sopfast.sparsemax / sparsemax_backward on contiguous 2-D [N, n]; the references look the
+# module's functions up at call time (tests replace them)
+_forward = _backends.Op(
+    "sparsemax",
+    "(Tensor x) -> Tensor",
+    "sparsemax_forward",
+    lambda x: sparsemax_reference(x),
+    lambda x: torch.empty_like(x),
+    _blank_rows_without_result,
+).overload
+_backends.Op(
+    "sparsemax_backward",
+    "(Tensor p, Tensor grad) -> Tensor",
+    "sparsemax_backward",
+    lambda p, grad: sparsemax_backward_reference(p, grad),
+    lambda p, grad: torch.empty_like(grad),
+)
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Sparsemax of ``x`` along ``dim``; same shape and dtype as ``x``."""
+    _backends.check_extension()
+    if type(x) is torch.Tensor and x.dim() == 2 and (dim == -1 or dim == 1) and x.is_floating_point() and x.shape[1]:
+        return _forward(x)  # the common case, checked by the kernel
     check_tensor("x", x)
     check_float("x", x)
     if x.dim() == 0:
@@ -121,6 +92,5 @@ def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if x.shape[dim] == 0:
         raise ValueError(f"sparsemax needs at least one entry along dim {dim}, got shape {tuple(x.shape)}")
     moved = x.movedim(dim, -1)
-    flat = moved.reshape(-1, moved.shape[-1]).contiguous()
-    p = SparsemaxFunction.apply(flat).masked_fill(rows_without_result(flat).view(-1, 1), float("nan"))
+    p = _forward(moved.reshape(-1, moved.shape[-1]).contiguous())
     return p.reshape(moved.shape).movedim(-1, dim)

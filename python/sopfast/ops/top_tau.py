@@ -37,11 +37,13 @@ last bit differently from ``torch.sort`` on torch's softmax.
 from __future__ import annotations
 
 import numbers
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 
 from ..checks import (
+    FLOAT_DTYPES,
     check_float,
     check_grid,
     check_int,
@@ -54,7 +56,7 @@ from ..checks import (
 )
 from . import _backends
 from .blur import blur_adjoint_reference, blur_reference, check_blur_fits, gaussian_kernel1d
-from .counts import num_kept, num_kept_table, rows_without_result
+from .counts import canonical_for_sort, num_kept, num_kept_table, rows_without_result
 
 
 class TopTauResult(NamedTuple):
@@ -86,6 +88,7 @@ TIES = ("authors", "logits")
 def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool, higher_first: bool) -> torch.Tensor:
     """Feature order per row: valid first, then by score; equal scores in index order, or in
     reverse index order when ``higher_first``."""
+    scores = canonical_for_sort(scores)
     if higher_first:
         d = scores.shape[-1]
         order = (d - 1) - torch.sort(scores.flip(-1), dim=-1, descending=largest, stable=True).indices
@@ -97,7 +100,7 @@ def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool, higher_fi
 
 def top_tau_reference(
     logits: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     k_max: int,
     valid: torch.Tensor | None = None,
     largest: bool = True,
@@ -106,12 +109,15 @@ def top_tau_reference(
     grid_w: int = 0,
     ties_authors: bool = False,
 ) -> TopTauResult:
-    """Pure-PyTorch top-τ on ``logits [N, d]`` with per-row ``k [N]``; differentiable in ``lam``
-    and ``attention`` through autograd (the oracle for the kernels' backward).
+    """Pure-PyTorch top-τ on ``logits [N, d]`` with per-row ``k [N]`` (``None``: ``k_max`` in every
+    row); differentiable in ``lam`` and ``attention`` through autograd (the oracle for the kernels'
+    backward).  Rows without a result keep no feature and get NaN ``lam`` and attention.
 
     ``ties_authors`` ranks the attention with the authors' tie rule (higher index first for
     ``largest``), else the blurred logits with ties to the lower index (see the module docstring)."""
     n, d = logits.shape
+    if k is None:
+        k = torch.full((n,), k_max, dtype=torch.int64, device=logits.device)
     compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
     s = logits.to(compute)
     if blur_kernel is not None:
@@ -129,8 +135,11 @@ def top_tau_reference(
     positions = torch.arange(d, device=logits.device).expand(n, d)
     keyed = torch.where(mask, positions, d + positions)
     indices = torch.sort(keyed, dim=-1).values[:, :k_max]
-    indices = torch.where(indices < d, indices, torch.full_like(indices, -1))
-    return TopTauResult(indices, mask, lam, a)
+    undefined = rows_without_result(logits, valid, blurred=blur_kernel is not None)
+    row = undefined.view(-1, 1)
+    indices = torch.where((indices < d) & ~row, indices, torch.full_like(indices, -1))
+    lam = lam.masked_fill(undefined, float("nan"))
+    return TopTauResult(indices, mask & ~row, lam, a.masked_fill(row, float("nan")))
 
 
 def top_tau_backward_reference(
@@ -155,38 +164,22 @@ def top_tau_backward_reference(
     return g
 
 
-def _forward_reference(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
-    with torch.no_grad():
-        result = top_tau_reference(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w, ties_authors)
-    return tuple(result)
-
-
-# the reference entries look the module's functions up at call time (tests replace them)
-_forward = _backends.Op("top_tau_forward", _forward_reference)
-_backward = _backends.Op("top_tau_backward", lambda *args: top_tau_backward_reference(*args))
-
-
-@torch.library.custom_op("sopfast::top_tau_forward", mutates_args=())
-def top_tau_forward(
-    logits: torch.Tensor,
-    k: torch.Tensor,
-    k_max: int,
-    valid: torch.Tensor | None,
-    largest: bool,
-    ties_authors: bool,
-    blur_kernel: torch.Tensor | None,
-    grid_h: int,
-    grid_w: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-τ forward on contiguous ``logits [N, d]`` on the active backend."""
-    indices, mask, lam, attention = _forward(
-        logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w
+def _blank_rows_without_result(args: tuple, outputs: tuple) -> tuple:
+    """The rule for rows without a result on a kernel's outputs, for the ``torch.ops.sopfast.top_tau``
+    arguments ``args``."""
+    logits, valid, blur_kernel = args[0], args[3], args[6]
+    undefined = rows_without_result(logits, valid, blurred=blur_kernel is not None)
+    row = undefined.view(-1, 1)
+    indices, mask, lam, attention = outputs
+    return (
+        indices.masked_fill(row, -1),
+        mask & ~row,
+        lam.masked_fill(undefined, float("nan")),
+        attention.masked_fill(row, float("nan")),
     )
-    return indices, mask, lam, attention
 
 
-@top_tau_forward.register_fake
-def _(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
+def _fake(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
     n, d = logits.shape
     compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return (
@@ -197,59 +190,27 @@ def _(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_
     )
 
 
-@torch.library.custom_op("sopfast::top_tau_backward", mutates_args=())
-def top_tau_backward(
-    attention: torch.Tensor,
-    mask: torch.Tensor,
-    lam: torch.Tensor,
-    grad_lam: torch.Tensor,
-    grad_attention: torch.Tensor | None,
-    blur_kernel: torch.Tensor | None,
-    grid_h: int,
-    grid_w: int,
-) -> torch.Tensor:
-    """Gradient w.r.t. the logits ``[N, d]`` on the active backend."""
-    return _backward(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w)
-
-
-@top_tau_backward.register_fake
-def _(attention, mask, lam, grad_lam, grad_attention, blur_kernel, grid_h, grid_w):
-    return torch.empty_like(attention)
-
-
-class TopTauFunction(torch.autograd.Function):
-    """Autograd wrapper: ``lam`` and ``attention`` are differentiable, ``indices``/``mask`` not."""
-
-    @staticmethod
-    def forward(ctx, logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
-        indices, mask, lam, attention = torch.ops.sopfast.top_tau_forward(
-            logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w
-        )
-        ctx.save_for_backward(attention, mask, lam, blur_kernel)
-        ctx.grid = (grid_h, grid_w)
-        ctx.logits_dtype = logits.dtype
-        ctx.mark_non_differentiable(indices, mask)
-        return indices, mask, lam, attention
-
-    @staticmethod
-    def backward(ctx, _gi, _gm, grad_lam, grad_attention):
-        attention, mask, lam, blur_kernel = ctx.saved_tensors
-        if grad_lam is None:
-            grad_lam = torch.zeros_like(lam)
-        args = (
-            attention,
-            mask,
-            lam,
-            grad_lam.contiguous(),
-            None if grad_attention is None else grad_attention.contiguous(),
-        )
-        if torch.is_grad_enabled():
-            # create_graph: the closed form in differentiable torch ops.  attention and lam are this
-            # Function's outputs, so second derivatives flow back through this backward again.
-            grad = top_tau_backward_reference(*args, blur_kernel, *ctx.grid)
-        else:
-            grad = torch.ops.sopfast.top_tau_backward(*args, blur_kernel, *ctx.grid)
-        return grad.to(ctx.logits_dtype), None, None, None, None, None, None, None, None
+# torch.ops.sopfast.top_tau / top_tau_backward; the references look the module's functions up at call
+# time (tests replace them)
+_forward = _backends.Op(
+    "top_tau",
+    "(Tensor logits, Tensor? k, int k_max, Tensor? valid, bool largest, bool ties_authors, Tensor? blur_kernel, "
+    "int grid_h, int grid_w) -> (Tensor, Tensor, Tensor, Tensor)",
+    "top_tau_forward",
+    lambda logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w: tuple(
+        top_tau_reference(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w, ties_authors)
+    ),
+    _fake,
+    _blank_rows_without_result,
+).overload
+_backends.Op(
+    "top_tau_backward",
+    "(Tensor attention, Tensor mask, Tensor lam, Tensor grad_lam, Tensor? grad_attention, Tensor? blur_kernel, "
+    "int grid_h, int grid_w) -> Tensor",
+    "top_tau_backward",
+    lambda *args: top_tau_backward_reference(*args),
+    lambda attention, *_: torch.empty_like(attention),
+)
 
 
 def _check_k(k: object, n: int) -> int | torch.Tensor:
@@ -275,17 +236,18 @@ def _kept_table(tau: float, d: int, device: torch.device) -> torch.Tensor:
 
 def _resolve_k(
     tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
-) -> tuple[torch.Tensor, int]:
-    """Per-row counts ``k [N]`` (int64) and the output width ``k_max``.  With ``tau`` or an int ``k`` the
-    width is known on the host (``num_kept(tau, d)`` or ``k``: no row keeps more) and ``valid`` is checked
-    on the device; only a tensor ``k`` costs one device-to-host transfer (its maximum, with the checks)."""
+) -> tuple[torch.Tensor | None, int]:
+    """Per-row counts ``k [N]`` (int64; ``None`` when every row keeps ``k_max``) and the output width
+    ``k_max``.  With ``tau`` or an int ``k`` the width is known on the host (``num_kept(tau, d)`` or
+    ``k``: no row keeps more) and ``valid`` is checked on the device; only a tensor ``k`` costs one
+    device-to-host transfer (its maximum, with the checks)."""
     if (tau is None) == (k is None):
         raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
     if tau is not None:
-        tau = check_tau(tau)
-        k_max = num_kept(tau, d)
+        tau = tau if type(tau) is float and 0.0 < tau <= 1.0 else check_tau(tau)
+        k_max = num_kept(tau, d) if torch.compiler.is_compiling() else _num_kept_cached(tau, d)
         if valid is None:
-            return torch.full((n,), k_max, dtype=torch.int64, device=device), k_max
+            return None, k_max
         counts = valid.sum(dim=-1)
         check_values(
             (counts > 0).all(),
@@ -302,7 +264,7 @@ def _resolve_k(
                 (valid.sum(dim=-1) >= k).all(),
                 f"k must lie in [1, number of valid features per row ({d} at most)], got {k}",
             )
-        return torch.full((n,), k, dtype=torch.int64, device=device), k
+        return None, k
     k_rows = k.to(device=device, dtype=torch.int64).expand(n).contiguous()
     counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
     if not n:
@@ -325,7 +287,7 @@ def top_tau(
     blur_sigma: float = 1.0,
     grid: tuple[int, int] | None = None,
 ) -> TopTauResult:
-    """Binarise attention rows into groups.
+    """Binarise attention rows into groups (``torch.ops.sopfast.top_tau`` after the checks).
 
     Args:
         logits: ``[N, d]`` attention logits (one row per group), any float dtype.
@@ -339,15 +301,14 @@ def top_tau(
             (``kernel_size <= 1`` disables it).
         grid: ``(h, w)`` with ``h · w = d`` to blur on a 2-D grid; ``None`` blurs along ``d``.
     """
-    check_tensor("logits", logits)
-    check_float("logits", logits)
-    check_rank("logits", logits, 2, "[N, d]")
+    _backends.check_extension()
+    if not (type(logits) is torch.Tensor and logits.dtype in FLOAT_DTYPES and logits.dim() == 2):
+        check_float("logits", logits)
+        check_rank("logits", logits, 2, "[N, d]")
     if ties not in TIES:
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
-    if not isinstance(largest, bool):
+    if largest is not True and largest is not False:
         raise TypeError(f"largest must be True or False, got {largest!r}")
-    blur_kernel_size = check_int("blur_kernel_size", blur_kernel_size)
-    blur_sigma = check_number("blur_sigma", blur_sigma, 0.0, above=True)
     n, d = logits.shape
     if d == 0:
         raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
@@ -359,23 +320,26 @@ def top_tau(
                 f"got {valid.dtype} {tuple(valid.shape)}"
             )
         check_same_device(logits=logits, valid=valid)
-        valid = valid.contiguous()
     grid_h, grid_w = check_grid(grid, d) if grid is not None else (0, 0)
     blur_kernel = None
-    if blur_kernel_size > 1:
-        check_blur_fits(blur_kernel_size, (grid_h, grid_w) if grid is not None else (d,))
-        blur_kernel = gaussian_kernel1d(blur_kernel_size, blur_sigma, logits.device)
-        if logits.dtype == torch.float64:
-            blur_kernel = blur_kernel.double()
+    if type(blur_kernel_size) is not int or blur_kernel_size > 1 or type(blur_sigma) is not float or blur_sigma != 1:
+        blur_kernel_size = check_int("blur_kernel_size", blur_kernel_size)
+        blur_sigma = check_number("blur_sigma", blur_sigma, 0.0, above=True)
+        if blur_kernel_size > 1:
+            check_blur_fits(blur_kernel_size, (grid_h, grid_w) if grid is not None else (d,))
+            blur = _blur_kernel.__wrapped__ if torch.compiler.is_compiling() else _blur_kernel
+            blur_kernel = blur(blur_kernel_size, blur_sigma, logits.device, logits.dtype == torch.float64)
     k_rows, k_max = _resolve_k(tau, k, n, d, valid, logits.device)
-    indices, mask, lam, attention = TopTauFunction.apply(
-        logits.contiguous(), k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w
+    return TopTauResult._make(
+        _forward(logits, k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w)
     )
-    undefined = rows_without_result(logits, valid, blurred=blur_kernel is not None)
-    row = undefined.view(-1, 1)
-    return TopTauResult(
-        indices.masked_fill(row, -1),
-        mask & ~row,
-        lam.masked_fill(undefined, float("nan")),
-        attention.masked_fill(row, float("nan")),
-    )
+
+
+_num_kept_cached = lru_cache(maxsize=256)(num_kept)  # eager calls: the Fraction arithmetic once per (tau, d)
+
+
+@lru_cache(maxsize=32)
+def _blur_kernel(kernel_size: int, sigma: float, device: torch.device, double: bool) -> torch.Tensor:
+    """:func:`gaussian_kernel1d` (fp64 for fp64 logits), built once per size, sigma and device."""
+    kernel = gaussian_kernel1d(kernel_size, sigma, device)
+    return kernel.double() if double else kernel

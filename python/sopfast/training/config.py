@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from ..checks import check_choice, check_int, check_number
+from ..devices import check_device
 from ..model.recipes import Recipe
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
@@ -108,6 +109,8 @@ class TrainConfig:
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
         check_choice("amp", self.amp, (None, *AMP_DTYPES))
+        if self.device is not None:
+            check_device(self.device)
         check_choice("metric", self.metric, (None, *METRICS))
         if self.output_dir is not None:
             self.output_dir = output_dir = Path(self.output_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
 from typing import Any
@@ -34,6 +34,7 @@ from ..model.checkpoint import (
 )
 from ..model.numerics import flush_denormal
 from ..model.sop import SOP
+from .callbacks import LegacyCallback, TrainerCallback, as_callbacks, emit
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, lr_factor, resolve_metric
 from .distributed import (
     ResumableSampler,
@@ -51,7 +52,7 @@ from .resume import check_resumable, fingerprint, resume_path
 from .state import capture_rng, restore_rng, seed_everything
 from .validation import forward_batch, validate
 
-Callback = Callable[["Trainer", str, dict[str, Any]], None]
+Callback = TrainerCallback | LegacyCallback
 
 
 class NonFiniteLossError(ValueError):
@@ -62,9 +63,9 @@ class NonFiniteLossError(ValueError):
 class Trainer:
     """Trains ``model`` on ``train_data`` (see :class:`TrainConfig` for ``options``).
 
-    ``callbacks`` are called as ``callback(trainer, event, record)`` with events ``"step"``
-    (after every optimizer step), ``"log"``, ``"eval"`` and ``"end"``; set
-    ``trainer.should_stop = True`` to stop after the current step (state is saved).
+    ``callbacks`` are :class:`~sopfast.training.callbacks.TrainerCallback` s (``on_step_end``, ``on_log``,
+    ``on_evaluate``, ``on_save``, ``on_train_end`` …); set ``trainer.should_stop = True`` in one to stop
+    after the current step (state is saved).
     """
 
     def __init__(
@@ -84,9 +85,7 @@ class Trainer:
         for data, name in ((train_data, "train_data"), (val_data, "val_data")):
             if data is not None and not isinstance(data, DataLoader) and self.config.batch_size is None:
                 raise ValueError(f"{name} is a Dataset: give batch_size= (or pass a DataLoader)")
-        self.callbacks = list(callbacks or [])
-        if not all(callable(cb) for cb in self.callbacks):
-            raise TypeError("callbacks must be callables (trainer, event, record) -> None")
+        self.callbacks = as_callbacks(callbacks)
         self.model = model
         self.train_data, self.val_data = train_data, val_data
         self.metric = resolve_metric(self.config.metric, model.task)
@@ -109,6 +108,7 @@ class Trainer:
         self.log = RunRecords(cfg.log_file if main else None, cfg.output_dir if main else None)
         try:
             self._setup()
+            self._emit("begin", {"step": self.step, "total_steps": self.total_steps})
             while self.epoch < cfg.epochs and not self._done():
                 self._run_epoch()
             result = self._finish()
@@ -149,6 +149,7 @@ class Trainer:
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
             atomic_save(self.state_dict(), output_dir / STATE_NAME)
+            self._emit("save", {"step": self.step, "what": "state", "path": str(output_dir / STATE_NAME)})
 
     @property
     def backbone_sha256(self) -> str:
@@ -385,8 +386,7 @@ class Trainer:
 
     # -- logging, evaluation, the end ----------------------------------------------------------
     def _emit(self, event: str, record: dict[str, Any]) -> None:
-        for callback in self.callbacks:
-            callback(self, event, record)
+        emit(self.callbacks, self, event, record)
 
     def _record(self, event: str, **values: Any) -> dict[str, Any]:
         record = {
@@ -432,6 +432,7 @@ class Trainer:
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
                 save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
+                self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
         self.log.plot()
         self._progress.set_postfix(self._postfix())
@@ -445,6 +446,7 @@ class Trainer:
         self.save_state()
         if self.info.is_main and output_dir is not None:
             save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
+            self._emit("save", {"step": self.step, "what": "last", "path": str(output_dir / "last")})
         record = self._record("end", best=self.best_metric, best_step=self.best_step)
         self.log.plot()
         self._emit("end", record)

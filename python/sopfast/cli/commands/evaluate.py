@@ -7,8 +7,10 @@ import argparse
 import json
 import os
 
-from ...evaluation.evaluate import METRICS, evaluate, format_table
+from ...defaults import BATCH_SIZE
+from ...evaluation.evaluate import evaluate, format_table
 from ...evaluation.plots import plot_curves
+from ...evaluation.registry import metric_names
 from ..common import (
     add_common,
     add_data,
@@ -33,12 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_load_overrides(p)
     add_data(p)
     p.add_argument("--split", default=None, help="the data's split to evaluate (default: test, validation)")
-    p.add_argument("--batch-size", type=int_at_least(1), default=32, help="examples per batch (default: 32)")
+    p.add_argument(
+        "--batch-size", type=int_at_least(1), default=BATCH_SIZE, help=f"examples per batch (default: {BATCH_SIZE})"
+    )
     g = p.add_argument_group("evaluation (sopfast.evaluate)")
     g.add_argument(
         "--metrics",
         nargs="+",
-        choices=METRICS,
+        choices=metric_names(),  # read when the parser is built: metrics registered before main() are offered
         default=None,
         help="metrics to compute (default: accuracy or mse, fidelity, insertion, deletion, sparsity)",
     )

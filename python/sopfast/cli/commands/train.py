@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ...adapters.registry import builtin_adapter_classes
+from ...defaults import BATCH_SIZE
 from ...model.sop import SOP
 from ...training.config import TrainConfig
 from ..common import (
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 
 NAME = "train"
 HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
-# sopfast.SOP parameters without a command-line form (tensors, adapter objects)
-SOP_SKIP = ("class_weights", "adapter")
+# sopfast.SOP parameters without a command-line form (tensors; --adapter takes a name)
+SOP_SKIP = ("class_weights",)
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
 TRAIN_SKIP = ("resume", "device", "seed")
 SOP_OPTIONS = frozenset(name for name in parameters(SOP) if name not in SOP_SKIP)
@@ -73,7 +74,7 @@ def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
 def train_flags(parser: argparse.ArgumentParser) -> list[str]:
     """The flags of every ``sopfast.train`` option (:class:`~sopfast.training.config.TrainConfig`)."""
     g = parser.add_argument_group("training (sopfast.train)")
-    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": 32})
+    names = add_api_options(g, TrainConfig, skip=TRAIN_SKIP, given_only=True, defaults={"batch_size": BATCH_SIZE})
     g.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh in --output-dir")
     g.add_argument("--resume-from", default=None, help="training state file or directory to resume from")
     return names
@@ -99,12 +100,13 @@ def training_options(args: argparse.Namespace) -> dict:
 def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     """The ``--checkpoint`` model (the given SOP flags override what it saved), or a new SOP over
     ``backbone`` from the given flags (``mode``: ``drop`` where the backbone supports it)."""
-    from ...adapters import find_adapter_class
+    from ...adapters import adapter_class, find_adapter_class
 
     sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
     if args.checkpoint:
         return load_model(args, backbone, sop_options)
-    adapter_cls = find_adapter_class(backbone.model)
+    named = sop_options.get("adapter")
+    adapter_cls = adapter_class(named) if named else find_adapter_class(backbone.model)
     given = {n: getattr(args, n, None) for n in args.sop_names if n not in SOP_OPTIONS}
     adapter_options = adapter_cls.adapter_options(backbone.model, **given)
     sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
