@@ -17,8 +17,10 @@ Columns default to the usual names (:data:`IMAGE_COLUMNS`, :data:`TEXT_COLUMNS`,
 part (``holdout``, stratified ``Dataset.train_test_split`` with a fixed seed, so that ``train`` and
 ``evaluate`` agree).
 
-Labels: integers are class ids; strings (and ``ClassLabel`` names) are class names, mapped with the
-backbone's ``label2id`` when it names them all, else in sorted order.
+Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
+``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
+that names no classes).  Training data of one class is refused, and so is an image folder with entries
+it would skip (:mod:`sopfast.data.folders`).
 
 Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
 :func:`sopfast.adapters.preprocessing.preprocessing_for`.
@@ -40,6 +42,8 @@ import torch
 from ..adapters.preprocessing import Preprocessing
 from ..defaults import HOLDOUT
 from .datasets import ImageDataset, TextDataset
+from .folders import check_image_folder
+from .labels import DataError, check_classes, label_ids
 from .object_masks import ObjectMasks
 
 if TYPE_CHECKING:
@@ -56,10 +60,6 @@ HOLDOUT_SEED = 0
 # fewer held-out examples of a class than this makes its scores noisy: a warning says so
 MIN_HELD_OUT_PER_CLASS = 5
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """Data that cannot be read as asked: the message names the path, column or split."""
 
 
 @contextmanager
@@ -92,11 +92,11 @@ class Source:
     base_dir: str = ""
 
     def resolve(
-        self, role: str, name: str | None = None, holdout: float = HOLDOUT, label: str = "label"
+        self, role: str, name: str | None = None, holdout: float | None = HOLDOUT, label: str = "label"
     ) -> tuple[str, Any]:
         """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) and a line naming it: ``name`` if
         given, else the source's own split, else the held-out part of a single split (stratified by the
-        ``label`` column)."""
+        ``label`` column), or with ``holdout=None`` that single split whole."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         available = list(self.splits)
@@ -115,7 +115,7 @@ class Source:
                 f"{self.path} has no {role!r} split and no single split to cut one from; "
                 f"available: {available}; name one with {flag}"
             )
-        if role == "train" and evaluation:
+        if (role == "train" and evaluation) or holdout is None:
             return train, self.splits[train]
         return _holdout(train, self.splits[train], role, holdout, label)
 
@@ -188,12 +188,42 @@ def _table(datasets: Any, path: str) -> Source:
     return Source(path, "table", dict(loaded), base_dir=base)
 
 
+def _plain_splits(datasets: Any, path: str) -> dict[str, list[str]] | None:
+    """The data files ``datasets`` infers for an image folder whose layout is plain — one split, or
+    only split-named folders at the top — found in one walk of the tree; ``None`` (let ``datasets``
+    infer) where any other name holds a split keyword.  ``datasets`` tries ~70 patterns, each a walk
+    of the whole tree."""
+    keywords = {k: str(split) for split, words in datasets.data_files.SPLIT_KEYWORDS.items() for k in words}
+    special = ("task.toml", "instruction.md", "data")  # names of datasets' other layouts
+
+    def shown(name: str) -> bool:  # datasets skips hidden files and "__" folders
+        return not name.startswith((".", "__"))
+
+    top = [e for e in os.listdir(path) if shown(e)]
+    splits = [e for e in top if e in keywords and os.path.isdir(os.path.join(path, e))]
+    if splits and (len(splits) != len(top) or len({keywords[n] for n in splits}) != len(splits)):
+        return None
+    for folder, subfolders, files in os.walk(path):
+        subfolders[:] = [d for d in subfolders if shown(d)]
+        names = [d for d in subfolders if folder != path or d not in splits] + [f for f in files if shown(f)]
+        if any(n.lower() in special or any(k in n.lower() for k in keywords) for n in names):
+            return None
+    if not splits:
+        return {"train": ["**"]}
+    order = [str(split) for split in datasets.data_files.SPLIT_KEYWORDS]  # datasets' order: train, validation, test
+    return {keywords[name]: [f"{name}/**"] for name in sorted(splits, key=lambda n: order.index(keywords[n]))}
+
+
 def _image_folder(datasets: Any, path: str) -> Source:
+    check_image_folder(path)
     try:
-        loaded = datasets.load_dataset("imagefolder", data_dir=path)
+        loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=_plain_splits(datasets, path))
     except (datasets.data_files.EmptyDatasetError, FileNotFoundError) as err:
         raise DataError(f"image folder {path} holds no images: {err}") from err
     if any("label" not in d.column_names for d in loaded.values()):
+        folders = [e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e)) and not e.startswith(".")]
+        if len(folders) == 1:
+            raise DataError(f"image folder {path} holds one class ({folders[0]!r}); SOP needs two or more")
         raise DataError(f"image folder {path} has no class subfolders (expected {path}/<class>/<image>)")
     splits = {n: d.cast_column("image", datasets.Image(decode=False)) for n, d in loaded.items()}
     return Source(path, "image-folder", splits, base_dir=path)
@@ -272,17 +302,26 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
         label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
         if modality == "image":
             image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
+            if image == label:
+                raise DataError(f"{where}: the image column {image!r} is the label column (--image-column)")
             mask = None
             if columns.object_mask is not None:
                 mask = _pick("object-mask", columns.object_mask, have, (), "--object-masks", where)
             here = _Chosen(image, label, mask=mask)
         else:
             text = _pick("text", columns.text, have, TEXT_COLUMNS, "--text-column", where)
+            if text == label:
+                raise DataError(f"{where}: the text column {text!r} is the label column (--text-column)")
             pair = columns.text_pair
             if pair is None and PAIR_COLUMNS.get(text) in have:
                 pair = PAIR_COLUMNS[text]
             elif pair is not None and pair not in have:
                 raise DataError(f"{where} has no text-pair column {pair!r} (--text-pair-column); columns: {have}")
+            if pair in (label, text):
+                raise DataError(
+                    f"{where}: the text-pair column (--text-pair-column) {pair!r} is the "
+                    f"{'label' if pair == label else 'text'} column; name a second text column"
+                )
             for column in filter(None, (text, pair)):
                 values = split[column]
                 bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
@@ -295,61 +334,10 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
     return chosen
 
 
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
-
-
 def _class_names(split: Any, column: str) -> list[str] | None:
     """The names of a ``ClassLabel`` column, else ``None``."""
     names = getattr(split.features.get(column), "names", None)
     return list(names) if names else None
-
-
-def label_ids(
-    labels: Sequence[Any], prep: Preprocessing, class_names: Sequence[str] | None, where: str
-) -> tuple[Callable[[Any], int], list[str]]:
-    """The map raw label → class id for all ``labels`` of a source at once (module docstring), and the
-    class names.  ``class_names``: those of a ``ClassLabel`` column, whose labels are indices into them —
-    class ids themselves unless the backbone's ``label2id`` names every class."""
-    if any(v is None or (isinstance(v, str) and not v.strip()) for v in labels):
-        raise DataError(f"{where}: some labels are empty")
-    n = prep.num_classes
-    id2name = {i: name for name, i in prep.label2id.items()}
-    if class_names is not None and prep.label2id and set(class_names) <= set(prep.label2id):
-        by_index = [prep.label2id[name] for name in class_names]
-        return (lambda v: by_index[int(v)]), [id2name.get(i, str(i)) for i in range(n or len(by_index))]
-    id2name = id2name or dict(enumerate(class_names or ()))
-    ints = [i for i in (_as_int(v) for v in labels) if i is not None]
-    if len(ints) == len(labels):
-        bad = sorted({i for i in ints if n is not None and not 0 <= i < n})
-        if bad and n is not None:
-            raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{n - 1})")
-        return _class_id, [id2name.get(i, str(i)) for i in range(n or max(ints) + 1)]
-    names = sorted({str(v) for v in labels})
-    if prep.label2id and set(names) <= set(prep.label2id):
-        mapping = {name: prep.label2id[name] for name in names}
-    else:
-        mapping = {name: i for i, name in enumerate(names)}
-    if n is not None and max(mapping.values()) >= n:
-        raise DataError(f"{where}: {len(mapping)} classes {names[:6]}… but the backbone has {n} classes")
-    classes = [id2name.get(i, str(i)) for i in range(n or len(mapping))]
-    for name, i in mapping.items():
-        classes[i] = name
-    return (lambda v: mapping[str(v)]), classes
-
-
-def _class_id(value: Any) -> int:
-    """An integer label (int, integral float or digit string) as its class id."""
-    class_id = _as_int(value)
-    if class_id is None:
-        raise DataError(f"label {value!r} is not an integer class id")
-    return class_id
 
 
 # -- datasets --------------------------------------------------------------------------------------
@@ -390,15 +378,17 @@ def load_split(
     *,
     columns: Columns | None = None,
     split: str | None = None,
-    holdout: float = HOLDOUT,
+    holdout: float | None = HOLDOUT,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
+    label_map: Mapping[Any, Any] | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
-    ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
-    split used."""
-    if not 0 < holdout < 1:
+    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps every label to a class id or a
+    class name of the backbone (:mod:`sopfast.data.labels`); ``holdout=None`` holds nothing out.  Returns
+    the dataset and a description of the split used; training data must hold two classes or more."""
+    if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
     if source.kind == "image-folder" and prep.modality == "text":
@@ -409,7 +399,7 @@ def load_split(
     chosen = _choose_columns(source, prep.modality, columns)
     first = next(iter(source.splits.values()))
     all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
-    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path)
+    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path, label_map)
     logger.debug(
         "%s: %s source, splits %s; columns %s; classes %s",
         path,
@@ -423,9 +413,11 @@ def load_split(
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
     labels = data[chosen.label]
+    ids = [label_of(v) for v in labels]
+    if role == "train":
+        check_classes(ids, classes, f"{path} (split {name})")
     if prep.modality == "text":
         pairs = data[chosen.pair] if chosen.pair is not None else None
-        ids = [label_of(v) for v in labels]
         return TextDataset.tokenize(
             prep.tokenizer, data[chosen.inputs], ids, pairs, prep.max_length, classes=classes
         ), name
@@ -433,7 +425,7 @@ def load_split(
     images = data[chosen.inputs]  # a lazy column (datasets >= 4)
     masks = data[chosen.mask] if chosen.mask else images
     reader = None if object_masks is None else _mask_reader(images, masks, read, prep, object_masks)
-    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader), name
+    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader, prep.images), name
 
 
 def _mask_reader(

@@ -13,7 +13,7 @@ from torch import nn
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source, load_recorded
-from ..checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..checks import Checked, check_bool, check_choice, check_int, check_number, check_tau, check_text_only
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
@@ -26,6 +26,14 @@ from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, 
 from .selector import GroupSelector
 
 TASKS = ("classification", "regression")
+
+
+def _module(backbone: object) -> nn.Module:
+    """The ``nn.Module`` of ``backbone`` (a module, or a :func:`sopfast.adapters.load_backbone` record)."""
+    module = backbone.model if isinstance(backbone, Backbone) else backbone
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"backbone must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    return module
 
 
 class SOPConfig(dict):
@@ -140,18 +148,16 @@ class SOP(nn.Module):
     ):
         super().__init__()
         source = backbone.describe() if isinstance(backbone, Backbone) else None
-        backbone = backbone.model if isinstance(backbone, Backbone) else backbone
-        if not isinstance(backbone, nn.Module):
-            raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+        backbone = _module(backbone)
         #: Where the backbone (and the inputs' preprocessing) came from, saved with the model so that
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
         self.recipe = get_recipe(recipe)
-        self.num_groups = check_int("num_groups", num_groups, 1)
+        self.num_groups = num_groups
         self.tau = tau
-        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
+        self.group_batch_size = group_batch_size
         self.task = check_choice("task", task, TASKS)
-        self.deletion = check_bool("deletion", deletion)
+        self.deletion = deletion
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -235,13 +241,12 @@ class SOP(nn.Module):
             raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
         return class_weights
 
-    @property
-    def tau(self) -> float:
-        return self._tau
-
-    @tau.setter
-    def tau(self, value: float) -> None:
-        self._tau = check_tau(value)
+    # options that may change after construction (saved with their current values), each set checked
+    tau = Checked(lambda name, v: check_tau(v, name), "The fraction of features a group keeps.")
+    num_groups = Checked(lambda name, v: check_int(name, v, 1), "``m``, groups per input.")
+    group_batch_size = Checked(lambda name, v: check_int(name, v, 1, optional=True), "Groups per backbone call.")
+    deletion = Checked(check_bool, "Whether groups keep the lowest-attention features.")
+    epoch = Checked(lambda name, v: check_int(name, v, 0), "The training epoch (head ``epoch mod H`` trains).")
 
     @property
     def checkpoint_projection(self) -> bool:
@@ -250,8 +255,7 @@ class SOP(nn.Module):
 
     @checkpoint_projection.setter
     def checkpoint_projection(self, value: bool | None) -> None:
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"checkpoint_projection must be True, False or None, got {value!r}")
+        check_bool("checkpoint_projection", value, optional=True)
         if value and not self.adapter.supports_checkpointing:
             raise ValueError(
                 f"checkpoint_projection=True is not supported by {type(self.adapter).__name__} "
@@ -282,6 +286,7 @@ class SOP(nn.Module):
         given = [v for v in (x, input_ids, pixel_values) if v is not None]
         if len(given) != 1:
             raise ValueError("pass exactly one input: x, input_ids= or pixel_values=")
+        check_text_only(self.adapter.modality, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.adapter.prepare(given[0], attention_mask, token_type_ids)
 
     def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:
@@ -418,12 +423,14 @@ class SOP(nn.Module):
                 warn and load anyway).
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
+        check_bool("strict_backbone", strict_backbone)
+        if backbone is not None:
+            _module(backbone)  # a wrong type fails before any file is read
         directory = pretrained_directory(directory)
         if backbone is None:
             recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
             backbone = load_recorded(recorded, f"the checkpoint {directory}")
-        module = backbone.model if isinstance(backbone, Backbone) else backbone
-        saved = read_pretrained(directory, module, strict_backbone=strict_backbone)
+        saved = read_pretrained(directory, _module(backbone), strict_backbone=strict_backbone)
         model = cls(backbone, **{**saved.options, **overrides})
         saved.load_into(model, adapter_given="adapter" in overrides)
         model.provenance = {**saved.provenance, **{k: v for k, v in model.provenance.items() if v is not None}}

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..checks import check_choice, check_int, check_number
+from ..checks import check_bool, check_choice, check_int, check_number, check_path
 from ..devices import check_device
 from ..model.recipes import Recipe
 
@@ -21,6 +21,9 @@ HEAD_SCHEDULES = ("phases", "epochs")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
 STATE_FORMAT = 1
+#: The largest ``lr``: AdamW moves every weight by about ``lr`` per step, so above 1 a step overwrites the
+#: weights (``lr`` 1e6 with ``grad_clip=None`` trained to a model that fails on every input).
+MAX_LR = 1.0
 #: ``epochs=None``: at least this many epochs, about this many evaluations, and this patience.
 MIN_EPOCHS = 3
 EVALUATIONS = 20
@@ -45,7 +48,7 @@ class TrainConfig:
             (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
         diagnose_examples: how many examples the diagnostic measures.
         lr, weight_decay: AdamW settings (``lr`` default: the model's recipe — 1e-3 for
-            ``"sopfast"``, the paper's 5e-6 for ``"paper"``).
+            ``"sopfast"``, the paper's 5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
         batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
         warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
             of all steps (give at most one; default: the model's recipe's ratio).
@@ -110,7 +113,7 @@ class TrainConfig:
         check_int("min_steps", self.min_steps, 1)
         check_int("patience", self.patience, 1, optional=True)
         check_int("diagnose_examples", self.diagnose_examples, 1)
-        check_number("lr", self.lr, 0.0, above=True, optional=True)
+        check_number("lr", self.lr, 0.0, MAX_LR, above=True, optional=True)
         check_number("weight_decay", self.weight_decay, 0.0)
         check_number("warmup_ratio", self.warmup_ratio, 0.0, optional=True)
         if self.warmup_ratio is not None and not self.warmup_ratio < 1:
@@ -118,9 +121,13 @@ class TrainConfig:
         if self.warmup_steps is not None and self.warmup_ratio:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
         check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
-        for name in ("progress", "diagnose"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_bool("progress", self.progress)
+        check_bool("diagnose", self.diagnose)
+        check_bool("find_unused_parameters", self.find_unused_parameters, optional=True)
+        check_path("output_dir", self.output_dir, optional=True, directory=True)
+        check_path("log_file", self.log_file, optional=True, directory=False)
+        if not isinstance(self.resume, bool):
+            check_path("resume (True, False or a path)", self.resume)
         check_int("batch_size", self.batch_size, 1, optional=True)
         check_int("warmup_steps", self.warmup_steps, 0, optional=True)
         check_int("grad_accum", self.grad_accum, 1)
