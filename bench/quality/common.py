@@ -72,8 +72,8 @@ def adapted_image_backbone(seed: int = 0):
 
 def text_data(seed: int = 0):
     """The text demo's tweets of every length: ``(train, test)`` TextDatasets, the last 1,000 for
-    testing, as ``run_text_demo`` splits them (``sopfast.demo.run.text_splits``)."""
-    from sopfast.demo.run import text_splits
+    testing, as ``run_text_demo`` splits them (``sopfast.demo.text.text_splits``)."""
+    from sopfast.demo.text import text_splits
 
     return text_splits(False, seed)
 
@@ -82,7 +82,7 @@ def text_backbone(seed: int = 0):
     """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm-all``."""
     from transformers import BertForSequenceClassification
 
-    from sopfast.demo.run import _text_backbone
+    from sopfast.demo.text import _text_backbone
 
     path = os.path.join(CACHE, "tweets-minilm-all")
     if not os.path.exists(os.path.join(path, "config.json")):
