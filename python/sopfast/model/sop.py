@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -30,7 +31,18 @@ TASKS = ("classification", "regression")
 
 class SOPConfig(dict):
     """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
-    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
+    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved.  Its
+    ``to_dict`` / ``to_json_string`` / ``from_dict`` are what ``Trainer``'s loggers (``report_to``) read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        return json.dumps(self, indent=2, sort_keys=True, default=str) + "\n"
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> SOPConfig:
+        return cls({**config_dict, **kwargs})
 
 
 class SOP(nn.Module):
