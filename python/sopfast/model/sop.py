@@ -59,7 +59,8 @@ class SOP(nn.Module):
             (``model.tau = ...`` or ``model(x, tau=...)``).
         mode: ``"exact"`` (the authors' algorithm, see ``docs/method.md`` for where it differs)
             or ``"drop"`` (ViT/BERT run only the kept tokens; equal to ``exact`` for BERT, an
-            approximation for ViT).
+            approximation for ViT); ``None``: the recipe's — ``drop`` where the backbone supports it for
+            ``"sopfast"``, ``exact`` for ``"paper"`` (why: :mod:`sopfast.model.recipes`).
         recipe: a named setting (:mod:`sopfast.model.recipes`): ``"sopfast"`` (the measured one that
             learns distinct groups beating random ones; ``docs/quality.md``) or ``"paper"`` (the authors'
             algorithm exactly).  It fills the options below marked "from the recipe" that are not
@@ -121,7 +122,7 @@ class SOP(nn.Module):
         backbone: nn.Module | Backbone,
         num_groups: int = 20,
         tau: float = 0.2,
-        mode: Literal["exact", "drop"] = "exact",
+        mode: Literal["exact", "drop"] | None = None,
         *,
         recipe: RecipeName = DEFAULT_RECIPE,
         num_heads: int = 1,
@@ -179,7 +180,7 @@ class SOP(nn.Module):
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
-        self.mode = mode
+        self.mode = mode = self.recipe.default_mode(self.adapter) if mode is None else mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
         if check_bool("freeze_projection", freeze_projection):

@@ -63,7 +63,7 @@ DATA_FLAGS = [
 def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
     """The flags of every ``sopfast.SOP`` option (and of the adapters' options)."""
     g = parser.add_argument_group("model options (sopfast.SOP)")
-    shown = {"mode": "drop where the backbone supports it, else exact"}
+    shown = {"mode": "the recipe's: drop where the backbone supports it for sopfast, exact for paper"}
     names = add_api_options(g, SOP, skip=SOP_SKIP, given_only=True, shown_defaults=shown)
     return names + adapter_flags(g)
 
@@ -129,7 +129,7 @@ def training_options(args: argparse.Namespace) -> dict:
 
 def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     """The ``--checkpoint`` model (the given SOP flags override what it saved), or a new SOP over
-    ``backbone`` from the given flags (``mode``: ``drop`` where the backbone supports it)."""
+    ``backbone`` from the given flags."""
     from ...adapters import adapter_class, find_adapter_class
 
     sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
@@ -137,7 +137,6 @@ def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
         return load_model(args, backbone, sop_options)
     named = sop_options.get("adapter")
     adapter_cls = adapter_class(named) if named else find_adapter_class(backbone.model)
-    sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
     return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names, adapter_cls))
 
 
