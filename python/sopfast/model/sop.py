@@ -346,7 +346,7 @@ class SOP(nn.Module):
             out = self.predict_groups(inputs, groups, mode)
             if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
                 fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
-                out = RegularisedOutput(**fields, penalty=training_penalty(self, inputs, groups, tau))
+                out = RegularisedOutput(**fields, penalty_terms=training_penalty(self, inputs, groups, tau))
         else:
             parts = []
             for start in range(0, inputs.batch_size, size):
