@@ -6,10 +6,16 @@ carries no preprocessing (torchvision, a pickled module, an HF directory without
 ``preprocessor_config.json``) torchvision transforms with the adapter's input size and ImageNet's
 (or ViT's 0.5) statistics, said in ``notes``.  Flags override size, mean and std.  Text: the
 directory's tokenizer.
+
+A model trained on these inputs saves the preprocessing's description
+(:meth:`Preprocessing.describe`, in its ``provenance``); given as ``saved``, its size, mean, std
+and text length apply again wherever they differ from the backbone's own and no flag overrides them
+(an override that differs is logged as a warning).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -30,6 +36,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+#: what a saved preprocessing record holds for each override of :func:`preprocessing_for`, and its flag
+SAVED_FIELDS = {"image_size": ("size", "--image-size"), "mean": ("mean", "--image-mean"), "std": ("std", "--image-std")}
+logger = logging.getLogger(__name__)
 
 
 class PreprocessingError(ValueError):
@@ -202,9 +211,50 @@ def preprocessing_for(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     max_length: int | None = None,
+    saved: dict[str, Any] | None = None,
 ) -> Preprocessing:
     """The preprocessing of the backbone ``adapter`` wraps, read from its ``source`` (module docstring),
-    with ``image_size`` / ``mean`` / ``std`` / ``max_length`` overriding it."""
+    with ``image_size`` / ``mean`` / ``std`` / ``max_length`` overriding it; ``saved``: the record a model
+    was trained with (:meth:`Preprocessing.describe`), which applies where no override is given."""
+    given: dict[str, Any] = {"image_size": image_size, "mean": mean, "std": std, "max_length": max_length}
+    prep = _backbone_preprocessing(adapter, source, **given)
+    if not saved or saved.get("modality") != prep.modality:
+        return prep
+    if prep.modality == "text":
+        fields = {"max_length": ("max_length", "--max-length")}
+        own = {"max_length": prep.max_length}
+    else:
+        fields = dict(SAVED_FIELDS)
+        own = {"image_size": list(prep.size or ()), "mean": list(prep.mean), "std": list(prep.std)}
+        if adapter.image_size is not None:
+            fields.pop("image_size")  # fixed by the backbone
+    taken = {}
+    for name, (key, flag) in fields.items():
+        value = saved.get(key)
+        if value is None or value == own[name]:
+            continue
+        if given[name] is None:
+            taken[name] = value
+        else:
+            logger.warning("%s %s overrides the model's saved %s %s", flag, own[name], key, value)
+    if not taken:
+        return prep
+    prep = _backbone_preprocessing(adapter, source, **{**given, **taken})
+    shown = ", ".join(f"{fields[name][0]} {value} (the backbone's own: {own[name]})" for name, value in taken.items())
+    prep.notes.append(f"as the model was trained: {shown}")
+    return prep
+
+
+def _backbone_preprocessing(
+    adapter: BackboneAdapter,
+    source: Backbone,
+    *,
+    image_size: Sequence[int] | None,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    max_length: int | None,
+) -> Preprocessing:
+    """:func:`preprocessing_for` without a saved record."""
     common: dict[str, Any] = {"label2id": adapter.label2id, "num_classes": adapter.num_classes}
     if adapter.modality == "text":
         return _text_preprocessing(adapter, source, max_length, common)

@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class DataOptions:
     """How to read your own data: columns, the split names, the held-out fraction, preprocessing
-    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)
-    and where object masks come from (items then ``(x, y, mask)``)."""
+    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens),
+    the preprocessing a model was trained with (``saved_preprocessing``, its ``provenance["preprocessing"]``:
+    it applies where no override is given) and where object masks come from (items then ``(x, y, mask)``)."""
 
     columns: Columns | None = None
     train_split: str | None = None
@@ -40,6 +41,7 @@ class DataOptions:
     image_std: Sequence[float] | None = None
     max_length: int | None = None
     object_masks: ObjectMasks | None = None
+    saved_preprocessing: dict[str, Any] | None = None
 
     def split_for(self, role: str) -> str | None:
         """The split name asked for ``role`` (``"train"``, ``"val"``, ``"test"``)."""
@@ -99,8 +101,8 @@ def _read(
         if builtin.modality != modality:
             article = "an" if modality == "image" else "a"
             raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
-        dataset = builtin.read(role, limit, source.directory, options.object_masks)
-        return LoadedSplit(dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples")
+        dataset, part = builtin.read(role, limit, source.directory, options.object_masks, options.holdout)
+        return LoadedSplit(dataset, f"{role} data: {data}, {part}, {len(cast(Sized, dataset))} examples")
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
@@ -113,6 +115,7 @@ def _read(
         mean=options.image_mean,
         std=options.image_std,
         max_length=options.max_length,
+        saved=options.saved_preprocessing,
     )
     dataset, name = load_user_split(
         data,

@@ -73,7 +73,9 @@ class SOP(nn.Module):
         group_gen_scale: the generator's γ (from the recipe: 1 for ``"paper"``, 2 on standardised
             logits for ``"sopfast"``).
         group_sel_scale: the selector's β.
-        blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
+        blur_kernel_size: size of the optional Gaussian blur of the attention logits over the feature grid
+            (``≤ 1``: off).
+        blur_sigma: standard deviation of that blur, in features.
         center_embeddings: subtract each example's mean feature embedding before the attention
             (from the recipe; beyond the paper, see :class:`sopfast.model.generator.GroupGenerator`).
         queries: the query rows: ``"fixed"`` (the paper's ``floor(j·d/m)``) or ``"diverse"``

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...explain import write_explanations
+
 from ..common import (
     add_common,
     add_data,
@@ -16,6 +18,7 @@ from ..common import (
     load_model,
     load_split,
 )
+from ..options import add_api_options
 from ..parser import int_at_least
 
 NAME = "explain"
@@ -28,20 +31,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_load_overrides(p)
     add_data(p)
     p.add_argument("--split", default=None, help="the data's split to explain (default: test, validation)")
-    p.add_argument("--count", type=int_at_least(1), default=8, help="how many test examples to explain")
+    p.add_argument(
+        "--count",
+        type=int_at_least(1),
+        default=8,
+        help="how many test examples to explain, taken from every class in turn (default: 8)",
+    )
     p.add_argument("--out", default="explanations", help="output directory (default: explanations)")
+    add_api_options(p, write_explanations, only=("progress",))
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...explain import write_explanations
-
     check_output_dir("--out", args.out)
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
     dataset = load_split(args, model, backbone, "test", args.count)
     paths = write_explanations(
-        model, dataset, args.out, count=args.count, device=run_device, class_names=getattr(dataset, "classes", None)
+        model,
+        dataset,
+        args.out,
+        count=args.count,
+        device=run_device,
+        class_names=getattr(dataset, "classes", None),
+        progress=args.progress,
     )
     print("\n".join(paths))
     return 0
