@@ -89,6 +89,36 @@ class Preprocessing:
         assert self.transform is not None, "an image preprocessing has a transform"
         return self.transform(self._mode(image)).float().contiguous()
 
+    def batch(self, items: Any, pairs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """Raw examples as the model's keyword inputs: images (PIL images or paths, one or a list) →
+        ``{"pixel_values": [B, C, H, W]}``; texts (one or a list, with second segments ``pairs``) →
+        ``input_ids``, ``attention_mask`` and ``token_type_ids`` ``[B, T]``, padded to the longest."""
+        single = isinstance(items, (str, os.PathLike)) or not isinstance(items, (list, tuple))
+        items = [items] if single else list(items)
+        if self.modality == "text":
+            if self.tokenizer is None:
+                raise PreprocessingError("text inputs need the backbone's tokenizer, which this model does not record")
+            if not all(isinstance(t, str) for t in items):
+                raise PreprocessingError(f"a text model takes strings, got {type(items[0]).__name__}")
+            enc = self.tokenizer(
+                items,
+                None if pairs is None else ([pairs] if isinstance(pairs, str) else list(pairs)),
+                padding="longest",
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
+            ids = enc["input_ids"]
+            types = enc.get("token_type_ids", torch.zeros_like(ids))
+            return {"input_ids": ids, "attention_mask": enc["attention_mask"], "token_type_ids": types}
+        from PIL import Image
+
+        images = [Image.open(i) if isinstance(i, (str, os.PathLike)) else i for i in items]
+        bad = next((type(i).__name__ for i in images if not isinstance(i, Image.Image)), None)
+        if bad is not None:
+            raise PreprocessingError(f"an image model takes PIL images or image paths, got {bad}")
+        return {"pixel_values": torch.stack([self.image(image) for image in images])}
+
     def object_mask(self, image: PILImage.Image, threshold: float = 0.5) -> torch.Tensor:
         """``[H, W]`` bool: the pixels of a grey-level ``image`` brighter than ``threshold`` (a fraction
         of full brightness), placed like :meth:`image` places pixels."""
@@ -169,13 +199,19 @@ def _timm_image(
     import timm.data
 
     config = {**timm.data.resolve_data_config({}, model=backbone), **stats}
-    if size is not None:
-        config["input_size"] = (prep.channels, *size)
+    notes = list(prep.notes)
+    for name in ("mean", "std"):  # a model built with other in_chans keeps its pretrained_cfg's statistics
+        values = tuple(float(v) for v in config[name])
+        if len(values) != prep.channels and name not in stats:
+            config[name] = (sum(values) / len(values),) * prep.channels
+            notes.append(f"timm's {len(values)}-channel {name} averaged for the model's {prep.channels} channel(s)")
+    config["input_size"] = (prep.channels, *(size or _pair(config["input_size"])))
     size = _pair(config["input_size"])
     crop_pct = float(config.get("crop_pct") or 1.0)
     masks = {**config, "interpolation": "nearest", "mean": (0.0,) * prep.channels, "std": (1.0,) * prep.channels}
     return replace(
         prep,
+        notes=notes,
         library="timm create_transform",
         mean=tuple(config["mean"]),
         std=tuple(config["std"]),

@@ -13,12 +13,12 @@ from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
-from ..adapters.sources import Backbone, inferred_source, load_recorded
+from ..adapters.sources import Backbone, inferred_source
 from ..checks import check_bool, check_choice, check_int, check_number, check_tau
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
-from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
+from .hub import HubMixin
 from .generator import GroupGenerator, check_candidates, check_finite_lam
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
@@ -45,8 +45,10 @@ class SOPConfig(dict):
         return cls({**config_dict, **kwargs})
 
 
-class SOP(nn.Module):
-    """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md).
+class SOP(HubMixin, nn.Module):
+    """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md); saved, loaded and shared like a
+    Hugging Face model (:class:`sopfast.model.hub.HubMixin`: ``save_pretrained``, ``from_pretrained``,
+    ``push_to_hub``, a model card, and ``preprocess`` of raw inputs as in training).
 
     Args:
         backbone: a Hugging Face image or text classifier of a family sopfast knows (ViT, DeiT, BEiT,
@@ -407,42 +409,6 @@ class SOP(nn.Module):
             attention=groups.attention,
             task=self.task,
         )
-
-    def save_pretrained(self, directory: str | os.PathLike) -> str:
-        """Write the trainable weights (safetensors), the config and the backbone's hash to ``directory``."""
-        return str(save_pretrained(self, directory))
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        directory: str | os.PathLike,
-        backbone: nn.Module | Backbone | None = None,
-        *,
-        strict_backbone: bool = True,
-        **overrides,
-    ) -> SOP:
-        """Rebuild a model saved with :meth:`save_pretrained` (a run folder of :func:`sopfast.train` too:
-        its ``best/``, else ``last/``) over its backbone: ``backbone``, or without one the backbone the
-        checkpoint recorded (a Hugging Face directory, ``timm:`` / ``torchvision:`` weights).
-
-        A ValueError names what does not fit: another backbone, another adapter, missing or reshaped
-        weights; without ``backbone``, a checkpoint that records none it can load.
-
-        Args:
-            strict_backbone: refuse a backbone other than the one the model was saved with (``False``:
-                warn and load anyway).
-            overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
-        """
-        directory = pretrained_directory(directory)
-        if backbone is None:
-            recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
-            backbone = load_recorded(recorded, f"the checkpoint {directory}")
-        module = backbone.model if isinstance(backbone, Backbone) else backbone
-        saved = read_pretrained(directory, module, strict_backbone=strict_backbone)
-        model = cls(backbone, **{**saved.options, **overrides})
-        saved.load_into(model, adapter_given="adapter" in overrides)
-        model.provenance = {**saved.provenance, **{k: v for k, v in model.provenance.items() if v is not None}}
-        return model
 
     @classmethod
     def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:

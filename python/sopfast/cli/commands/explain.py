@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from ...explain import write_explanations
-
 from ..common import (
     add_common,
     add_data,
@@ -18,7 +16,6 @@ from ..common import (
     load_model,
     load_split,
 )
-from ..options import add_api_options
 from ..parser import int_at_least
 
 NAME = "explain"
@@ -38,10 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how many test examples to explain, taken from every class in turn (default: 8)",
     )
     p.add_argument("--out", default="explanations", help="output directory (default: explanations)")
-    add_api_options(p, write_explanations, only=("progress",))
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar (default: yes)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...explain import write_explanations
+
     check_output_dir("--out", args.out)
     run_device = device(args.device)
     backbone = load_backbone(args)
