@@ -46,7 +46,8 @@ def test_what_the_weights_leave_open_is_named_in_a_one_line_error(tmp_path):
         load_backbone("timm:vit_tiny_patch16_224", weights)
     text = str(err.value)
     assert "\n" not in text and "embed_dim': 64" in text and "--backbone-option num_heads=N" in text
-    assert load_backbone("timm:vit_tiny_patch16_224", weights, options={"num_heads": 4}).model.blocks[0].attn.num_heads == 4
+    built = load_backbone("timm:vit_tiny_patch16_224", weights, options={"num_heads": 4}).model
+    assert built.blocks[0].attn.num_heads == 4
 
 
 def test_weights_of_another_model_are_one_line_with_counts(tmp_path):

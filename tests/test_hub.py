@@ -61,7 +61,8 @@ def test_a_loaded_model_preprocesses_raw_inputs_as_in_training(run):
     assert batch["pixel_values"].shape == (2, 3, 32, 32)
     expected = torch.stack([model.preprocessing.image(Image.open(f)) for f in files])
     torch.testing.assert_close(batch["pixel_values"], expected)
-    assert model.preprocessing.mean == (0.2,) * 3 and model.preprocessing.std == (0.3,) * 3  # not the 0.5 of its processor
+    prep = model.preprocessing  # the saved statistics, not the 0.5 of the directory's processor
+    assert prep.mean == (0.2,) * 3 and prep.std == (0.3,) * 3
     assert float(batch["pixel_values"].max()) > 1.5  # (x - 0.2) / 0.3 of bright pixels; (x - 0.5) / 0.5 stays ≤ 1
     with torch.no_grad():
         assert model(**batch).logits.shape == (2, 3)

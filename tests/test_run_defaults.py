@@ -4,8 +4,8 @@ default run folder, the version, help texts that say what each flag does, and wh
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import re
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +85,7 @@ def test_builtin_data_validates_on_a_part_of_its_training_split():
     from sopfast.data.builtin import BUILTIN
 
     read = BUILTIN["digits"].read
-    (train, train_part), (val, val_part), (test, test_part) = (read(r, None, None, None, 0.1) for r in ROLES)
+    (train, _), (val, val_part), (test, _) = (read(r, None, None, None, 0.1) for r in ROLES)
     assert (len(train), len(val), len(test)) == (1350, 150, 297)
     assert val_part.startswith("validation part held out of the train split (150 of 1500, stratified")
     rows = lambda dataset: {tuple(dataset[i][0].flatten().tolist()) for i in range(len(dataset))}

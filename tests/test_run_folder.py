@@ -85,9 +85,9 @@ def test_each_loss_term_is_logged_apart_and_validation_compares_like_with_like(r
     assert any("config.yaml" in tag for tag in events.Tags()["tensors"])  # the resolved config, as text
     hparams = events.PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in hparams and b"saliency_weight" in hparams["_hparams_/experiment"]
-    from sopfast.training.records import plot_training_curves
-
     import matplotlib.pyplot as plt
+
+    from sopfast.training.records import plot_training_curves
 
     seen = []
     original = plt.subplots

@@ -258,7 +258,7 @@ def preprocessing_for(
         return prep
     if prep.modality == "text":
         fields = {"max_length": ("max_length", "--max-length")}
-        own = {"max_length": prep.max_length}
+        own: dict[str, Any] = {"max_length": prep.max_length}
     else:
         fields = dict(SAVED_FIELDS)
         own = {"image_size": list(prep.size or ()), "mean": list(prep.mean), "std": list(prep.std)}

@@ -132,6 +132,7 @@ class _Construction:
 def _construction(probe: nn.Module, state: dict, options: dict[str, Any], head_weight: str | None) -> _Construction:
     """The class count read off the weights' head (``head_weight``) and what the probe's adapter reads off
     the weights (a timm ViT's depth, width, patch and image size …), then the given ``options``."""
+    from .base import BackboneAdapter
     from .registry import find_adapter_class
 
     def read(weights: dict) -> dict[str, Any]:
@@ -139,12 +140,13 @@ def _construction(probe: nn.Module, state: dict, options: dict[str, Any], head_w
         return {**found, **(adapter.constructor_options(probe, weights) if adapter else {})}
 
     try:
-        adapter: type | None = find_adapter_class(probe)
+        adapter: type[BackboneAdapter] | None = find_adapter_class(probe)
     except TypeError:  # no adapter for the probe: SOP says so, with the supported families, later
         adapter = None
     fixed, default = read(state), read(probe.state_dict())
     changed = {k: v for k, v in fixed.items() if default.get(k) != v and k not in options}
-    unfixed = {k: v for k, v in (adapter.open_constructor_options(probe) if adapter else {}).items() if k not in options}
+    open_options = adapter.open_constructor_options(probe) if adapter else {}
+    unfixed = {k: v for k, v in open_options.items() if k not in options}
     return _Construction({**fixed, **options}, changed, unfixed)
 
 

@@ -142,9 +142,7 @@ class Source:
         return f"{train}, training part ({len(rest)} of {total}: {cut} held out, {how})", rest
 
 
-def _holdout(
-    name: str, split: Any, role: str, fraction: float, label: str, warn: bool = False
-) -> tuple[Any, Any, str]:
+def _holdout(name: str, split: Any, role: str, fraction: float, label: str, warn: bool = False) -> tuple[Any, Any, str]:
     """``split`` cut in two: the remaining part, the held-out part (a ``fraction`` of each class, stratified
     where every class has two examples or more) and how it was cut, with a fixed seed so every command
     cuts alike; with ``warn``, a held-out part with few examples of a class is logged (``role``, ``"test"``

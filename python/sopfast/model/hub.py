@@ -64,7 +64,7 @@ def local_directory(
             snapshot_download(
                 str(name_or_path),
                 revision=revision,
-                cache_dir=cache_dir,
+                cache_dir=None if cache_dir is None else Path(cache_dir),
                 local_files_only=local_files_only,
                 token=token,
             )
@@ -84,10 +84,12 @@ class HubMixin:
 
     provenance: dict[str, Any]
 
-    def save_pretrained(self, directory: str | os.PathLike, *, model_card: bool = True) -> str:
+    def save_pretrained(
+        self, directory: str | os.PathLike, *, model_card: bool = True, backbone_sha256: str | None = None
+    ) -> str:
         """Write the trainable weights (safetensors), the config, the backbone's hash and (``model_card``)
-        the model card ``README.md`` to ``directory``."""
-        path = save_pretrained(self, directory)
+        the model card ``README.md`` to ``directory`` (``backbone_sha256``: the hash, when known)."""
+        path = save_pretrained(self, directory, backbone_sha256=backbone_sha256)
         if model_card:
             (path / CARD_NAME).write_text(self.model_card(), encoding="utf-8")
         return str(path)
@@ -128,7 +130,7 @@ class HubMixin:
             backbone = load_recorded(recorded, f"the checkpoint {path}")
         module = backbone.model if isinstance(backbone, Backbone) else backbone
         saved = read_pretrained(path, module, strict_backbone=strict_backbone)
-        model = cls(backbone, **{**saved.options, **overrides})
+        model: Any = cls(backbone, **{**saved.options, **overrides})  # type: ignore[call-arg]  # SOP's constructor
         saved.load_into(model, adapter_given="adapter" in overrides)
         loaded = {k: v for k, v in model.provenance.items() if v is not None}
         model.provenance = {**saved.provenance, **loaded}

@@ -18,8 +18,8 @@ from ..checks import check_bool, check_choice, check_int, check_number, check_ta
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
-from .hub import HubMixin
 from .generator import GroupGenerator, check_candidates, check_finite_lam
+from .hub import HubMixin
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
@@ -184,7 +184,7 @@ class SOP(HubMixin, nn.Module):
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
-        self.mode = mode = self.recipe.default_mode(self.adapter) if mode is None else mode
+        self.mode = self.recipe.default_mode(self.adapter) if mode is None else mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
         if check_bool("freeze_projection", freeze_projection):
@@ -208,7 +208,7 @@ class SOP(HubMixin, nn.Module):
             {
                 "num_groups": num_groups,
                 "tau": tau,
-                "mode": mode,
+                "mode": self.mode,
                 "recipe": recipe,
                 "num_heads": num_heads,
                 "ties": ties,

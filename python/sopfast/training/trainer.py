@@ -30,7 +30,6 @@ from ..model.checkpoint import (
     load_trainable_state_dict,
     load_training_state,
     remove_stale_temp_files,
-    save_pretrained,
     trainable_state_dict,
 )
 from ..model.numerics import flush_denormal
@@ -428,7 +427,7 @@ class Trainer:
             self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
-                save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
+                self.model.save_pretrained(output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
         if self.stopping.evaluated(improved, self.step < self.total_steps):
@@ -444,7 +443,7 @@ class Trainer:
             self._evaluate_and_track()
         self.save_state()
         if self.info.is_main and output_dir is not None:
-            save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
+            self.model.save_pretrained(output_dir / "last", backbone_sha256=self.backbone_sha256)
             self._emit("save", {"step": self.step, "what": "last", "path": str(output_dir / "last")})
         record = self._record(
             "end",
