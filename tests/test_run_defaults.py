@@ -95,3 +95,10 @@ def test_builtin_data_validates_on_a_part_of_its_training_split():
 
 
 ROLES = ("train", "val", "test")
+
+
+def test_another_backbone_names_the_flag_that_loads_anyway(tmp_path):
+    model = sopfast.SOP(make_hf_vit(), num_groups=3)
+    model.save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match=r"strict_backbone=False \(--no-strict-backbone\) to load anyway"):
+        sopfast.SOP.from_pretrained(tmp_path / "m", make_hf_vit(seed=1))

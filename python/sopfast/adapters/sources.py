@@ -144,7 +144,8 @@ def _construction(probe: nn.Module, state: dict, options: dict[str, Any], head_w
     except TypeError:  # no adapter for the probe: SOP says so, with the supported families, later
         adapter = None
     fixed, default = read(state), read(probe.state_dict())
-    changed = {k: v for k, v in fixed.items() if default.get(k) != v and k not in options}
+    # what the weights change of the model's default architecture (the class count goes without saying)
+    changed = {k: v for k, v in fixed.items() if default.get(k) != v and k not in options and k != "num_classes"}
     open_options = adapter.open_constructor_options(probe) if adapter else {}
     unfixed = {k: v for k, v in open_options.items() if k not in options}
     return _Construction({**fixed, **options}, changed, unfixed)
