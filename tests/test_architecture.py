@@ -37,6 +37,7 @@ LAYERS = {
     "explain": 5,
     "benchmark": 5,
     "demo": 6,
+    "prediction": 6,
     "cli": 7,
 }
 

@@ -103,9 +103,6 @@ class BackboneAdapter(ABC):
     #: Modes whose group passes need every group of one call to keep the same number of features
     #: (ViT ``drop``: a ``-1`` pad would run as a token that attends).
     equal_size_modes: tuple[str, ...] = ()
-    #: Modes whose group passes compute the backbone's own function on the masked input (BERT ``drop``
-    #: runs the kept tokens at their positions: the same logits as ``exact``; a ViT's ``drop`` does not).
-    exact_modes: tuple[str, ...] = ("exact",)
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
     #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
     projection_source: str = ""

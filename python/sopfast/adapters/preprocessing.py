@@ -65,6 +65,8 @@ class Preprocessing:
     resample: str = "bilinear"
     library: str = ""
     transform: Callable[[Any], torch.Tensor] | None = field(default=None, repr=False)
+    #: ``transform`` of a list of images at once (``[B, C, H, W]``), where the library batches them
+    batch_transform: Callable[[list[Any]], torch.Tensor] | None = field(default=None, repr=False)
     mask_transform: Callable[[Any], torch.Tensor] | None = field(default=None, repr=False)
     tokenizer: Any = None
     max_length: int = MAX_LENGTH
@@ -119,6 +121,13 @@ class Preprocessing:
             raise PreprocessingError(f"an image model takes PIL images or image paths, got {bad}")
         return {"pixel_values": torch.stack([self.image(image) for image in images])}
 
+    def images(self, images: list[PILImage.Image]) -> torch.Tensor:
+        """PIL images → ``[B, C, H, W]`` float32, equal to :meth:`image` of each (one call where the
+        library batches: a Hugging Face image processor spends ~4× less per image)."""
+        if self.batch_transform is None:
+            return torch.stack([self.image(image) for image in images])
+        return self.batch_transform([self._mode(image) for image in images]).float().contiguous()
+
     def object_mask(self, image: PILImage.Image, threshold: float = 0.5) -> torch.Tensor:
         """``[H, W]`` bool: the pixels of a grey-level ``image`` brighter than ``threshold`` (a fraction
         of full brightness), placed like :meth:`image` places pixels."""
@@ -147,6 +156,10 @@ def _stats(name: str, value: Any, channels: int) -> tuple[float, ...]:
 
 def _hf_call(processor: Any, options: dict[str, Any], image: PILImage.Image) -> torch.Tensor:
     return processor(images=image, return_tensors="pt", **options)["pixel_values"][0]
+
+
+def _hf_batch(processor: Any, options: dict[str, Any], images: list[PILImage.Image]) -> torch.Tensor:
+    return processor(images=images, return_tensors="pt", **options)["pixel_values"]
 
 
 def _hf_image(
@@ -180,6 +193,7 @@ def _hf_image(
         size=size or _output_size(partial(_hf_call, processor, options)),
         resample=RESAMPLE_NAMES.get(int(getattr(processor, "resample", 2) or 2), "bilinear"),
         transform=partial(_hf_call, processor, options),
+        batch_transform=partial(_hf_batch, processor, options),
         mask_transform=partial(_hf_call, processor, mask),
     )
 

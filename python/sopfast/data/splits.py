@@ -26,16 +26,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DataOptions:
-    """How to read your own data: columns, the split names, the held-out fraction, preprocessing
-    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens),
-    the preprocessing a model was trained with (``saved_preprocessing``, its ``provenance["preprocessing"]``:
-    it applies where no override is given) and where object masks come from (items then ``(x, y, mask)``)."""
+    """How to read your own data: columns, the split names, the held-out fraction (``None``: a single
+    split whole), preprocessing overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per
+    channel, ``max_length`` tokens), the preprocessing a model was trained with (``saved_preprocessing``,
+    its ``provenance["preprocessing"]``: it applies where no override is given) and where object masks
+    come from (items then ``(x, y, mask)``)."""
 
     columns: Columns | None = None
     train_split: str | None = None
     val_split: str | None = None
     split: str | None = None
-    holdout: float = HOLDOUT
+    holdout: float | None = HOLDOUT
     image_size: Sequence[int] | None = None
     image_mean: Sequence[float] | None = None
     image_std: Sequence[float] | None = None
@@ -80,7 +81,7 @@ def load_split(
     size = len(cast(Sized, dataset))
     if size == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
-    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, size))]))
+    batch = parse_batch(torch.utils.data.default_collate(_first_readable(dataset, size, data, role)))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
     if batch.labels is None:
@@ -90,6 +91,23 @@ def load_split(
     except (ValueError, TypeError) as err:
         raise DataError(f"--data {data} ({role}) does not fit the backbone: {err}") from err
     return loaded
+
+
+def _first_readable(dataset: torch.utils.data.Dataset, size: int, data: str, role: str, count: int = 8) -> list[Any]:
+    """The first ``count`` examples that can be read (an unreadable file is for the command to skip or
+    report); DataError when none can."""
+    items, error = [], None
+    for i in range(size):
+        try:
+            items.append(dataset[i])
+        except DataError as err:
+            error = error or err
+            continue
+        if len(items) == count:
+            break
+    if not items:
+        raise DataError(f"--data {data}: no {role} example can be read ({error})")
+    return items
 
 
 def _read(

@@ -95,11 +95,11 @@ class Source:
     base_dir: str = ""
 
     def resolve(
-        self, role: str, name: str | None = None, holdout: float = HOLDOUT, label: str = "label"
+        self, role: str, name: str | None = None, holdout: float | None = HOLDOUT, label: str = "label"
     ) -> tuple[str, Any]:
         """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) and a line naming it: ``name`` if
         given, else the source's own split, else the held-out part of a single split (stratified by the
-        ``label`` column)."""
+        ``label`` column), or with ``holdout=None`` that single split whole."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         available = list(self.splits)
@@ -127,7 +127,7 @@ class Source:
                 f"{self.path} has no {role!r} split and no single split to cut one from; "
                 f"available: {available}; name one with {flag}"
             )
-        if role == "train" and validation is not None:
+        if (role == "train" and validation is not None) or holdout is None:
             return train, self.splits[train]
         pool, total, left = self.splits[train], len(self.splits[train]), ""
         if test is None and validation is None:  # one split: a test part first, never used for validation
@@ -212,9 +212,35 @@ def _table(datasets: Any, path: str) -> Source:
     return Source(path, "table", dict(loaded), base_dir=base)
 
 
+def _plain_splits(datasets: Any, path: str) -> dict[str, list[str]] | None:
+    """The data files ``datasets`` infers for an image folder whose layout is plain — one split, or
+    only split-named folders at the top — found in one walk of the tree; ``None`` (let ``datasets``
+    infer) where any other name holds a split keyword.  ``datasets`` tries ~70 patterns, each a walk
+    of the whole tree."""
+    keywords = {k: str(split) for split, words in datasets.data_files.SPLIT_KEYWORDS.items() for k in words}
+    special = ("task.toml", "instruction.md", "data")  # names of datasets' other layouts
+
+    def shown(name: str) -> bool:  # datasets skips hidden files and "__" folders
+        return not name.startswith((".", "__"))
+
+    top = [e for e in os.listdir(path) if shown(e)]
+    splits = [e for e in top if e in keywords and os.path.isdir(os.path.join(path, e))]
+    if splits and (len(splits) != len(top) or len({keywords[n] for n in splits}) != len(splits)):
+        return None
+    for folder, subfolders, files in os.walk(path):
+        subfolders[:] = [d for d in subfolders if shown(d)]
+        names = [d for d in subfolders if folder != path or d not in splits] + [f for f in files if shown(f)]
+        if any(n.lower() in special or any(k in n.lower() for k in keywords) for n in names):
+            return None
+    if not splits:
+        return {"train": ["**"]}
+    order = [str(split) for split in datasets.data_files.SPLIT_KEYWORDS]  # datasets' order: train, validation, test
+    return {keywords[name]: [f"{name}/**"] for name in sorted(splits, key=lambda n: order.index(keywords[n]))}
+
+
 def _image_folder(datasets: Any, path: str) -> Source:
     try:
-        loaded = datasets.load_dataset("imagefolder", data_dir=path)
+        loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=_plain_splits(datasets, path))
     except (datasets.data_files.EmptyDatasetError, FileNotFoundError) as err:
         raise DataError(f"image folder {path} holds no images: {err}") from err
     if any("label" not in d.column_names for d in loaded.values()):
@@ -414,7 +440,7 @@ def load_split(
     *,
     columns: Columns | None = None,
     split: str | None = None,
-    holdout: float = HOLDOUT,
+    holdout: float | None = HOLDOUT,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
@@ -422,7 +448,7 @@ def load_split(
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
     ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
     split used."""
-    if not 0 < holdout < 1:
+    if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
     if source.kind == "image-folder" and prep.modality == "text":
@@ -457,7 +483,7 @@ def load_split(
     images = data[chosen.inputs]  # a lazy column (datasets >= 4)
     masks = data[chosen.mask] if chosen.mask else images
     reader = None if object_masks is None else _mask_reader(images, masks, read, prep, object_masks)
-    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader), name
+    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader, prep.images), name
 
 
 def _mask_reader(

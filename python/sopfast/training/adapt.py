@@ -135,7 +135,13 @@ def adapt_backbone(
     adapted = copy.deepcopy(original).requires_grad_(True)
     student = get_adapter(adapted, **adapter_kwargs)
     val_data = train_data if val_data is None else val_data
-    diagnostics = {"tau": tau, "num_groups": num_groups, "seed": seed, "device": run_device, "progress": progress}
+    diagnostics: dict[str, Any] = {
+        "tau": tau,
+        "num_groups": num_groups,
+        "seed": seed,
+        "device": run_device,
+        "progress": progress,
+    }
     before = diagnose(teacher, val_data, **diagnostics)
     loader = _batches(train_data, batch_size, seed)
     if steps is None and not isinstance(loader, Sized):
@@ -153,7 +159,7 @@ def adapt_backbone(
             raise ValueError(
                 "adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels'), or label_weight=0"
             )
-        inputs = teacher.prepare(**batch.adapter_inputs())
+        inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
         loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -259,7 +265,7 @@ def save_adapted(
     kind = (source or {}).get("kind") or ("hf" if hasattr(model, "save_pretrained") else "module")
     provenance = dict(provenance)
     if kind == "hf":
-        model.save_pretrained(out)
+        cast(Any, model).save_pretrained(out)
         origin = (source or {}).get("spec") or getattr(model, "name_or_path", None)
         _copy_preprocessing(origin, out)
         provenance["load"] = {"backbone": os.path.abspath(out)}
