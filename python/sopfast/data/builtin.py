@@ -165,26 +165,28 @@ def tokenize_tweets(
 
 #: How a built-in set is read: ``(role, limit, backbone_dir, object_masks, holdout)`` → the dataset and a
 #: line naming the part read.
-Reader = Callable[[str, int | None, str | None, ObjectMasks | None, float], tuple[Dataset, str]]
+Reader = Callable[[str, int | None, str | None, ObjectMasks | None, float | None], tuple[Dataset, str]]
 
 
 @dataclass(frozen=True)
 class Builtin:
     """A dataset that ships with the install (or with Debian): its modality and how to read a role —
     ``"test"`` its test split, ``"val"`` a ``holdout`` fraction of its training split (stratified, seed
-    0), ``"train"`` the rest — with at most ``limit`` examples (every class alike), for a backbone loaded
-    from a directory (text: its tokenizer), with object masks (images)."""
+    0), ``"train"`` the rest (``holdout=None``: the whole training split) — with at most ``limit``
+    examples (every class alike), for a backbone loaded from a directory (text: its tokenizer), with
+    object masks (images)."""
 
     modality: str
     read: Reader
 
 
-def _part(role: str, labels: Sequence[int], holdout: float, limit: int | None) -> tuple[list[int], str]:
+def _part(role: str, labels: Sequence[int], holdout: float | None, limit: int | None) -> tuple[list[int], str]:
     """The positions ``role`` reads among a training split's ``labels`` (``"test"``: all of the test
-    split's), limited to ``limit`` across classes, and a line naming them."""
+    split's; ``holdout=None``: all of the training split's), limited to ``limit`` across classes, and a
+    line naming them."""
     n = len(labels)
-    if role == "test":
-        positions, text = list(range(n)), f"test split ({n})"
+    if role == "test" or holdout is None:
+        positions, text = list(range(n)), f"{'test' if role == 'test' else 'train'} split ({n})"
     else:
         rest, held = stratified_holdout(labels, holdout)
         positions = held if role == "val" else rest
@@ -197,7 +199,7 @@ def _part(role: str, labels: Sequence[int], holdout: float, limit: int | None) -
 
 
 def _images(
-    train: ImageData, test: ImageData, role: str, limit: int | None, masks: ObjectMasks | None, holdout: float
+    train: ImageData, test: ImageData, role: str, limit: int | None, masks: ObjectMasks | None, holdout: float | None
 ) -> tuple[Dataset, str]:
     source = test if role == "test" else train
     positions, text = _part(role, source.y.tolist(), holdout, limit)
@@ -205,21 +207,21 @@ def _images(
 
 
 def _fashion_mnist(
-    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
 ) -> tuple[Dataset, str]:
     part = load_fashion_mnist("test" if role == "test" else "train")
     return _images(part, part, role, limit, masks, holdout)
 
 
 def _digits(
-    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
 ) -> tuple[Dataset, str]:
     train, test = load_digits_images().split(1500)
     return _images(train, test, role, limit, masks, holdout)
 
 
 def _tweets(
-    role: str, limit: int | None, backbone_dir: str | None, masks: ObjectMasks | None, holdout: float
+    role: str, limit: int | None, backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
 ) -> tuple[Dataset, str]:
     if masks is not None:
         raise ValueError("--object-masks applies to image data; tweets are text")
