@@ -98,7 +98,8 @@ def test_negative_limit_and_count(files):
         (["--weight-decay", "-inf"], "argument --weight-decay"),
         (["--tau", "nan"], "argument --tau"),
         (["--image-mean", "0.5", "nan", "0.5"], "argument --image-mean"),
-        (["--lr", "0"], "lr must be a finite number > 0.0 or None, got 0.0"),
+        (["--lr", "0"], "lr must be a finite number > 0.0 and ≤ 1.0 or None, got 0.0"),
+        (["--lr", "1e38"], "lr must be a finite number > 0.0 and ≤ 1.0 or None, got 1e+38"),
     ],
 )
 def test_non_finite_numbers_are_refused_before_any_work(files, flags, fragment, tmp_path):

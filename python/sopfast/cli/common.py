@@ -99,6 +99,15 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d.add_argument("--text-pair-column", default=None, help="second text column (default: sentence2 with sentence1)")
     d.add_argument("--label-column", default=None, help="label column (default: label, labels, y, ...)")
     d.add_argument(
+        "--label-map",
+        type=key_value,
+        nargs="+",
+        default=None,
+        metavar="LABEL=CLASS",
+        help="map each label of the data to a class id or a class name of the backbone (--label-map cat=0 dog=1); "
+        "without it, names map through the backbone's label2id, and one it does not name is an error",
+    )
+    d.add_argument(
         "--holdout",
         type=fraction,
         default=None,
@@ -254,6 +263,7 @@ def load_adapter_split(
         max_length=args.max_length,
         object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
         saved_preprocessing=(saved or {}).get("preprocessing"),
+        label_map=None if args.label_map is None else dict(args.label_map),
     )
     loaded = load_split(args.data, role, adapter, backbone, options, limit)
     report(loaded.description)
@@ -306,6 +316,8 @@ def check_output_dir(flag: str, path: str | None) -> None:
     """Fail now (not after the work) when ``path`` cannot be an output directory."""
     if path is None:
         return
+    if not path.strip():
+        raise CLIError(f"{flag} is empty; give a directory ('.' for the current one)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise CLIError(f"{flag} {path} exists and is not a directory")
     parent = _existing_parent(path)
@@ -319,6 +331,8 @@ def check_output_file(flag: str, path: str | None) -> None:
     """Fail now when ``path`` cannot be written as a file; create its missing parent folders."""
     if path is None:
         return
+    if not path.strip():
+        raise CLIError(f"{flag} is empty; give a file path")
     if os.path.isdir(path):
         raise CLIError(f"{flag} {path} is a directory; give a file path")
     parent = os.path.dirname(os.path.abspath(path))

@@ -43,6 +43,24 @@ class DataOptions:
     max_length: int | None = None
     object_masks: ObjectMasks | None = None
     saved_preprocessing: dict[str, Any] | None = None
+    label_map: dict[Any, Any] | None = None
+
+    def check_modality(self, modality: str) -> None:
+        """Options of the other modality are mistakes (they would be ignored): a DataError naming the first."""
+        columns = self.columns or Columns()
+        image: dict[str, Any] = {
+            "image_column": columns.image,
+            "image_size": self.image_size,
+            "image_mean": self.image_mean,
+        }
+        image |= {"image_std": self.image_std, "object_masks": self.object_masks}
+        text = {"text_column": columns.text, "text_pair_column": columns.text_pair, "max_length": self.max_length}
+        other = text if modality == "image" else image
+        given = [name for name, value in other.items() if value is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            kind, model = ("text", "an image") if modality == "image" else ("image", "a text")
+            raise DataError(f"{given[0]} ({flag}) is for {kind} data; the backbone is {model} model")
 
     def split_for(self, role: str) -> str | None:
         """The split name asked for ``role`` (``"train"``, ``"val"``, ``"test"``)."""
@@ -76,6 +94,7 @@ def load_split(
     the split is empty, has no labels or does not fit the backbone.
     """
     options = options or DataOptions()
+    options.check_modality(adapter.modality)
     loaded = _read(data, role, adapter, source, options, limit)
     dataset = loaded.dataset
     size = len(cast(Sized, dataset))
@@ -115,6 +134,8 @@ def _read(
 ) -> LoadedSplit:
     modality = adapter.modality
     if data in BUILTIN:
+        if options.label_map is not None:
+            raise DataError(f"label_map (--label-map) is for your own data; --data {data} is built in")
         builtin = BUILTIN[data]
         if builtin.modality != modality:
             article = "an" if modality == "image" else "a"
@@ -144,5 +165,6 @@ def _read(
         holdout=options.holdout,
         limit=limit,
         object_masks=options.object_masks,
+        label_map=options.label_map,
     )
     return LoadedSplit(dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples", prep.describe())

@@ -19,8 +19,10 @@ validation split it is held out of the training split (``holdout`` of it, strati
 one split is cut three ways (a held-out test part, then a validation part of the rest).  ``limit``
 keeps examples of every class alike (:func:`sopfast.data.sampling.across_classes`).
 
-Labels: integers are class ids; strings (and ``ClassLabel`` names) are class names, mapped with the
-backbone's ``label2id`` when it names them all, else in sorted order.
+Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
+``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
+that names no classes).  Training data of one class is refused, and so is an image folder with entries
+it would skip (:mod:`sopfast.data.folders`).
 
 Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
 :func:`sopfast.adapters.preprocessing.preprocessing_for`.
@@ -42,6 +44,8 @@ import torch
 from ..adapters.preprocessing import Preprocessing
 from ..defaults import HOLDOUT
 from .datasets import ImageDataset, TextDataset
+from .folders import check_image_folder
+from .labels import DataError, check_classes, label_ids
 from .object_masks import ObjectMasks
 from .sampling import across_classes
 
@@ -59,10 +63,6 @@ HOLDOUT_SEED = 0
 # fewer held-out examples of a class than this makes its scores noisy: a warning says so
 MIN_HELD_OUT_PER_CLASS = 5
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """Data that cannot be read as asked: the message names the path, column or split."""
 
 
 @contextmanager
@@ -239,11 +239,15 @@ def _plain_splits(datasets: Any, path: str) -> dict[str, list[str]] | None:
 
 
 def _image_folder(datasets: Any, path: str) -> Source:
+    check_image_folder(path)
     try:
         loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=_plain_splits(datasets, path))
     except (datasets.data_files.EmptyDatasetError, FileNotFoundError) as err:
         raise DataError(f"image folder {path} holds no images: {err}") from err
     if any("label" not in d.column_names for d in loaded.values()):
+        folders = [e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e)) and not e.startswith(".")]
+        if len(folders) == 1:
+            raise DataError(f"image folder {path} holds one class ({folders[0]!r}); SOP needs two or more")
         raise DataError(f"image folder {path} has no class subfolders (expected {path}/<class>/<image>)")
     splits = {n: d.cast_column("image", datasets.Image(decode=False)) for n, d in loaded.items()}
     return Source(path, "image-folder", splits, base_dir=path)
@@ -322,17 +326,26 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
         label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
         if modality == "image":
             image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
+            if image == label:
+                raise DataError(f"{where}: the image column {image!r} is the label column (--image-column)")
             mask = None
             if columns.object_mask is not None:
                 mask = _pick("object-mask", columns.object_mask, have, (), "--object-masks", where)
             here = _Chosen(image, label, mask=mask)
         else:
             text = _pick("text", columns.text, have, TEXT_COLUMNS, "--text-column", where)
+            if text == label:
+                raise DataError(f"{where}: the text column {text!r} is the label column (--text-column)")
             pair = columns.text_pair
             if pair is None and PAIR_COLUMNS.get(text) in have:
                 pair = PAIR_COLUMNS[text]
             elif pair is not None and pair not in have:
                 raise DataError(f"{where} has no text-pair column {pair!r} (--text-pair-column); columns: {have}")
+            if pair in (label, text):
+                raise DataError(
+                    f"{where}: the text-pair column (--text-pair-column) {pair!r} is the "
+                    f"{'label' if pair == label else 'text'} column; name a second text column"
+                )
             for column in filter(None, (text, pair)):
                 values = split[column]
                 bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
@@ -345,61 +358,10 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
     return chosen
 
 
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
-
-
 def _class_names(split: Any, column: str) -> list[str] | None:
     """The names of a ``ClassLabel`` column, else ``None``."""
     names = getattr(split.features.get(column), "names", None)
     return list(names) if names else None
-
-
-def label_ids(
-    labels: Sequence[Any], prep: Preprocessing, class_names: Sequence[str] | None, where: str
-) -> tuple[Callable[[Any], int], list[str]]:
-    """The map raw label → class id for all ``labels`` of a source at once (module docstring), and the
-    class names.  ``class_names``: those of a ``ClassLabel`` column, whose labels are indices into them —
-    class ids themselves unless the backbone's ``label2id`` names every class."""
-    if any(v is None or (isinstance(v, str) and not v.strip()) for v in labels):
-        raise DataError(f"{where}: some labels are empty")
-    n = prep.num_classes
-    id2name = {i: name for name, i in prep.label2id.items()}
-    if class_names is not None and prep.label2id and set(class_names) <= set(prep.label2id):
-        by_index = [prep.label2id[name] for name in class_names]
-        return (lambda v: by_index[int(v)]), [id2name.get(i, str(i)) for i in range(n or len(by_index))]
-    id2name = id2name or dict(enumerate(class_names or ()))
-    ints = [i for i in (_as_int(v) for v in labels) if i is not None]
-    if len(ints) == len(labels):
-        bad = sorted({i for i in ints if n is not None and not 0 <= i < n})
-        if bad and n is not None:
-            raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{n - 1})")
-        return _class_id, [id2name.get(i, str(i)) for i in range(n or max(ints) + 1)]
-    names = sorted({str(v) for v in labels})
-    if prep.label2id and set(names) <= set(prep.label2id):
-        mapping = {name: prep.label2id[name] for name in names}
-    else:
-        mapping = {name: i for i, name in enumerate(names)}
-    if n is not None and max(mapping.values()) >= n:
-        raise DataError(f"{where}: {len(mapping)} classes {names[:6]}… but the backbone has {n} classes")
-    classes = [id2name.get(i, str(i)) for i in range(n or len(mapping))]
-    for name, i in mapping.items():
-        classes[i] = name
-    return (lambda v: mapping[str(v)]), classes
-
-
-def _class_id(value: Any) -> int:
-    """An integer label (int, integral float or digit string) as its class id."""
-    class_id = _as_int(value)
-    if class_id is None:
-        raise DataError(f"label {value!r} is not an integer class id")
-    return class_id
 
 
 # -- datasets --------------------------------------------------------------------------------------
@@ -443,11 +405,13 @@ def load_split(
     holdout: float | None = HOLDOUT,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
+    label_map: Mapping[Any, Any] | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
-    ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
-    split used."""
+    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps every label to a class id or a
+    class name of the backbone (:mod:`sopfast.data.labels`); ``holdout=None`` holds nothing out.  Returns
+    the dataset and a description of the split used; training data must hold two classes or more."""
     if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
@@ -459,7 +423,7 @@ def load_split(
     chosen = _choose_columns(source, prep.modality, columns)
     first = next(iter(source.splits.values()))
     all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
-    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path)
+    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path, label_map)
     logger.debug(
         "%s: %s source, splits %s; columns %s; classes %s",
         path,
@@ -473,9 +437,11 @@ def load_split(
     if limit is not None and limit < len(data):
         data = data.select(across_classes([str(v) for v in data[chosen.label]], limit, HOLDOUT_SEED))
     labels = data[chosen.label]
+    ids = [label_of(v) for v in labels]
+    if role == "train":
+        check_classes(ids, classes, f"{path} (split {name})")
     if prep.modality == "text":
         pairs = data[chosen.pair] if chosen.pair is not None else None
-        ids = [label_of(v) for v in labels]
         return TextDataset.tokenize(
             prep.tokenizer, data[chosen.inputs], ids, pairs, prep.max_length, classes=classes
         ), name

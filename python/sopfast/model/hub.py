@@ -26,6 +26,7 @@ from torch import nn
 
 from ..adapters.preprocessing import Preprocessing, preprocessing_for
 from ..adapters.sources import Backbone, load_recorded
+from ..checks import check_bool
 from ..version import __version__
 from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
 
@@ -78,6 +79,14 @@ def local_directory(
         ) from err
 
 
+def backbone_module(backbone: object) -> nn.Module:
+    """The ``nn.Module`` of ``backbone`` (a module, or a :func:`sopfast.adapters.load_backbone` record)."""
+    module = backbone.model if isinstance(backbone, Backbone) else backbone
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"backbone must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    return module
+
+
 class HubMixin:
     """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the model card and ``preprocess`` of
     :class:`sopfast.SOP` (which builds the model from the constructor options these methods save)."""
@@ -121,6 +130,9 @@ class HubMixin:
                 warn and load anyway).
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
+        check_bool("strict_backbone", strict_backbone)
+        if backbone is not None:
+            backbone_module(backbone)  # a wrong type fails before any file is read
         found = local_directory(
             directory, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token
         )
@@ -128,8 +140,7 @@ class HubMixin:
         if backbone is None:
             recorded = (read_config(path).get("provenance") or {}).get("backbone") or {}
             backbone = load_recorded(recorded, f"the checkpoint {path}")
-        module = backbone.model if isinstance(backbone, Backbone) else backbone
-        saved = read_pretrained(path, module, strict_backbone=strict_backbone)
+        saved = read_pretrained(path, backbone_module(backbone), strict_backbone=strict_backbone)
         model: Any = cls(backbone, **{**saved.options, **overrides})  # type: ignore[call-arg]  # SOP's constructor
         saved.load_into(model, adapter_given="adapter" in overrides)
         loaded = {k: v for k, v in model.provenance.items() if v is not None}

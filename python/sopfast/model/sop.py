@@ -14,12 +14,12 @@ from torch import nn
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source
-from ..checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..checks import Checked, check_bool, check_choice, check_int, check_number, check_tau, check_text_only
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
 from .generator import GroupGenerator, check_candidates, check_finite_lam
-from .hub import HubMixin
+from .hub import HubMixin, backbone_module
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
@@ -157,18 +157,16 @@ class SOP(HubMixin, nn.Module):
     ):
         super().__init__()
         source = backbone.describe() if isinstance(backbone, Backbone) else None
-        backbone = backbone.model if isinstance(backbone, Backbone) else backbone
-        if not isinstance(backbone, nn.Module):
-            raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+        backbone = backbone_module(backbone)
         #: Where the backbone (and the inputs' preprocessing) came from, saved with the model so that
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
         self.recipe = get_recipe(recipe)
-        self.num_groups = check_int("num_groups", num_groups, 1)
+        self.num_groups = num_groups
         self.tau = tau
-        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
+        self.group_batch_size = group_batch_size
         self.task = check_choice("task", task, TASKS)
-        self.deletion = check_bool("deletion", deletion)
+        self.deletion = deletion
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -252,13 +250,12 @@ class SOP(HubMixin, nn.Module):
             raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
         return class_weights
 
-    @property
-    def tau(self) -> float:
-        return self._tau
-
-    @tau.setter
-    def tau(self, value: float) -> None:
-        self._tau = check_tau(value)
+    # options that may change after construction (saved with their current values), each set checked
+    tau = Checked(lambda name, v: check_tau(v, name), "The fraction of features a group keeps.")
+    num_groups = Checked(lambda name, v: check_int(name, v, 1), "``m``, groups per input.")
+    group_batch_size = Checked(lambda name, v: check_int(name, v, 1, optional=True), "Groups per backbone call.")
+    deletion = Checked(check_bool, "Whether groups keep the lowest-attention features.")
+    epoch = Checked(lambda name, v: check_int(name, v, 0), "The training epoch (head ``epoch mod H`` trains).")
 
     @property
     def checkpoint_projection(self) -> bool:
@@ -267,8 +264,7 @@ class SOP(HubMixin, nn.Module):
 
     @checkpoint_projection.setter
     def checkpoint_projection(self, value: bool | None) -> None:
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"checkpoint_projection must be True, False or None, got {value!r}")
+        check_bool("checkpoint_projection", value, optional=True)
         if value and not self.adapter.supports_checkpointing:
             raise ValueError(
                 f"checkpoint_projection=True is not supported by {type(self.adapter).__name__} "
@@ -299,6 +295,7 @@ class SOP(HubMixin, nn.Module):
         given = [v for v in (x, input_ids, pixel_values) if v is not None]
         if len(given) != 1:
             raise ValueError("pass exactly one input: x, input_ids= or pixel_values=")
+        check_text_only(self.adapter.modality, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.adapter.prepare(given[0], attention_mask, token_type_ids)
 
     def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:

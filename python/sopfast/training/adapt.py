@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.sources import Backbone
-from ..checks import check_int, check_number
+from ..checks import check_bool, check_int, check_number
 from ..data.batches import parse_batch
 from ..model.checkpoint import hash_backbone
 from ..types import FeatureInputs, Groups
@@ -129,6 +129,7 @@ def adapt_backbone(
     if teacher_weight == 0 and label_weight == 0:
         raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
     check_int("seed", seed, 0)
+    check_bool("progress", progress)
     run_device = torch.device(device) if device is not None else _device_of(original)
     original = original.to(run_device).eval()
     teacher = get_adapter(original, **adapter_kwargs)

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter
-from ..checks import check_choice, check_int, check_tau
+from ..checks import check_bool, check_choice, check_int, check_tau
 from ..data.batches import parse_batch
 from ..masking.forward import adapter_of, run_mask_sets
 from ..model.sop import SOP
@@ -171,6 +171,7 @@ def diagnose(
     check_int("informed_examples", informed_examples, 0)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
+    check_bool("progress", progress)
     run_device = torch.device(device) if device is not None else _device_of(adapter)
     generator = torch.Generator().manual_seed(seed)
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}

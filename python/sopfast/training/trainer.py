@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from functools import cached_property
 from itertools import islice
 from typing import Any
 
@@ -25,11 +26,11 @@ from ..data.batches import to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
-    atomic_save,
     hash_backbone,
     load_trainable_state_dict,
     load_training_state,
     remove_stale_temp_files,
+    save_training_state,
     trainable_state_dict,
 )
 from ..model.numerics import flush_denormal
@@ -48,9 +49,10 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .guards import NonFiniteLossError, check_savable, step_error
 from .optimizer import build_optimization
 from .records import RunRecords, write_run_config
-from .resume import check_resumable, fingerprint, resume_message, resume_path
+from .resume import check_resumable, fingerprint, resume_message, resume_path, run_identity
 from .state import capture_rng, restore_rng, seed_everything
 from .step_values import StepValues
 from .stopping import Stopping
@@ -58,11 +60,6 @@ from .validation import forward_batch, has_unused_parameters, validate
 
 Callback = TrainerCallback | LegacyCallback
 logger = logging.getLogger("sopfast.training")
-
-
-class NonFiniteLossError(ValueError):
-    """Training stopped: the loss (or, without a gradient scaler, the gradient norm) became NaN or
-    infinite; nothing computed after that step was saved."""
 
 
 class Trainer:
@@ -143,7 +140,7 @@ class Trainer:
             "best_metric": self.best_metric,
             "best_step": self.best_step,
             "evals_since_best": self.stopping.evals_since_best,
-            "fingerprint": self._fingerprint(),
+            "fingerprint": self._fingerprint,
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
             "optimizer": self.optimizer.state_dict(),
@@ -153,11 +150,11 @@ class Trainer:
         }
 
     def save_state(self) -> None:
-        """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
-        self.check_finite()
+        """Write ``output_dir/training_state.pt`` atomically, with its checksum (rank 0 only)."""
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
-            atomic_save(self.state_dict(), output_dir / STATE_NAME)
+            check_savable(self)
+            save_training_state(self.state_dict(), output_dir / STATE_NAME)
             self._emit("save", {"step": self.step, "what": "state", "path": str(output_dir / STATE_NAME)})
 
     @property
@@ -229,6 +226,7 @@ class Trainer:
             raise ValueError("train_data yields no batches")
         return n
 
+    @cached_property
     def _fingerprint(self) -> dict[str, Any]:
         saved = fingerprint(
             self.config,
@@ -238,17 +236,18 @@ class Trainer:
             warmup_steps=self.warmup_steps,
             num_heads=self.model.generator.num_heads,
         )
-        return {**saved, "epochs": self.epochs}  # the planned epochs (epochs=None: set by the data)
+        # the model's options, the data's identity, the planned epochs (epochs=None: set by the data)
+        return {**saved, **run_identity(self.model, self.train_data), "epochs": self.epochs}
 
     def _resume(self) -> None:
         path = resume_path(self.config)
         if path is None:
             return
         state = load_training_state(path)
-        check_resumable(path, state, self._fingerprint(), self.batches_per_epoch)
+        check_resumable(path, state, self._fingerprint, self.batches_per_epoch)
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
-        load_trainable_state_dict(self.model, state["model"])
+        load_trainable_state_dict(self.model, state["model"], source=str(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -300,7 +299,7 @@ class Trainer:
             except ValueError as err:
                 if isinstance(err, NonFiniteLossError):
                     raise
-                raise ValueError(f"training step {self.step + 1} (epoch {self.epoch + 1}): {err}") from err
+                raise step_error(self, err) from err
             if self._done():
                 break
 
@@ -427,6 +426,7 @@ class Trainer:
             self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
+                check_savable(self)
                 self.model.save_pretrained(output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)

@@ -55,6 +55,7 @@ DATA_FLAGS = [
     "text_column",
     "text_pair_column",
     "label_column",
+    "label_map",
     "image_size",
     "image_mean",
     "image_std",
@@ -125,6 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def training_options(args: argparse.Namespace) -> dict:
     """The :func:`sopfast.train` keyword arguments the flags give (unset ones: the API's defaults)."""
     options = api_values(args, args.train_names)
+    if args.resume_from is not None and not args.resume:
+        raise CLIError("--no-resume and --resume-from contradict each other: give one")
     options.update(device=args.device, seed=args.seed, resume=args.resume_from or args.resume)
     return options
 
