@@ -48,8 +48,8 @@ class TrainConfig:
                 (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
             diagnose_examples: how many examples the diagnostic measures.
             lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
-            5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
-        weight_decay: AdamW's decoupled weight decay of the trainable parameters.
+                5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
+            weight_decay: AdamW's decoupled weight decay of the trainable parameters.
             batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
             warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
             warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
