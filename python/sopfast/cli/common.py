@@ -214,8 +214,10 @@ def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = 
     from ..data.builtin import BUILTIN
 
     recorded = dict((saved or {}).get("data") or {})
+    whole = getattr(args, "whole_split", False)  # sopfast predict: a single split whole unless --holdout
     if args.data is None or args.data == recorded.get("data"):
-        taken = {n: recorded[n] for n in RECORDED_DATA if getattr(args, n) is None and recorded.get(n) is not None}
+        names = [n for n in RECORDED_DATA if not (whole and n == "holdout")]
+        taken = {n: recorded[n] for n in names if getattr(args, n) is None and recorded.get(n) is not None}
         for name, value in taken.items():
             setattr(args, name, value)
         if taken:
@@ -230,7 +232,7 @@ def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = 
             "own images, texts or a saved dataset)",
             DEFAULT_DATA,
         )
-    if args.holdout is None:
+    if args.holdout is None and not whole:
         args.holdout = HOLDOUT
     if args.data not in BUILTIN and os.path.exists(args.data):
         args.data = os.path.abspath(args.data)

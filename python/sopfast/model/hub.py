@@ -131,6 +131,7 @@ class HubMixin:
             overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
         """
         check_bool("strict_backbone", strict_backbone)
+        check_bool("local_files_only", local_files_only)
         if backbone is not None:
             backbone_module(backbone)  # a wrong type fails before any file is read
         found = local_directory(
