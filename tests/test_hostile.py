@@ -262,9 +262,9 @@ def test_cli_theory_bounds_max_d(capsys):
 def test_cli_labels_the_backbone_does_not_name_need_a_label_map(vit_dir, tmp_path, capsys):
     import user_data as U
 
-    table = U.image_csv(tmp_path, per_class=2)
+    table = U.image_csv(tmp_path, per_class=6)  # test, validation and training parts each hold every class
     table.write_text(table.read_text().replace(",owl", ",Owl"))
-    argv = ["train", "--backbone", vit_dir, "--data", str(table), "--holdout", "0.5", "--no-progress"]
+    argv = ["train", "--backbone", vit_dir, "--data", str(table), "--holdout", "0.2", "--no-progress"]
     argv += ["--num-groups", "2", "--batch-size", "4", "--max-steps", "1", "--output-dir", str(tmp_path / "run")]
     code, err = _cli(argv, capsys)
     assert code == 2 and "labels ['Owl'] are not classes of the backbone" in err and "'owl'" in err, err

@@ -136,6 +136,13 @@ class BackboneAdapter(ABC):
         return {}
 
     @classmethod
+    def open_constructor_options(cls, probe: nn.Module) -> dict[str, Any]:
+        """Constructor arguments of a ``timm:`` / ``torchvision:`` model that no weights file fixes (a ViT's
+        heads), with the default-built ``probe``'s values: what ``--backbone-option`` must name when a
+        model was built with others."""
+        return {}
+
+    @classmethod
     def adapter_options(cls, backbone: nn.Module, **given: Any) -> dict[str, Any]:
         """The keyword arguments this adapter takes from ``given`` (``None`` values: not given),
         checked; options that only other families take are a ValueError naming them."""

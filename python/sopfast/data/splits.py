@@ -27,9 +27,10 @@ logger = logging.getLogger(__name__)
 @dataclass
 class DataOptions:
     """How to read your own data: columns, the split names, the held-out fraction (``None``: a single
-    split whole), preprocessing
-    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)
-    and where object masks come from (items then ``(x, y, mask)``)."""
+    split whole), preprocessing overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per
+    channel, ``max_length`` tokens), the preprocessing a model was trained with (``saved_preprocessing``,
+    its ``provenance["preprocessing"]``: it applies where no override is given) and where object masks
+    come from (items then ``(x, y, mask)``)."""
 
     columns: Columns | None = None
     train_split: str | None = None
@@ -41,6 +42,7 @@ class DataOptions:
     image_std: Sequence[float] | None = None
     max_length: int | None = None
     object_masks: ObjectMasks | None = None
+    saved_preprocessing: dict[str, Any] | None = None
     label_map: dict[Any, Any] | None = None
 
     def check_modality(self, modality: str) -> None:
@@ -138,8 +140,8 @@ def _read(
         if builtin.modality != modality:
             article = "an" if modality == "image" else "a"
             raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
-        dataset = builtin.read(role, limit, source.directory, options.object_masks)
-        return LoadedSplit(dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples")
+        dataset, part = builtin.read(role, limit, source.directory, options.object_masks, options.holdout)
+        return LoadedSplit(dataset, f"{role} data: {data}, {part}, {len(cast(Sized, dataset))} examples")
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
@@ -152,6 +154,7 @@ def _read(
         mean=options.image_mean,
         std=options.image_std,
         max_length=options.max_length,
+        saved=options.saved_preprocessing,
     )
     dataset, name = load_user_split(
         data,

@@ -13,9 +13,11 @@ Data sources (:func:`open_source`):
 
 Columns default to the usual names (:data:`IMAGE_COLUMNS`, :data:`TEXT_COLUMNS`,
 :data:`LABEL_COLUMNS`); flags name others.  Splits: a source's own ``train`` / ``validation`` /
-``test`` splits, chosen by name if wanted; a source with one split is cut into train and a held-out
-part (``holdout``, stratified ``Dataset.train_test_split`` with a fixed seed, so that ``train`` and
-``evaluate`` agree).
+``test`` splits, chosen by name if wanted.  Validation never comes from the test split: without a
+validation split it is held out of the training split (``holdout`` of it, stratified
+``Dataset.train_test_split`` with a fixed seed, so that ``train`` and ``evaluate`` agree); a source with
+one split is cut three ways (a held-out test part, then a validation part of the rest).  ``limit``
+keeps examples of every class alike (:func:`sopfast.data.sampling.across_classes`).
 
 Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
 ``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
@@ -34,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ from .datasets import ImageDataset, TextDataset
 from .folders import check_image_folder
 from .labels import DataError, check_classes, label_ids
 from .object_masks import ObjectMasks
+from .sampling import across_classes
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -104,30 +107,52 @@ class Source:
             if name not in self.splits:
                 raise DataError(f"{self.path} has no split {name!r}; available: {available}")
             return name, self.splits[name]
-        order = ("test", *VALIDATION_SPLITS) if role == "test" else (*VALIDATION_SPLITS, "test")
-        evaluation = [s for s in order if s in self.splits]
+        validation = next((s for s in VALIDATION_SPLITS if s in self.splits), None)
+        test = "test" if "test" in self.splits else None
+        if role == "val" and validation is not None:
+            return validation, self.splits[validation]
+        if role == "test" and (test or validation) is not None:
+            if test is None:
+                logger.warning(
+                    "%s has no test split: evaluating on the validation split %r, which chose the best model; "
+                    "its score is optimistic",
+                    self.path,
+                    validation,
+                )
+            return cast(str, test or validation), self.splits[cast(str, test or validation)]
         train = "train" if "train" in self.splits else (available[0] if len(available) == 1 else None)
-        if role != "train" and evaluation:
-            return evaluation[0], self.splits[evaluation[0]]
         if train is None:
             flag = {"train": "--train-split", "val": "--val-split"}.get(role, "--split")
             raise DataError(
                 f"{self.path} has no {role!r} split and no single split to cut one from; "
                 f"available: {available}; name one with {flag}"
             )
-        if (role == "train" and evaluation) or holdout is None:
+        if (role == "train" and validation is not None) or holdout is None:
             return train, self.splits[train]
-        return _holdout(train, self.splits[train], role, holdout, label)
+        pool, total, left = self.splits[train], len(self.splits[train]), ""
+        if test is None and validation is None:  # one split: a test part first, never used for validation
+            pool, held, how = _holdout(train, pool, "test", holdout, label, warn=role == "test")
+            if role == "test":
+                return f"{train}, held-out test part ({len(held)} of {total}, {how})", held
+            left = f" of the {len(pool)} left after the test part"
+        rest, held, how = _holdout(train, pool, "val", holdout, label, warn=role == "val")
+        if role == "val":
+            return f"{train}, validation part held out of it ({len(held)}{left or f' of {len(pool)}'}, {how})", held
+        cut = "the test and validation parts" if left else "the validation part"
+        return f"{train}, training part ({len(rest)} of {total}: {cut} held out, {how})", rest
 
 
-def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> tuple[str, Any]:
-    """The training or the held-out part of ``split``: a ``fraction`` of each class (stratified where
-    every class has two examples or more), cut with a fixed seed so every command cuts alike."""
+def _holdout(name: str, split: Any, role: str, fraction: float, label: str, warn: bool = False) -> tuple[Any, Any, str]:
+    """``split`` cut in two: the remaining part, the held-out part (a ``fraction`` of each class, stratified
+    where every class has two examples or more) and how it was cut, with a fixed seed so every command
+    cuts alike; with ``warn``, a held-out part with few examples of a class is logged (``role``, ``"test"``
+    or ``"val"``, names the part)."""
     import datasets
 
     n = len(split)
     if n < 2:
-        raise DataError(f"split {name!r} has {n} example(s): too few to hold out a validation part")
+        part = "test" if role == "test" else "validation"
+        raise DataError(f"split {name!r} has {n} example(s) left: too few to hold out a {part} part")
     counts = Counter(str(v) for v in split[label])
     k = len(counts)
     held = min(n - 1, max(1, round(n * fraction)))
@@ -140,25 +165,24 @@ def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> t
     parts = split.train_test_split(
         test_size=held, seed=HOLDOUT_SEED, stratify_by_column="__class__" if stratify else None
     )
-    part = parts["train" if role == "train" else "test"]
-    part = part.remove_columns("__class__") if stratify else part
-    if role != "train":
+    rest, part = (p.remove_columns("__class__") if stratify else p for p in (parts["train"], parts["test"]))
+    if warn:
         held_counts = Counter(str(v) for v in part[label])
         few = sorted(c for c in counts if held_counts[c] < MIN_HELD_OUT_PER_CLASS)
         if few:
             names = _class_names(split, label) or []  # ClassLabel values are indices: name them
             few = [names[int(c)] if c.isdigit() and int(c) < len(names) else c for c in few]
             logger.warning(
-                "the held-out part of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
+                "the %s part held out of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
                 "(use more data, a larger --holdout or a split of its own)",
+                "test" if role == "test" else "validation",
                 name,
                 held,
                 MIN_HELD_OUT_PER_CLASS,
                 few[:5],
             )
     how = "stratified" if stratify else "not stratified: too few examples per class"
-    which = "training" if role == "train" else "held-out"
-    return f"{name}, {which} part ({len(part)} of {n}, {how}, seed {HOLDOUT_SEED})", part
+    return rest, part, f"{how}, seed {HOLDOUT_SEED}"
 
 
 def _load(datasets: Any, path: str, builder: str, data_files: dict[str, str], **options: Any) -> Any:
@@ -410,8 +434,8 @@ def load_split(
     )
     with _quiet_datasets():
         name, data = source.resolve(role, split, holdout, chosen.label)
-    if limit is not None:
-        data = data.select(range(min(limit, len(data))))
+    if limit is not None and limit < len(data):
+        data = data.select(across_classes([str(v) for v in data[chosen.label]], limit, HOLDOUT_SEED))
     labels = data[chosen.label]
     ids = [label_of(v) for v in labels]
     if role == "train":

@@ -235,9 +235,10 @@ def evaluate(
         progress: show a tqdm bar.
         taus: sparsities of the ``sparsity`` curve.  step: insertion/deletion step (10 %).
         group_counts: group counts of the ``num_groups`` ablation.
-        tau_v, tau_c: CosmoGrid void / cluster thresholds of ``purity``.
-        curve_taus, curve_counts: inference sparsities and group counts of the ``curves`` metric
-            (the paper's accuracy curves; methods with one group vary τ only).
+        tau_v: the CosmoGrid void threshold of ``purity``.
+        tau_c: the CosmoGrid cluster threshold of ``purity``.
+        curve_taus: inference sparsities of the ``curves`` metric (the paper's accuracy curves).
+        curve_counts: group counts of the ``curves`` metric (methods with one group vary τ only).
         backbone_row: add a row ``"Backbone"``: the frozen backbone alone on the full input
             (accuracy, or MSE for regression), what SOP's accuracy costs.
         print_table: also print :func:`format_table` of the results.

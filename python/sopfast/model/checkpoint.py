@@ -384,7 +384,7 @@ def check_backbone(
             f"architecture ({'; '.join(changed[:3])})"
         )
     if strict:
-        raise ValueError(message + "; pass strict_backbone=False to load anyway")
+        raise ValueError(message + "; pass strict_backbone=False (--no-strict-backbone) to load anyway")
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 

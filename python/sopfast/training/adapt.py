@@ -109,7 +109,8 @@ def adapt_backbone(
             rate it was fine-tuned with (such as 2e-5 for a ViT-B/16).
         teacher_weight: weight of the original's whole-input prediction as a teacher (0: labels only).
         label_weight: weight of the labels (0: the teacher only; needs no labels).
-        tau, num_groups: the group size and count of the before/after diagnostics.
+        tau: the group size (fraction of the features) of the before/after diagnostics.
+        num_groups: the number of random groups of the before/after diagnostics.
         seed: the data order and the masks.
         device: where to train (default: where the backbone is).
         output_dir: save the adapted copy there (:func:`save_adapted`) with ``sopfast_adaptation.json``.

@@ -47,11 +47,12 @@ class TrainConfig:
             training data): its accuracy on whole inputs and on random groups of the model's ``tau``
             (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
         diagnose_examples: how many examples the diagnostic measures.
-        lr, weight_decay: AdamW settings (``lr`` default: the model's recipe — 1e-3 for
-            ``"sopfast"``, the paper's 5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
+        lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
+            5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
+        weight_decay: AdamW's decoupled weight decay of the trainable parameters.
         batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
-        warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
-            of all steps (give at most one; default: the model's recipe's ratio).
+        warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
+        warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
         schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
         grad_clip: max global gradient norm (``None``: no clipping).
         grad_accum: micro-batches per optimizer step.

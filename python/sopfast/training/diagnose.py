@@ -296,9 +296,9 @@ def verdict(report: Diagnosis) -> tuple[str, list[str]]:
 
 
 _ADAPT = (
-    "adapt a copy of the backbone to masked inputs first (sopfast adapt / sopfast.adapt_backbone): it keeps the "
-    "backbone's accuracy on full inputs within a point or two and makes groups predictive, but SOP then explains "
-    "the adapted copy, not your original model"
+    "adapt a copy of the backbone to masked inputs first (sopfast adapt / sopfast.adapt_backbone): it makes groups "
+    "predictive for a little accuracy on full inputs (2-3 points on the demo's ViT), but SOP then explains the "
+    "adapted copy, not your original model"
 )
 _RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
 

@@ -176,3 +176,15 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
         raise ValueError(
             f"cannot resume from {path}: its position {counters} is not inside an epoch of {batches_per_epoch} batches"
         )
+
+
+def resume_message(path: Path, step: int, total_steps: int, max_steps: int | None) -> str:
+    """What a resumed run says: where it continues, and what a finished run does when run again."""
+    last = total_steps if max_steps is None else min(max_steps, total_steps)
+    text = f"resuming from step {step} of {last} ({path})"
+    if step >= last:
+        text += (
+            ": that run is finished, so this only evaluates and saves it again (a larger --epochs continues it; "
+            "--no-resume or another --output-dir starts afresh)"
+        )
+    return text
