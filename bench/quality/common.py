@@ -71,23 +71,20 @@ def adapted_image_backbone(seed: int = 0):
 
 
 def text_data(seed: int = 0):
-    """The text demo's tweets (12,000 drawn, ≥ 12 tokens kept): ``(train, test)`` TextDatasets, the
-    last 1,000 for testing, as ``run_text_demo`` splits them."""
-    texts, labels = data.load_tweets(limit=12000, seed=seed)
-    full = data.tokenize_tweets(texts, labels)
-    n_test = min(1000, len(full) // 4)
-    idx = torch.arange(len(full))
+    """The text demo's tweets of every length: ``(train, test)`` TextDatasets, the last 1,000 for
+    testing, as ``run_text_demo`` splits them (``sopfast.demo.text.text_splits``)."""
+    from sopfast.demo.text import text_splits
 
-    return full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
+    return text_splits(False, seed)
 
 
 def text_backbone(seed: int = 0):
-    """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm``."""
+    """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm-all``."""
     from transformers import BertForSequenceClassification
 
-    from sopfast.demo.run import _text_backbone
+    from sopfast.demo.text import _text_backbone
 
-    path = os.path.join(CACHE, "tweets-minilm")
+    path = os.path.join(CACHE, "tweets-minilm-all")
     if not os.path.exists(os.path.join(path, "config.json")):
         train, _ = text_data(seed)
         model = _text_backbone(train, torch.device("cpu"), False, seed)

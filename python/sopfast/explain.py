@@ -193,7 +193,7 @@ def write_explanations(
             tokens = tokenizer.convert_ids_to_tokens(ids) if tokenizer else [str(t) for t in ids.tolist()]
             path = os.path.join(out_dir, f"text_{name}.html")
             shown = None if batch.attention_mask is None else batch.attention_mask[0]
-            explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown)
+            explain_text(tokens, out, 0, path, class_names or ("negative", "positive"), shown, label)
         else:
             if batch.x is None:
                 raise ValueError("write_explanations draws images or texts; this example is neither")

@@ -26,16 +26,14 @@ from torch import nn
 from ..benchmark import compare_modes, format_table
 from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
-from ..data.datasets import TextDataset
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..model.sop import SOP
 from .report import COMPARISON_COLUMNS, format_results
 
-# Test inputs the demo's comparison covers (every baseline runs insertion and deletion on each; the
-# text baselines are slower per input). bench/quality/compare.py makes the same table for any count.
+# Test images the demo's comparison covers (every baseline runs insertion and deletion on each; the text
+# demo's counts are in ``text.py``). bench/quality/compare.py makes the same table for any count.
 COMPARE_IMAGES = 1000
-COMPARE_TEXTS = 100
 COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity", "curves")
 # The image demo scores accuracy, curves, groups and grounding on COMPARE_IMAGES test images, and
 # fidelity, insertion and deletion on the first CURVE_IMAGES of them (ten forwards per image and method).
@@ -310,90 +308,6 @@ def _record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
     results["exact_drop_group_agreement"] = float(torch.stack(group).mean())
 
 
-def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: int):
-    """MiniLM (frozen) with a pooler + classifier head trained on its features."""
-    from transformers import BertForSequenceClassification
-
-    torch.manual_seed(seed)
-    # An HF BERT classifier, read by attribute name (``bert.pooler``, ``classifier``).
-    model: Any = BertForSequenceClassification.from_pretrained(data.minilm_path(), num_labels=2, local_files_only=True)
-    model.to(device).eval()
-    head = list(model.bert.pooler.parameters()) + list(model.classifier.parameters())
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in head:
-        p.requires_grad_(True)
-    with torch.no_grad():
-        enc = texts.encoded
-        hidden = torch.cat(
-            [
-                model.bert(**{k: v[s : s + 256].to(device) for k, v in enc.items()}).last_hidden_state
-                for s in range(0, len(texts), 256)
-            ]
-        )
-    opt = torch.optim.AdamW(head, lr=3e-3)
-    labels = texts.labels.to(device)
-    for _ in range(60 if quick else 200):
-        logits = model.classifier(model.bert.pooler(hidden))
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval()
-
-
-def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.device) -> float:
-    """Accuracy of the plain HF classifier ``model`` (read by attribute name) on ``dataset``."""
-    correct = 0
-    with torch.no_grad():
-        for batch in _parsed_batches(dataset, device):
-            text = {k: v for k, v in batch.model_inputs().items() if v is not None}
-            logits = model(**text).logits
-            correct += int((logits.argmax(-1) == _labels(batch)).sum())
-    return correct / max(1, len(dataset))
-
-
-def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int) -> dict:
-    """The text demo; returns the results dict (also written to ``<out>/results.json``)."""
-    from ..evaluation.plots import plot_curves
-    from ..model.checkpoint import save_pretrained
-    from ..training.diagnose import diagnose
-
-    texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
-    full = data.tokenize_tweets(texts, labels)
-    n = len(full)
-    n_test = min(300 if quick else 1000, n // 4)
-    idx = torch.arange(n)
-    train_set, test_set = full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
-    backbone = _text_backbone(train_set, device, quick, seed)
-    results: dict = {"dataset": "tweets", "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device)}
-    torch.manual_seed(seed)
-    model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
-    results.update(recipe=model.config["recipe"], mode=model.mode, chance=0.5)
-    results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
-    results["untrained_accuracy"] = _sop_accuracy(model, _parsed_batches(test_set, device), "drop")[0]
-    n_sop = 400 if quick else 3000
-    results["sop_train_seconds"] = [
-        _train_sop(model, full.subset(idx[:n_sop]), os.path.join(out_dir, "sop-run"), device, seed, 1, batch_size=16)
-    ]
-    _record_accuracy(results, model, _parsed_batches(test_set, device))
-    loader = torch.utils.data.DataLoader(
-        full.subset(idx[-min(n_test, 16 if quick else COMPARE_TEXTS) :]), batch_size=50
-    )
-    start = time.perf_counter()
-    results["comparison"] = compare_methods(model, loader, device)
-    results["evaluation_seconds"] = [time.perf_counter() - start]
-    results["curves_png"] = plot_curves(results["comparison"], os.path.join(out_dir, "curves.png"))
-    results["metrics"] = results["comparison"]["SOP"]
-    backbone.save_pretrained(os.path.join(out_dir, "backbone"))
-    full.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
-    save_pretrained(model, os.path.join(out_dir, "sop"))
-    results["pictures"] = write_explanations(model, test_set, os.path.join(out_dir, "explanations"), 6, device)
-    return results
-
-
 def run_demo(
     task: str = "image",
     out_dir: str = "sopfast-demo",
@@ -402,15 +316,17 @@ def run_demo(
     seed: int = 0,
     seeds: int = 2,
 ) -> dict:
-    """Run the demo, print its table and write ``<out_dir>/results.json``; the image demo trains SOP
-    with ``seeds`` seeds (``seed``, ``seed + 1``, …) and reports their mean and spread."""
+    """Run the demo, print its table and write ``<out_dir>/results.json``; SOP is trained with ``seeds``
+    seeds (``seed``, ``seed + 1``, …) and reported as their mean and spread."""
     device = device or torch.device("cpu")
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     if task == "image":
         results = run_image_demo(out_dir, quick, device, seed, seeds)
     else:
-        results = run_text_demo(out_dir, quick, device, seed)
+        from .text import run_text_demo
+
+        results = run_text_demo(out_dir, quick, device, seed, seeds)
     results["total_seconds"] = time.perf_counter() - start
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)

@@ -162,6 +162,25 @@ def _panel(ax, image, mask, title: str, colour: tuple[float, float, float] = POS
     ax.axis("off")
 
 
+def _group_words(tokens: Sequence[str], keep: Sequence[bool], mask: torch.Tensor) -> str:
+    """The group's tokens in order, word pieces (``##…``) joined to the token before them when both are in."""
+    words: list[str] = []
+    previous = -2
+    for t, tok in enumerate(tokens):
+        if not (keep[t] and bool(mask[t])):
+            continue
+        if tok.startswith("##") and previous == t - 1 and words:
+            words[-1] += tok[2:]
+        else:
+            words.append(tok.lstrip("Ġ▁"))
+        previous = t
+    return ", ".join(html.escape(w) for w in words)
+
+
+def _class_name(class_names: Sequence[str] | None, c: int) -> str:
+    return class_names[c] if class_names and c < len(class_names) else str(c)
+
+
 def explain_text(
     tokens: Sequence[str],
     out: SOPOutput,
@@ -169,43 +188,70 @@ def explain_text(
     path: str,
     class_names: Sequence[str] | None = None,
     shown: Sequence[bool] | torch.Tensor | None = None,
+    label: int | None = None,
 ) -> int:
-    """Write a self-contained HTML page: one line per distinct used group (with how many groups it
-    stands for), its tokens highlighted with its weight ``c·λ·y``, and a legend; groups whose weight
-    rounds to zero are left out.  ``tokens`` are the example's ``T`` token strings; ``shown [T]``
-    (e.g. the attention mask) leaves out the tokens it marks false, such as padding; returns the
-    number of highlighted spans."""
+    """Write a self-contained HTML page: the text, then one line per distinct used group (with how many
+    groups it stands for): its words, what the backbone predicts from them alone, the selector's weight
+    ``c``, the contribution ``c·λ·y`` to the predicted class, and the text with its tokens highlighted;
+    then the groups the prediction does not use, with their words; and a legend.  Used groups whose
+    weight rounds to zero are left out.  ``tokens`` are the example's ``T`` token strings; ``shown [T]``
+    (e.g. the attention mask) leaves out the tokens it marks false, such as padding; ``label`` adds the
+    true class.  Returns the number of highlighted spans."""
     keep = [True] * len(tokens) if shown is None else [bool(v) for v in shown]
     if len(keep) != len(tokens):
         raise ValueError(f"shown must have one entry per token ({len(tokens)}), got {len(keep)}")
     check_class_names(class_names, out.logits.shape[-1])
     pred = int(out.logits[example].argmax())
-    label = class_names[pred] if class_names else str(pred)
+    probs = out.group_logits[example].float().softmax(-1)
     rows, spans = [], 0
-    for group in distinct_used_groups(out, example, pred):
+    used = distinct_used_groups(out, example, pred)
+    for group in used:
         mask = out.group_masks[example, group.first]
         colour = "rgba(46,160,67,0.45)" if group.weight >= 0 else "rgba(215,58,73,0.45)"
-        words = []
+        marked = []
         for t, tok in enumerate(tokens):
             if not keep[t]:
                 continue
             text = html.escape(tok)
             if bool(mask[t]):
                 spans += 1
-                words.append(
+                marked.append(
                     f'<span class="sop-group" data-group="{group.first}" style="background:{colour}">{text}</span>'
                 )
             else:
-                words.append(f'<span class="sop-off">{text}</span>')
-        rows.append(f"<p><b>{group.title()}</b> (c·λ·y = {group.weight:+.3g}): {' '.join(words)}</p>")
+                marked.append(f'<span class="sop-off">{text}</span>')
+        alone = int(probs[group.first].argmax())
+        weight = float(out.group_scores[example, pred, group.groups].sum())
+        rows.append(
+            f"<p><b>{group.title()}</b> (c·λ·y = {group.weight:+.3g}): <b>{_group_words(tokens, keep, mask)}</b><br>"
+            f"<span class='sop-note'>alone: {html.escape(_class_name(class_names, alone))} "
+            f"({float(probs[group.first, alone]):.0%}); selector weight c = {weight:.3g}</span><br>"
+            f"{' '.join(marked)}</p>"
+        )
+    drawn = {g for d in used for g in d.groups}
+    unused, seen = [], set()
+    for g in range(out.group_masks.shape[1]):
+        words = _group_words(tokens, keep, out.group_masks[example, g])
+        if g in drawn or words in seen:
+            continue
+        seen.add(words)
+        alone = int(probs[g].argmax())
+        unused.append(
+            f"<li>group {g}: {words} <span class='sop-note'>(alone: "
+            f"{html.escape(_class_name(class_names, alone))}, {float(probs[g, alone]):.0%})</span></li>"
+        )
+    text = " ".join(html.escape(tok) for t, tok in enumerate(tokens) if keep[t])
+    truth = "" if label is None else f"; true class: {html.escape(_class_name(class_names, label))}"
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>SOP explanation</title>"
         "<style>body{font-family:sans-serif;max-width:60em}.sop-off{color:#999}span{padding:1px}"
-        ".legend{color:#555;font-size:90%}</style>"
-        f"</head><body><h2>Prediction: {html.escape(label)} "
-        f"(logit {float(out.logits[example, pred]):.3f})</h2>{''.join(rows)}"
-        f"<p class='legend'>{html.escape(LEGEND.replace('grey: the groups the prediction does not use. ', ''))}</p>"
-        "</body></html>"
+        ".legend,.sop-note{color:#555;font-size:90%}</style>"
+        f"</head><body><h2>Prediction: {html.escape(_class_name(class_names, pred))} "
+        f"(logit {float(out.logits[example, pred]):.3f}){truth}</h2><p>{text}</p>"
+        f"<h3>The groups the prediction uses</h3>{''.join(rows)}"
+        + (f"<h3>Groups not used</h3><ul>{''.join(unused)}</ul>" if unused else "")
+        + f"<p class='legend'>{html.escape(LEGEND.replace('grey: the groups the prediction does not use. ', ''))} "
+        "alone: the backbone's prediction from the group's words only.</p></body></html>"
     )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

@@ -447,7 +447,7 @@ class SOP(HubMixin, nn.Module):
                 words = list(tokens[i]) if tokens is not None else [str(t) for t in x[i].tolist()]
                 path = os.path.join(os.fspath(out_dir), f"text_{i:04d}.html")
                 shown = None if attention_mask is None else attention_mask[i]
-                explain_text(words, out, i, path, class_names, shown)
+                explain_text(words, out, i, path, class_names, shown, label)
             else:
                 path = os.path.join(os.fspath(out_dir), f"image_{i:04d}.png")
                 explain_image(x[i], out, i, image_grid(self, x[i : i + 1]), path, class_names, label)
