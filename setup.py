@@ -124,8 +124,11 @@ setup(
     # Optional, imported only where used: `sopfast --help` needs none of them.
     extras_require={
         "models": ["transformers>=4.40", "timm>=1.0", "torchvision"],  # HF / timm / torchvision backbones
-        # your own data (image folders, CSV/JSONL, saved datasets) and stratified holdouts; the digits demo data
-        "data": ["datasets>=4.0", "scikit-learn"],
+        # your own data (image folders, CSV/JSONL, saved datasets) and stratified holdouts; the digits demo data;
+        # sopfast predict's Parquet output
+        "data": ["datasets>=4.0", "scikit-learn", "pyarrow"],
+        # Hub-style models: SOP.push_to_hub and loading by a Hub id (saving and loading directories need none)
+        "hub": ["huggingface_hub>=0.24"],
         "tensorboard": ["tensorboard"],  # TensorBoard events in run folders
         "explain": ["captum>=0.7", "quantus>=0.6"],  # the Captum / Quantus interop of sopfast.explain
         "theory": ["scipy"],  # sopfast theory

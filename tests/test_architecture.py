@@ -22,6 +22,7 @@ LAYERS = {
     "checks": 1,
     "defaults": 1,
     "devices": 1,
+    "integrity": 1,
     "types": 1,
     "testing": 1,
     "version": 1,
@@ -37,6 +38,7 @@ LAYERS = {
     "explain": 5,
     "benchmark": 5,
     "demo": 6,
+    "prediction": 6,
     "cli": 7,
 }
 

@@ -32,6 +32,17 @@ def perturbed(model: sopfast.SOP) -> sopfast.SOP:
     return model.eval()
 
 
+def as_written_by(directory, version: str = "0.3.0") -> dict:
+    """Make the checkpoint in ``directory`` look as sopfast ``version`` wrote it: no checksums, no dtype
+    and shape record (0.3.0 and older); returns its config for further edits."""
+    meta = json.loads((directory / CONFIG_NAME).read_text())
+    for key in ("sha256", "weights"):
+        meta.pop(key)
+    meta["sopfast_version"] = version
+    (directory / CONFIG_NAME).write_text(json.dumps(meta))
+    return meta
+
+
 def same_outputs(a: sopfast.SOP, b: sopfast.SOP, x: torch.Tensor, atol: float = 0.0) -> None:
     """Equal outputs (bitwise with ``atol=0``; a different chunking may round differently)."""
     with torch.no_grad():
@@ -124,6 +135,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path):
 def test_backbone_keys_in_the_weights_file_are_refused(tmp_path):
     """A ``backbone.*`` entry must never be written into the caller's frozen backbone."""
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    as_written_by(tmp_path)  # a file without checksums: the checks of its contents still apply
     weights = load_file(tmp_path / WEIGHTS_NAME)
     weights["backbone.classifier.bias"] = torch.full((3,), 100.0)
     from safetensors.torch import save_file
@@ -140,6 +152,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, value):
     from safetensors.torch import save_file
 
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    as_written_by(tmp_path)
     weights = load_file(tmp_path / WEIGHTS_NAME)
     weights["generator.heads.0"][3, 1] = value
     save_file(weights, tmp_path / WEIGHTS_NAME)
@@ -177,6 +190,7 @@ def test_same_weights_under_another_architecture_are_refused(tmp_path, changes, 
 
 def test_corrupt_files_name_the_file(tmp_path):
     save_pretrained(sopfast.SOP(make_hf_vit(), num_groups=4), tmp_path)
+    as_written_by(tmp_path)
     weights = (tmp_path / WEIGHTS_NAME).read_bytes()
     (tmp_path / WEIGHTS_NAME).write_bytes(weights[: len(weights) // 2])
     with pytest.raises(ValueError, match=f"{WEIGHTS_NAME} is not a readable safetensors file"):
@@ -214,7 +228,7 @@ def test_checkpoints_of_sopfast_0_1_load_with_their_tie_rule(tmp_path):
     weights = load_file(tmp_path / WEIGHTS_NAME)
     weights["generator.weight"] = weights.pop("generator.heads.0")
     save_file(weights, tmp_path / WEIGHTS_NAME)
-    meta = json.loads((tmp_path / CONFIG_NAME).read_text())
+    meta = as_written_by(tmp_path, "0.1.0")
     del meta["config"]["ties"], meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
     loaded = sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())
@@ -236,7 +250,7 @@ def test_checkpoints_of_late_0_1_builds_with_stacked_full_width_heads_load(tmp_p
     weights = load_file(tmp_path / WEIGHTS_NAME)
     weights["generator.weight"] = torch.stack([weights.pop("generator.heads.0"), weights.pop("generator.heads.1")])
     save_file(weights, tmp_path / WEIGHTS_NAME)
-    meta = json.loads((tmp_path / CONFIG_NAME).read_text())
+    meta = as_written_by(tmp_path, "0.1.0")
     del meta["backbone_architecture"], meta["config"]["checkpoint_projection"]
     (tmp_path / CONFIG_NAME).write_text(json.dumps(meta))
     loaded = sopfast.SOP.from_pretrained(tmp_path, make_hf_vit())

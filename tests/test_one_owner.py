@@ -47,7 +47,9 @@ def _default(function, name: str):
 def test_data_defaults_have_one_home():
     train = build_parser().subcommands["train"]
     evaluate = build_parser().subcommands["evaluate"]
-    assert train.get_default("holdout") == defaults.HOLDOUT == splits.DataOptions().holdout
+    assert train.get_default("holdout") is None  # not given: the model's, else the default (resolve_data_flags)
+    assert f"default {defaults.HOLDOUT}," in train._option_string_actions["--holdout"].help
+    assert defaults.HOLDOUT == splits.DataOptions().holdout
     assert (
         _default(user_data.load_split, "holdout") == _default(user_data.Source.resolve, "holdout") == defaults.HOLDOUT
     )

@@ -132,11 +132,15 @@ def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, diversity_weight=0.5, saliency_weight=0.0)
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     out = model(x)
-    plain = sopfast.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty"})
+    plain = sopfast.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty_terms"})
     from sopfast.model.losses import attention_overlap
 
     overlap = attention_overlap(out.attention)
     torch.testing.assert_close(out.loss(y), plain.loss(y) + 0.5 * overlap)
+    terms = out.loss_terms(y)  # logged apart by sopfast.train (issue #32)
+    assert set(terms) == {"task_loss", "diversity_penalty"}
+    torch.testing.assert_close(terms["task_loss"], plain.loss(y))
+    torch.testing.assert_close(terms["task_loss"] + terms["diversity_penalty"], out.loss(y))
     out.loss(y).backward()
     assert model.generator.heads[0].grad.abs().sum() > 0
     assert type(model.eval()(x)) is sopfast.SOPOutput

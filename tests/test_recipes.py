@@ -110,7 +110,9 @@ def test_checkpoints_record_the_recipe_and_old_ones_load_as_the_paper(tmp_path):
     old.save_pretrained(tmp_path / "old")
     config_file = tmp_path / "old" / "sop_config.json"
     saved = json.loads(config_file.read_text())
-    del saved["config"]["recipe"]  # written before recipes existed: every option explicit
+    del saved["config"]["recipe"]  # written before recipes existed (0.2): every option explicit, no checksums
+    del saved["sha256"], saved["weights"]
+    saved["sopfast_version"] = "0.2.0"
     config_file.write_text(json.dumps(saved))
     assert sopfast.SOP.from_pretrained(tmp_path / "old", backbone).config["recipe"] == "paper"
 
@@ -135,6 +137,8 @@ def test_checkpoints_from_before_an_option_existed_load_with_it_off(tmp_path):
     new = ("saliency_loss", "saliency_levels", "key_score", "unit_lambda", "demote_blank", "keep_special_tokens")
     for name in new:
         del saved["config"][name]
+    del saved["sha256"], saved["weights"]  # as sopfast 0.2 wrote it, before these options existed
+    saved["sopfast_version"] = "0.2.0"
     config_file.write_text(json.dumps(saved))
     loaded = sopfast.SOP.from_pretrained(tmp_path, backbone).eval()
     assert {n: loaded.config[n] for n in new if n != "saliency_levels"} == {

@@ -59,9 +59,44 @@ def test_the_run_folder_holds_config_events_csv_and_curves(run):
     assert all(float(r["loss"]) >= 0 for r in rows if r["event"] == "train")
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["backbone"] == str(run["vit"]) and config["data"] == str(run["images"])
-    assert config["num_groups"] == 4 and config["epochs"] == 1 and config["output_dir"] == str(out)
+    assert config["num_groups"] == 4 and config["epochs"] == 1
+    assert "output_dir" not in config  # `--config` runs it again in a new run folder, never resumes this one
     png = (out / "training_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_each_loss_term_is_logged_apart_and_validation_compares_like_with_like(run):
+    """Issue #32: the training loss (cross-entropy + penalties) is not drawn beside the validation
+    cross-entropy as one quantity; each term has its column, tag and axis."""
+    rows = list(csv.DictReader((run["out"] / "metrics.csv").open()))
+    train = [r for r in rows if r["event"] == "train"]
+    for r in train:
+        terms = float(r["task_loss"]) + float(r["diversity_penalty"]) + float(r["saliency_penalty"])
+        assert float(r["loss"]) == pytest.approx(terms, rel=1e-5)
+        assert float(r["diversity_penalty"]) > 0 and float(r["saliency_penalty"]) != 0
+    assert all(r["val_loss"] for r in rows if r["event"] == "eval")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run["out"] / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/task_loss", "train/diversity_penalty", "train/saliency_penalty"} <= scalars
+    assert {"eval/val_loss", "eval/val_accuracy"} <= scalars
+    assert any("config.yaml" in tag for tag in events.Tags()["tensors"])  # the resolved config, as text
+    hparams = events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in hparams and b"saliency_weight" in hparams["_hparams_/experiment"]
+    import matplotlib.pyplot as plt
+
+    from sopfast.training.records import plot_training_curves
+
+    seen = []
+    original = plt.subplots
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt, "subplots", lambda *a, **k: seen.append(a) or original(*a, **k))
+        records = [json.loads(line) for line in (run["out"] / "log.jsonl").read_text().splitlines()]
+        plot_training_curves(records, run["out"] / "curves_again.png")
+    rows_, columns = seen[0]
+    assert rows_ * columns >= 7  # task loss, training loss, 2 penalties, accuracy, gradient norm, lr
 
 
 def test_best_records_its_backbone_and_preprocessing_and_loads_with_one_argument(run):
@@ -115,7 +150,8 @@ def test_a_longer_schedule_continues_and_other_changes_are_refused(run, capsys, 
     folder = tmp_path / "continued"
     shutil.copytree(run["out"], folder)
     argv = ["train", "--config", str(run["out"] / "config.yaml"), "--output-dir", str(folder)]
-    _ok([*argv, "--epochs", "2"], capsys)
+    code = main([*argv, "--epochs", "2"])
+    assert code == 0 and "resuming from step 3 of 6" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (folder / "log.jsonl").read_text().splitlines()]
     assert max(steps) == 2 * max(json.loads(x)["step"] for x in (run["out"] / "log.jsonl").read_text().splitlines())
     assert main([*argv, "--epochs", "2", "--batch-size", "2"]) == 2

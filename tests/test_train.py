@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import sopfast
-from sopfast.model.checkpoint import STATE_NAME, load_training_state, trainable_state_dict
+from sopfast.model.checkpoint import STATE_NAME, load_training_state, save_training_state, trainable_state_dict
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 from sopfast.training import NonFiniteLossError, TrainConfig, train
 from sopfast.training.config import lr_factor
@@ -225,7 +225,8 @@ def test_lr_schedules():
         ({"grad_accum": 0}, "grad_accum"),
         ({"grad_clip": 0}, "grad_clip"),
         ({"warmup_steps": 3, "warmup_ratio": 0.1}, "warmup"),
-        ({"lr": math.inf}, "lr must be a finite number > 0.0 or None, got inf"),
+        ({"lr": math.inf}, "lr must be a finite number > 0.0 and ≤ 1.0 or None, got inf"),
+        ({"lr": 1e6}, "lr must be a finite number > 0.0 and ≤ 1.0 or None, got 1000000.0"),
         ({"lr": math.nan}, "lr must be a finite number"),
         ({"weight_decay": math.inf}, "weight_decay must be a finite number"),
         ({"warmup_ratio": math.nan}, "warmup_ratio must be a finite number"),
@@ -290,7 +291,8 @@ def test_non_finite_loss_stops_training_and_keeps_best(tmp_path, eval_every):
 
 def test_a_diverged_generator_stops_training_naming_the_step(tmp_path):
     loader = torch.utils.data.DataLoader(image_data(8), batch_size=2)
-    with pytest.raises(ValueError, match=r"training step 3 \(epoch 1\): the generator's attention is not finite"):
+    diverged = r"training step 3 \(epoch 1\): the weights \[.*'generator.heads.0'\] became NaN or infinite after 2"
+    with pytest.raises(NonFiniteLossError, match=diverged):
         train(vit_sop(), loader, output_dir=tmp_path, callbacks=[poison_at(2, "generator")], progress=False)
 
 
@@ -390,7 +392,7 @@ def test_resume_state_outside_the_epoch_is_refused_and_stale_temp_files_go(tmp_p
     train(model, data, batch_size=2, output_dir=tmp_path, max_steps=1, progress=False)
     state = load_training_state(tmp_path / STATE_NAME)
     state["batches_done"] = 7  # past the 2 batches of an epoch: would loop forever
-    torch.save(state, tmp_path / STATE_NAME)
+    save_training_state(state, tmp_path / STATE_NAME)  # sealed: only the position is wrong
     stale = tmp_path / f".{STATE_NAME}.999999999.0123abcd.tmp"
     stale.write_bytes(b"partial state")
     with pytest.raises(ValueError, match=r"is not inside an epoch of 2 batches"):

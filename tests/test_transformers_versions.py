@@ -90,3 +90,71 @@ def test_bert_drop_equals_exact_and_the_reference():
         ref = reference_forward(model, ids, mask, types)
     torch.testing.assert_close(drop.logits, exact.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(exact.logits, ref.logits, atol=1e-5, rtol=0)
+
+
+# -- Hugging Face Trainer with every logger the installed transformers offers (issue #32) ----------------
+class _Images(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        return {"pixel_values": torch.randn(3, 32, 32, generator=g), "labels": torch.tensor(i % 3)}
+
+
+def _trainer(tmp_path, report_to):
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=3, tau=0.25)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        report_to=report_to,
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    return Trainer(model=model, args=args, train_dataset=_Images())
+
+
+def test_hf_trainer_logs_to_tensorboard_with_the_model_config(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = _trainer(tmp_path, ["tensorboard"])
+    trainer.train()
+    events = [p.parent for p in tmp_path.rglob("events.out.tfevents.*")]
+    assert events
+    accumulator = EventAccumulator(str(events[0]))
+    accumulator.Reload()
+    texts = accumulator.Tags()["tensors"]
+    assert any("model_config" in t for t in texts), texts
+    assert any("train/loss" in t for t in accumulator.Tags()["scalars"] + texts)
+
+
+def test_hf_trainer_runs_with_report_to_all_and_none(tmp_path):
+    for report_to in ("all", "none"):
+        assert _trainer(tmp_path / report_to, report_to).train().global_step == 1
+
+
+def test_the_model_config_offers_what_every_reporting_integration_reads():
+    """Every ``model.config.<method>`` the installed transformers' reporting integrations call (MLflow,
+    Weights & Biases, Comet, ClearML, …: most cannot run offline) exists on SOP's config and works."""
+    import inspect
+    import re
+
+    from transformers.integrations import integration_utils
+
+    called = set(re.findall(r"model\.config\.(\w+)\(", inspect.getsource(integration_utils)))
+    assert {"to_dict", "to_json_string"} <= called
+    config = sopfast.SOP(make_hf_vit(), num_groups=3, tau=0.25).config
+    config.use_cache = False  # set by training loops; not part of the saved options
+    for name in called:
+        assert callable(getattr(config, name, None)), name
+    assert config.to_dict()["num_groups"] == 3 and "use_cache" not in config.to_dict()
+    assert '"num_groups": 3' in config.to_json_string()
+    assert type(config).from_dict(config.to_dict()) == config

@@ -54,12 +54,10 @@ def _train(argv: list[str], capsys) -> str:
 
 
 def _evaluate_and_explain(train_argv: list[str], tmp_path: Path, capsys) -> tuple[dict, list[str]]:
-    """``evaluate`` (JSON results) and ``explain`` with the data/model flags of a ``train`` line."""
+    """``evaluate`` (JSON results) and ``explain`` of a ``train`` line's run folder, with no flag of the
+    training repeated: the model brings its backbone, data, columns and preprocessing (issue #32)."""
     flags = train_argv[1:]
-    run = flags[flags.index("--output-dir") + 1]
-    drop = {i + d for i, t in enumerate(flags) if t in ("--output-dir", "--feature-layer") for d in (0, 1)}
-    keep = [t for i, t in enumerate(flags) if i not in drop]
-    common = [*keep, "--checkpoint", str(Path(run) / "best")]
+    common = ["--checkpoint", flags[flags.index("--output-dir") + 1]]
     results_path = tmp_path / "results" / "res.json"
     _run(
         ["evaluate", *common, "--metrics", "accuracy", "fidelity", "--no-progress", "--output", str(results_path)],
@@ -86,11 +84,17 @@ def test_image_folder_with_hf_vit_train_evaluate_explain(tmp_path, capsys):
         "pics": str(tmp_path / "pics"),
     }
     train, evaluate, explain = [_command(c, names) for c in readme_commands()[:3]]
+    assert evaluate[:3] == ["evaluate", "--checkpoint", names["run"]] and "--data" not in evaluate + explain
     out = _train(train, capsys)
-    assert "split train, 12 examples" in out and "split test, 12 examples" in out
-    _run([*evaluate, "--no-progress", "--output", str(tmp_path / "r.json")], capsys)
+    # issue #32: validation is held out of the training split, never taken from the test split
+    assert "split train, training part (9 of 12: the validation part held out, stratified, seed 0), 9 ex" in out
+    assert "val data" in out and "split train, validation part held out of it (3 of 12, stratified" in out
+    assert "split test" not in out
+    shown = _run([*evaluate, "--no-progress", "--output", str(tmp_path / "r.json")], capsys)
+    assert shown.startswith(f"test data: {names['my-images']}, split test, 12 examples")  # which split
     results = json.loads((tmp_path / "r.json").read_text())["SOP"]
     assert results["examples"] == 12 and results["fidelity"] == pytest.approx(0, abs=1e-6)
+    assert results["data"].startswith("test data:")
     assert {"insertion", "deletion", "accuracy"} <= set(results)
     paths = _run(explain, capsys).split()
     assert len(paths) == 8 and all(Path(p).is_file() and p.endswith(".png") for p in paths)
@@ -104,7 +108,8 @@ def test_saved_text_dataset_with_bert_train_evaluate_explain(tmp_path, capsys):
     }
     train = _command(next(c for c in readme_commands() if "my-saved-dataset" in c), names)
     out = _train(train, capsys)
-    assert "train data" in out and "split train, 12 examples" in out and "split test, 6 examples" in out
+    assert "train data" in out and "split train, training part (10 of 12: the validation part held out" in out
+    assert "split test" not in out
     results, paths = _evaluate_and_explain(train, tmp_path, capsys)
     assert results["SOP"]["examples"] == 6 and results["SOP"]["fidelity"] == pytest.approx(0, abs=1e-6)
     assert len(paths) == 2 and all(p.endswith(".html") for p in paths)
@@ -120,8 +125,8 @@ def test_text_csv_with_pairs_and_bert(tmp_path, capsys):
     }
     train = _command(next(c for c in readme_commands() if "reviews.csv" in c), names)
     out = _train(train, capsys)
-    assert "training part (10 of 12, stratified, seed 0), 10 examples" in out
-    assert "held-out part (2 of 12, stratified, seed 0), 2 examples" in out
+    assert "training part (8 of 12: the test and validation parts held out, stratified, seed 0), 8 examples" in out
+    assert "validation part held out of it (2 of the 10 left after the test part, stratified, seed 0)" in out
     model = sopfast.SOP.from_pretrained(
         str(tmp_path / "run-csv" / "last"), sopfast.adapters.load_backbone(names["my-bert"]).model
     )
@@ -157,9 +162,12 @@ def test_cnn_from_torchvision_weights_with_feature_layer(tmp_path, capsys):
     }
     train = _command(next(c for c in readme_commands() if "--feature-layer" in c), names)
     out = _train([*train, "--image-size", "32"], capsys)
-    assert "training part (3 of 6, stratified, seed 0), 3 examples" in out
+    assert "training part (2 of 6: the test and validation parts held out" in out
     saved = json.loads((tmp_path / "run-cnn" / "last" / "sop_config.json").read_text())
     assert saved["config"]["feature_layer"] == "layer3" and saved["config"]["mode"] == "exact"
+    evaluate = ["evaluate", "--checkpoint", names["run-cnn"], "--metrics", "accuracy", "--no-progress"]
+    err = _run(evaluate, capsys, "err")  # issue #32: the size it trained at, not the 224 of a bare CNN
+    assert "32x32 pixels" in err and "as the model was trained: size [32, 32]" in err, err
 
 
 def test_pickled_module_needs_trust_and_torchscript_is_refused(tmp_path, capsys):
@@ -220,20 +228,55 @@ def test_preprocessing_from_timm_pretrained_cfg_crops_the_centre():
     assert prep.image(Image.new("RGB", (40, 60))).shape == (3, 32, 32)
 
 
-def test_single_split_holdout_is_the_same_for_every_role_and_run(tmp_path):
+def test_single_split_is_cut_into_test_validation_and_training_parts_alike_every_run(tmp_path):
     prep = _vit_prep(tmp_path)
     folder = str(U.image_folder(tmp_path, per_class=4))
     train, name = D.load_split(folder, "train", prep, holdout=0.25)
     test, test_name = D.load_split(folder, "test", prep, holdout=0.25)
+    val, val_name = D.load_split(folder, "val", prep, holdout=0.25)
     again, _ = D.load_split(folder, "val", prep, holdout=0.25)
-    assert (len(train), len(test)) == (9, 3) and name == "train, training part (9 of 12, stratified, seed 0)"
-    assert test_name == "train, held-out part (3 of 12, stratified, seed 0)"
-    assert sorted(int(test[i][1]) for i in range(3)) == [0, 1, 2]  # one per class
+    assert (len(train), len(val), len(test)) == (6, 3, 3)
+    assert name == "train, training part (6 of 12: the test and validation parts held out, stratified, seed 0)"
+    assert test_name == "train, held-out test part (3 of 12, stratified, seed 0)"
+    assert val_name == "train, validation part held out of it (3 of the 9 left after the test part, stratified, seed 0)"
+    for part in (test, val):
+        assert sorted(int(part[i][1]) for i in range(3)) == [0, 1, 2]  # one per class
     paths = lambda dataset: [source["path"] for source in dataset.sources]  # undecoded datasets.Image
-    assert set(paths(train)).isdisjoint(paths(test))
-    assert paths(test) == paths(again)
+    assert set(paths(train)).isdisjoint(paths(test)) and set(paths(val)).isdisjoint(paths(test))
+    assert set(paths(train)).isdisjoint(paths(val)) and paths(val) == paths(again)
     x, y = train[0]
     assert x.shape == (3, 32, 32) and y.dtype == torch.long and train.classes == list(U.CLASSES)
+
+
+def test_validation_is_held_out_of_train_when_the_data_has_train_and_test(tmp_path):
+    """Issue #32: ``imgs/{train,test}`` once validated (and chose ``best/``) on the test split."""
+    prep = _vit_prep(tmp_path)
+    folder = str(U.image_folder(tmp_path, per_class=4, splits=True))
+    train, _ = D.load_split(folder, "train", prep, holdout=0.25)
+    val, name = D.load_split(folder, "val", prep, holdout=0.25)
+    test, test_name = D.load_split(folder, "test", prep)
+    paths = lambda dataset: {source["path"] for source in dataset.sources}
+    assert test_name == "test" and paths(val).isdisjoint(paths(test)) and paths(val).isdisjoint(paths(train))
+    assert name.startswith("train, validation part held out of it (3 of 12")
+    assert all("/train/" in p for p in paths(val)) and (len(train), len(val)) == (9, 3)
+
+
+def test_limit_and_count_take_every_class_in_turn(tmp_path):
+    """Issue #32: ``--limit 3`` of a folder sorted by class once took three cats."""
+    from sopfast.data.sampling import across_classes, stratified_holdout
+
+    prep = _vit_prep(tmp_path)
+    folder = str(U.image_folder(tmp_path, per_class=4))
+    three, _ = D.load_split(folder, "test", prep, split="train", limit=3)
+    assert sorted(int(three[i][1]) for i in range(3)) == [0, 1, 2]
+    again, _ = D.load_split(folder, "test", prep, split="train", limit=3)
+    assert [s["path"] for s in three.sources] == [s["path"] for s in again.sources]  # the same every run
+    labels = ["a"] * 6 + ["b"] * 2 + ["c"] * 1
+    picked = across_classes(labels, 5, seed=0)
+    assert sorted(labels[i] for i in picked) == ["a", "a", "b", "b", "c"] and len(set(picked)) == 5
+    assert across_classes(labels, 5, seed=1) != picked and across_classes(labels, 20) == list(range(9))
+    rest, held = stratified_holdout(labels, 0.5, seed=0)
+    assert sorted(rest + held) == list(range(9)) and sorted(labels[i] for i in held) == ["a", "a", "a", "b"]
 
 
 def test_labels_by_name_follow_the_backbone_label2id(tmp_path):

@@ -5,6 +5,7 @@ from .adapters import BackboneAdapter, get_adapter, list_adapters, register_adap
 from .evaluation import baselines, evaluate, format_table, metrics
 from .masking import MaskedForward, masked_forward, rise
 from .model import SOP, SOPOutput
+from .prediction import PredictResult, predict
 from .training import Trainer, TrainerCallback, TrainResult, adapt_backbone, diagnose, train
 from .version import __version__
 
@@ -12,6 +13,7 @@ __all__ = [
     "SOP",
     "BackboneAdapter",
     "MaskedForward",
+    "PredictResult",
     "SOPOutput",
     "TrainResult",
     "Trainer",
@@ -28,6 +30,7 @@ __all__ = [
     "masking",
     "metrics",
     "ops",
+    "predict",
     "register_adapter",
     "rise",
     "train",

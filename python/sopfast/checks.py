@@ -11,6 +11,7 @@ import argparse
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsIndex, TypeVar, cast
 
@@ -69,18 +70,55 @@ def check_number(
     return value
 
 
-def check_bool(name: str, value: Any) -> bool:
-    """``value`` if it is ``True`` or ``False`` (not a string, number or tensor standing for one)."""
+def check_bool(name: str, value: Any, *, optional: bool = False) -> Any:
+    """``value`` if it is ``True`` or ``False`` (not a string, number or tensor standing for one);
+    ``None`` passes when ``optional``."""
+    if value is None and optional:
+        return None
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+        allowed = "True, False or None" if optional else "True or False"
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
     return value
 
 
 def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
-    """``value`` if it is one of ``choices``."""
-    if value not in choices:
+    """``value`` if it is one of ``choices`` (compared by type and value: ``1`` is not ``True``)."""
+    if not any(value == c and (type(value) is type(c) or isinstance(c, str)) for c in choices):
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_path(name: str, value: Any, *, optional: bool = False, directory: bool | None = None) -> Any:
+    """``value`` if it is a non-empty ``str`` or ``os.PathLike`` (``None`` passes when ``optional``); with
+    ``directory`` True (False), a path that exists must be a directory (must not be one)."""
+    if value is None and optional:
+        return None
+    allowed = "a path (str or os.PathLike)" + (" or None" if optional else "")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    if not os.fspath(value):
+        raise ValueError(f"{name} must be {allowed}, got an empty path ('' would mean the current directory)")
+    if directory is not None and os.path.exists(value) and os.path.isdir(value) != directory:
+        wanted = "a directory" if directory else "a file, not a directory"
+        raise ValueError(f"{name} must be {wanted}, got {os.fspath(value)!r}")
+    return value
+
+
+class Checked:
+    """A class attribute whose every assignment goes through ``check(name, value)`` (kept as ``_name``):
+    an option that may change after construction is checked as the constructor checks it."""
+
+    def __init__(self, check: Callable[[str, Any], Any], doc: str = ""):
+        self.check, self.__doc__ = check, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, "_" + self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        object.__setattr__(obj, "_" + self.name, self.check(self.name, value))
 
 
 def check_tau(tau: Any, name: str = "tau") -> float:
@@ -99,6 +137,14 @@ def check_levels(name: str, levels: Any) -> tuple[float, ...] | None:
     if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence) or len(levels) == 0:
         raise ValueError(f"{name} must be a non-empty sequence of levels in (0, 1] or None, got {levels!r}")
     return tuple(check_tau(z, f"{name}[{i}]") for i, z in enumerate(levels))
+
+
+def check_text_only(modality: str, **given: Any) -> None:
+    """Arguments only text backbones take (``attention_mask``, ``token_type_ids``) are ``None`` unless
+    ``modality`` is ``"text"`` (an image model would ignore them)."""
+    extra = [name for name, value in given.items() if value is not None]
+    if extra and modality != "text":
+        raise ValueError(f"{extra[0]} is for text backbones; this {modality} backbone takes the images alone")
 
 
 # -- tensors -----------------------------------------------------------------------------------
@@ -144,6 +190,10 @@ def check_same_length(**tensors: torch.Tensor) -> None:
         raise ValueError(f"all inputs need the same number of examples, got {sizes}")
 
 
+class NonFiniteError(ValueError):
+    """Values a model computes became NaN or infinite (what a diverged training run produces)."""
+
+
 def reads_on_host(device: torch.device) -> bool:
     """Whether :func:`check_values` reads its condition on the host for tensors on ``device``: on the CPU
     (a read there waits for nothing); tests replace it to run the device-side assertions on the CPU."""
@@ -167,6 +217,21 @@ def check_values(
         torch._assert_async(ok, message)
     elif not bool(ok):
         raise error(message + (details() if details is not None else ""))
+
+
+def check_class_ids(name: str, ids: Any, count: int, what: str = "classes") -> torch.Tensor:
+    """``ids`` if it is an integer tensor (not bool) with values in ``[0, count)`` (a ValueError naming the
+    values outside; on a GPU a device-side assertion)."""
+    check_tensor(name, ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of ids in [0, {count}), got dtype {ids.dtype}")
+    if ids.numel():
+        check_values(
+            ((ids >= 0) & (ids < count)).all(),
+            f"{name} must lie in [0, {count - 1}] (the {count} {what})",
+            lambda: f", got {sorted({int(v) for v in ids.flatten().tolist() if not 0 <= v < count})[:5]}",
+        )
+    return ids
 
 
 def check_grid(grid: object, d: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .adapters.images import upsample_mask
 from .data.batches import parse_batch
@@ -159,10 +160,19 @@ def example_name(dataset: Any, index: int, label: int | None, class_names: Seque
 
 
 def write_explanations(
-    model: SOP, dataset: Any, out_dir: str, count: int, device: torch.device, class_names: Sequence[str] | None = None
+    model: SOP,
+    dataset: Any,
+    out_dir: str,
+    count: int,
+    device: torch.device,
+    class_names: Sequence[str] | None = None,
+    progress: bool = True,
 ) -> list[str]:
     """Explain the first ``count`` examples of ``dataset``: PNGs (images) or HTML pages (text), named
     after the example (:func:`example_name`: its source file, or its class).
+
+    Args:
+        progress: show a progress bar over the examples.
 
     Each example is read by :func:`sopfast.data.batches.parse_batch` (as a batch of one), so any form
     it accepts works: ``(x, y)`` pairs, dicts with ``pixel_values`` / ``x`` / ``images``, or
@@ -170,7 +180,7 @@ def write_explanations(
     """
     model.eval().to(device)
     paths = []
-    for i in range(min(count, len(dataset))):
+    for i in tqdm(range(min(count, len(dataset))), desc="sopfast explain", disable=not progress):
         batch = parse_batch(torch.utils.data.default_collate([dataset[i]])).to(device)
         with torch.no_grad():
             out = model(**batch.model_inputs())

@@ -103,9 +103,6 @@ class BackboneAdapter(ABC):
     #: Modes whose group passes need every group of one call to keep the same number of features
     #: (ViT ``drop``: a ``-1`` pad would run as a token that attends).
     equal_size_modes: tuple[str, ...] = ()
-    #: Modes whose group passes compute the backbone's own function on the masked input (BERT ``drop``
-    #: runs the kept tokens at their positions: the same logits as ``exact``; a ViT's ``drop`` does not).
-    exact_modes: tuple[str, ...] = ("exact",)
     #: The backbone's submodule (a ``named_modules`` path; ``""``: the whole backbone) of which
     #: :meth:`make_projection` makes the trainable copy; checkpoint converters map names by it.
     projection_source: str = ""
@@ -136,6 +133,13 @@ class BackboneAdapter(ABC):
     def constructor_options(cls, probe: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Constructor arguments of a ``timm:`` / ``torchvision:`` model that its weights ``state`` fix
         (read off a default-built ``probe``), beyond the class count; e.g. a ViT's image size."""
+        return {}
+
+    @classmethod
+    def open_constructor_options(cls, probe: nn.Module) -> dict[str, Any]:
+        """Constructor arguments of a ``timm:`` / ``torchvision:`` model that no weights file fixes (a ViT's
+        heads), with the default-built ``probe``'s values: what ``--backbone-option`` must name when a
+        model was built with others."""
         return {}
 
     @classmethod

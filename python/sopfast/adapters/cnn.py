@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import check_int
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .base import BackboneAdapter, StopForward, freeze_, run_chunked
 from .images import parameter_dtype, pixel_grid_mask, prepare_pixels
@@ -126,9 +127,12 @@ class CNNAdapter(BackboneAdapter):
             raise ValueError(f"classifier={classifier!r} must name an nn.Linear module of the backbone")
         self.classifier_name = classifier
         self.classifier = modules[classifier] if classifier is not None else None
-        dim = embed_dim if embed_dim is not None else _channels_of(modules[feature_layer])
+        inferred = _channels_of(modules[feature_layer])
+        dim = check_int("embed_dim", embed_dim, 1, optional=True) or inferred
         if dim is None:
             raise ValueError(f"cannot infer the channel count of {feature_layer!r}; pass embed_dim=")
+        if inferred is not None and dim != inferred:
+            raise ValueError(f"embed_dim must be the {inferred} channels of {feature_layer!r}, got {dim}")
         self._embed_dim = dim
         first_conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
         self.channels = int(first_conv.in_channels) if first_conv is not None else None
@@ -187,7 +191,12 @@ class CNNAdapter(BackboneAdapter):
         return projection
 
     def embed(self, projection: Any, inputs: FeatureInputs) -> torch.Tensor:
-        return self._feature_map(projection, inputs.require_pixels()).flatten(2).transpose(1, 2)
+        features = self._feature_map(projection, inputs.require_pixels())
+        if features.shape[1] != self._embed_dim:
+            raise ValueError(
+                f"embed_dim={self._embed_dim} but {self.feature_layer!r} gives {features.shape[1]} channels"
+            )
+        return features.flatten(2).transpose(1, 2)
 
     def classifier_weight(self) -> torch.Tensor:
         if self.classifier is None:

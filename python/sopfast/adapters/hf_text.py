@@ -161,10 +161,14 @@ class HFTextFamily(BackboneAdapter):
             raise TypeError(f"input_ids must be int64 or int32 token ids, got {x.dtype}")
         if attention_mask is None:
             raise ValueError("text backbones need attention_mask ([B, T], 1 for real tokens, 0 for padding)")
-        if attention_mask.shape != x.shape:
+        if x.shape[1] == 0:
+            raise ValueError(f"input_ids must hold at least one token per text, got shape {tuple(x.shape)}")
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != x.shape:
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(x.shape)}"
+                f"attention_mask shape {tuple(getattr(attention_mask, 'shape', ()))} must equal input_ids shape "
+                f"{tuple(x.shape)}"
             )
+        _check_ids("attention_mask", attention_mask, 2)  # 1 = a real token, 0 = padding
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(x)
         elif token_type_ids.shape != x.shape:

@@ -7,6 +7,7 @@ weights.  The messages name the command-line flags (``--backbone``, ``--backbone
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from torch import nn
 
 WEIGHT_EXTENSIONS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 SOURCES = ("hf", "timm", "torchvision", "module")
+logger = logging.getLogger(__name__)
 
 
 class BackboneSourceError(ValueError):
@@ -80,29 +82,100 @@ def _read_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_state(model: nn.Module, state: dict, weights: str, name: str) -> nn.Module:
+def _listed(names: list[str], what: str) -> str:
+    return f"{len(names)} {what} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+
+
+def _load_state(model: nn.Module, state: dict, weights: str, name: str, hint: str = "") -> nn.Module:
+    """Load ``state`` strictly; what does not fit is one line (counts and the first names), then ``hint``."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    reshaped = [
+        f"{k} {list(state[k].shape)} in the file, {list(own[k].shape)} in the model"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
+    parts = [
+        _listed(found, what)
+        for found, what in ((missing, "weights missing"), (unexpected, "unexpected"), (reshaped, "of another shape"))
+        if found
+    ]
+    if parts:
+        raise BackboneSourceError(f"--backbone-weights {weights} do not fit {name}: {'; '.join(parts)}{hint}")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise BackboneSourceError(f"--backbone-weights {weights} do not fit {name}: {one_line(err)[:400]}") from err
+        raise BackboneSourceError(f"--backbone-weights {weights} do not fit {name}: {one_line(err)[:300]}") from err
     return model.eval()
 
 
-def _constructed(
-    build: Any, probe: nn.Module, state: dict, options: dict[str, Any], head_weight: str | None
-) -> nn.Module:
-    """``build(**kwargs)``: the class count read off the weights' head (``head_weight``), what the
-    probe's adapter reads off the weights (e.g. a timm ViT's image size), then the given ``options``."""
+@dataclass
+class _Construction:
+    """How a ``timm:`` / ``torchvision:`` model is built for a weights file: ``kwargs`` for its constructor
+    (what the weights fix, then the given options), the arguments whose value the weights changed from the
+    model's default (``read``), those no weights fix (``open``, with their defaults) and a ``hint`` for errors."""
+
+    kwargs: dict[str, Any]
+    read: dict[str, Any]
+    open: dict[str, Any]
+
+    @property
+    def hint(self) -> str:
+        if not self.open:
+            return ""
+        shown = ", ".join(f"{k}={v}" for k, v in self.open.items())
+        flags = " ".join(f"--backbone-option {k}=N" for k in self.open)
+        return f"; the weights do not fix {shown} (the model's default): pass {flags} if it was built with another"
+
+
+def _construction(probe: nn.Module, state: dict, options: dict[str, Any], head_weight: str | None) -> _Construction:
+    """The class count read off the weights' head (``head_weight``) and what the probe's adapter reads off
+    the weights (a timm ViT's depth, width, patch and image size …), then the given ``options``."""
+    from .base import BackboneAdapter
     from .registry import find_adapter_class
 
-    kwargs: dict[str, Any] = {}
-    if head_weight is not None and head_weight in state:
-        kwargs["num_classes"] = int(state[head_weight].shape[0])
+    def read(weights: dict) -> dict[str, Any]:
+        found = {} if head_weight not in weights else {"num_classes": int(weights[head_weight].shape[0])}
+        return {**found, **(adapter.constructor_options(probe, weights) if adapter else {})}
+
     try:
-        kwargs.update(find_adapter_class(probe).constructor_options(probe, state))
+        adapter: type[BackboneAdapter] | None = find_adapter_class(probe)
     except TypeError:  # no adapter for the probe: SOP says so, with the supported families, later
-        pass
-    return build(**{**kwargs, **options})
+        adapter = None
+    fixed, default = read(state), read(probe.state_dict())
+    # what the weights change of the model's default architecture (the class count goes without saying)
+    changed = {k: v for k, v in fixed.items() if default.get(k) != v and k not in options and k != "num_classes"}
+    open_options = adapter.open_constructor_options(probe) if adapter else {}
+    unfixed = {k: v for k, v in open_options.items() if k not in options}
+    return _Construction({**fixed, **options}, changed, unfixed)
+
+
+def _built(
+    build: Any,
+    probe: nn.Module,
+    state: dict,
+    options: dict[str, Any],
+    weights: str,
+    name: str,
+    head: str | None,
+    by_name: str = "",
+) -> nn.Module:
+    """The model ``build`` makes for ``state`` (:func:`_construction`), loaded with it; says what it read off
+    the weights and what they leave open (``by_name``: what the model's name fixes, said when they do not fit)."""
+    plan = _construction(probe, state, options, head)
+    if plan.read:
+        shown = ", ".join(f"{k}={v}" for k, v in plan.read.items())
+        logger.info("%s built as its weights fix it: %s%s", name, shown, plan.hint)
+    try:
+        model = build(**plan.kwargs)
+    except (TypeError, ValueError, AssertionError, RuntimeError) as err:
+        given = f" and the constructor arguments {options}" if options else ""
+        raise BackboneSourceError(
+            f"--backbone {name} cannot be built as its weights{given} make it ({plan.kwargs}): "
+            f"{one_line(err)[:200]}{plan.hint}"
+        ) from err
+    return _load_state(model, state, weights, name, by_name + plan.hint)
 
 
 def _timm_backbone(name: str, weights: str, options: dict[str, Any]) -> nn.Module:
@@ -121,8 +194,7 @@ def _timm_backbone(name: str, weights: str, options: dict[str, Any]) -> nn.Modul
     probe: Any = _created(build, options, f"timm:{name}")
     head = probe.pretrained_cfg.get("classifier", "head")
     head = head[0] if isinstance(head, (tuple, list)) else head
-    model = _created(lambda **kw: _constructed(build, probe, state, kw, f"{head}.weight"), options, f"timm:{name}")
-    return _load_state(model, state, weights, f"timm:{name}")
+    return _built(build, probe, state, options, weights, f"timm:{name}", f"{head}.weight")
 
 
 def _torchvision_backbone(name: str, weights: str, options: dict[str, Any]) -> nn.Module:
@@ -137,8 +209,8 @@ def _torchvision_backbone(name: str, weights: str, options: dict[str, Any]) -> n
     probe = _created(build, options, f"torchvision:{name}")
     linears = [n for n, m in probe.named_modules() if isinstance(m, nn.Linear)]
     head = f"{linears[-1]}.weight" if linears else None
-    model = _created(lambda **kw: _constructed(build, probe, state, kw, head), options, f"torchvision:{name}")
-    return _load_state(model, state, weights, f"torchvision:{name}")
+    fixed = f"; torchvision:{name} fixes its depth and width by name: name the torchvision model the weights are of"
+    return _built(build, probe, state, options, weights, f"torchvision:{name}", head, fixed)
 
 
 def _created(build: Any, options: dict[str, Any], name: str) -> nn.Module:

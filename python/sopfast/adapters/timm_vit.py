@@ -46,15 +46,44 @@ class TimmViTAdapter(PatchGridAdapter):
 
     @classmethod
     def constructor_options(cls, probe: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """A fixed image size (no ``dynamic_img_size``), the one the weights' position table was made for."""
+        """What the weights fix: width, channels and patch size (the patch embedding), depth (the blocks),
+        the MLP ratio, the qkv bias, layer scale, the class / register tokens, the pre-norm and pooling
+        norms, and the image size the position table was made for (a fixed one: no ``dynamic_img_size``)."""
         options: dict[str, Any] = {"dynamic_img_size": False}
+        proj = state.get("patch_embed.proj.weight")
+        blocks = {int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+        if proj is None or proj.dim() != 4 or not blocks:
+            return options
+        width, channels, height, across = (int(n) for n in proj.shape)
+        options.update(embed_dim=width, in_chans=channels, depth=max(blocks) + 1)
+        options["patch_size"] = height if height == across else (height, across)
+        if "blocks.0.mlp.fc1.weight" in state:
+            options["mlp_ratio"] = int(state["blocks.0.mlp.fc1.weight"].shape[0]) / width
+        if "blocks.0.attn.qkv.weight" in state:
+            options["qkv_bias"] = "blocks.0.attn.qkv.bias" in state
+        if "blocks.0.ls1.gamma" in state:
+            options["init_values"] = 1e-5  # layer scale on (its values are the weights')
+        options["class_token"] = "cls_token" in state
+        options["reg_tokens"] = int(state["reg_token"].shape[1]) if "reg_token" in state else 0
+        options["pre_norm"] = "norm_pre.weight" in state
+        if "fc_norm.weight" in state or "norm.weight" in state:
+            options["fc_norm"] = "fc_norm.weight" in state
         vit: Any = probe
+        if not options["class_token"] and vit.global_pool == "token":
+            options["global_pool"] = "avg"  # a model without a class token pools its patches
         if "pos_embed" in state:
-            tokens = int(state["pos_embed"].shape[1]) - (0 if vit.no_embed_class else vit.num_prefix_tokens)
+            prefix = 0 if vit.no_embed_class else int(options["class_token"]) + options["reg_tokens"]
+            tokens = int(state["pos_embed"].shape[1]) - prefix
             side = round(tokens**0.5)
-            if side * side == tokens:
-                options["img_size"] = side * int(vit.patch_embed.patch_size[0])
+            if side * side == tokens and height == across:
+                options["img_size"] = side * height
         return options
+
+    @classmethod
+    def open_constructor_options(cls, probe: nn.Module) -> dict[str, Any]:
+        """The heads: a ``[3E, E]`` qkv weight splits into any number of heads that divides ``E``."""
+        vit: Any = probe
+        return {"num_heads": int(vit.blocks[0].attn.num_heads)}
 
     @property
     def embed_dim(self) -> int:

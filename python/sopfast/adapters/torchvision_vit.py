@@ -52,6 +52,12 @@ class TorchvisionViTAdapter(PatchGridAdapter):
         vit: Any = probe
         return {"image_size": side * int(vit.patch_size)} if side * side == int(table.shape[1]) - 1 else {}
 
+    @classmethod
+    def open_constructor_options(cls, probe: nn.Module) -> dict[str, Any]:
+        """The heads (and, since torchvision's builders fix depth and width by name, nothing else)."""
+        vit: Any = probe
+        return {"num_heads": int(vit.encoder.layers[0].self_attention.num_heads)}
+
     @property
     def embed_dim(self) -> int:
         return int(self.backbone.hidden_dim)

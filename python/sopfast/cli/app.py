@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ..version import __version__
 from .commands import COMMANDS
 from .common import configure_logging
 from .parser import CLIError, Parser, config_path, config_tokens
@@ -24,6 +25,7 @@ def build_parser() -> Parser:
     """The ``sopfast`` parser, every subcommand with its flags."""
     parser = Parser(prog="sopfast", description="Fast Sum-of-Parts self-attributing models.", allow_abbrev=False)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"sopfast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         p = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP, allow_abbrev=False)

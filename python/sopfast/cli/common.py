@@ -18,12 +18,17 @@ if TYPE_CHECKING:
 
     from ..adapters import BackboneAdapter
     from ..adapters.sources import Backbone
+    from ..data.splits import LoadedSplit
     from ..model.sop import SOP
 
 logger = logging.getLogger("sopfast.cli")
 # SOP options that a saved model may take anew when it is loaded (what the checkpoint saves as
 # current values): every command that loads a --checkpoint has their flags.
 LOAD_OVERRIDES = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
+# the data flags a model trained by `sopfast train` records (its provenance["data"]) and a command that
+# loads it takes again when they are not given (with the preprocessing, recorded apart)
+RECORDED_DATA = ("data", "holdout", "image_column", "text_column", "text_pair_column", "label_column")
+DEFAULT_DATA = "fashion-mnist"
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -78,20 +83,36 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("data")
     d.add_argument(
         "--data",
-        default="fashion-mnist",
+        default=None,
         help=f"a built-in dataset ({', '.join(BUILTIN)}), an image folder (ImageFolder layout), a "
-        "saved Hugging Face dataset (save_to_disk) or a CSV/TSV/JSONL file or folder",
+        "saved Hugging Face dataset (save_to_disk) or a CSV/TSV/JSONL file or folder (default: the data "
+        f"--checkpoint was trained on, else the built-in {DEFAULT_DATA})",
     )
-    d.add_argument("--limit", type=int_at_least(1), default=None, help="use only the first N examples")
+    d.add_argument(
+        "--limit",
+        type=int_at_least(1),
+        default=None,
+        help="use N examples, taken from every class in turn (the same ones every run)",
+    )
     d.add_argument("--image-column", default=None, help="image column (default: image, img, ...)")
     d.add_argument("--text-column", default=None, help="text column (default: text, sentence, sentence1, ...)")
     d.add_argument("--text-pair-column", default=None, help="second text column (default: sentence2 with sentence1)")
     d.add_argument("--label-column", default=None, help="label column (default: label, labels, y, ...)")
     d.add_argument(
+        "--label-map",
+        type=key_value,
+        nargs="+",
+        default=None,
+        metavar="LABEL=CLASS",
+        help="map each label of the data to a class id or a class name of the backbone (--label-map cat=0 dog=1); "
+        "without it, names map through the backbone's label2id, and one it does not name is an error",
+    )
+    d.add_argument(
         "--holdout",
         type=fraction,
-        default=HOLDOUT,
-        help=f"fraction held out for validation/test when the data has one split (default {HOLDOUT})",
+        default=None,
+        help="fraction held out of the training split for validation when the data has no validation split "
+        f"(and for the test part when it has a single split); default {HOLDOUT}, or what --checkpoint used",
     )
     d.add_argument(
         "--image-size",
@@ -167,22 +188,69 @@ def load_model(args: argparse.Namespace, backbone: Backbone, overrides: dict[str
 
 
 def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None):
-    """The dataset for ``role`` (train / val / test) of ``--data``; the lines saying which split it is
-    and which preprocessing it gets are reported, and the preprocessing recorded with the model."""
-    dataset, preprocessing = load_adapter_split(args, model.adapter, backbone, role, limit)
-    if preprocessing is not None:
-        model.provenance["preprocessing"] = preprocessing
-    return dataset
+    """The dataset for ``role`` (train / val / test) of ``--data`` for ``model`` (:func:`load_model_split`)."""
+    return load_model_split(args, model, backbone, role, limit).dataset
+
+
+def load_model_split(
+    args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None
+) -> LoadedSplit:
+    """The split for ``role`` (train / val / test) of ``--data`` for ``model``: the data flags not given
+    and the preprocessing are the ones the model was trained with, where it records them
+    (:func:`resolve_data_flags`); the lines saying which split it is and which preprocessing it gets are
+    reported, and both are recorded with the model (saved with it by ``sopfast train``)."""
+    loaded = load_adapter_split(args, model.adapter, backbone, role, limit, model.provenance)
+    model.provenance["data"] = {name: getattr(args, name) for name in RECORDED_DATA if getattr(args, name) is not None}
+    if loaded.preprocessing is not None:
+        model.provenance["preprocessing"] = loaded.preprocessing
+    return loaded
+
+
+def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = None) -> None:
+    """Fill in the data flags of ``args`` that were not given: from what a model recorded (``saved``: its
+    ``provenance``; the columns and ``--holdout`` only with the data it was trained on), else the defaults
+    (the built-in Fashion-MNIST, said as a warning).  A path given to ``--data`` becomes absolute.  Each
+    choice is reported once: afterwards every flag is set."""
+    from ..data.builtin import BUILTIN
+
+    recorded = dict((saved or {}).get("data") or {})
+    if args.data is None or args.data == recorded.get("data"):
+        taken = {n: recorded[n] for n in RECORDED_DATA if getattr(args, n) is None and recorded.get(n) is not None}
+        for name, value in taken.items():
+            setattr(args, name, value)
+        if taken:
+            shown = ", ".join(f"--{n.replace('_', '-')} {v}" for n, v in taken.items())
+            report(f"data as the model was trained: {shown} (a flag changes one)")
+    elif recorded.get("data"):
+        report(f"--data {args.data}: the model was trained on {recorded['data']}")
+    if args.data is None:
+        args.data = DEFAULT_DATA
+        logger.warning(
+            "no --data given: using the built-in %s (60,000 training and 10,000 test images; --data names your "
+            "own images, texts or a saved dataset)",
+            DEFAULT_DATA,
+        )
+    if args.holdout is None:
+        args.holdout = HOLDOUT
+    if args.data not in BUILTIN and os.path.exists(args.data):
+        args.data = os.path.abspath(args.data)
 
 
 def load_adapter_split(
-    args: argparse.Namespace, adapter: BackboneAdapter, backbone: Backbone, role: str, limit: int | None
-) -> tuple[Any, dict[str, Any] | None]:
-    """:func:`load_split` for a bare ``adapter``: the dataset and its preprocessing record."""
+    args: argparse.Namespace,
+    adapter: BackboneAdapter,
+    backbone: Backbone,
+    role: str,
+    limit: int | None,
+    saved: dict[str, Any] | None = None,
+) -> LoadedSplit:
+    """:func:`load_model_split` for a bare ``adapter`` (``saved``: what a model recorded, see
+    :func:`resolve_data_flags`)."""
     from ..data.object_masks import ObjectMasks
     from ..data.splits import DataOptions, load_split
     from ..data.user_data import Columns
 
+    resolve_data_flags(args, saved)
     options = DataOptions(
         columns=Columns(args.image_column, args.text_column, args.text_pair_column, args.label_column),
         train_split=getattr(args, "train_split", None),
@@ -194,12 +262,14 @@ def load_adapter_split(
         image_std=args.image_std,
         max_length=args.max_length,
         object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
+        saved_preprocessing=(saved or {}).get("preprocessing"),
+        label_map=None if args.label_map is None else dict(args.label_map),
     )
     loaded = load_split(args.data, role, adapter, backbone, options, limit)
     report(loaded.description)
     if loaded.preprocessing is not None:
         report(f"{role} preprocessing: {describe_preprocessing(loaded.preprocessing)}")
-    return loaded.dataset, loaded.preprocessing
+    return loaded
 
 
 def describe_preprocessing(prep: dict[str, Any]) -> str:
@@ -246,6 +316,8 @@ def check_output_dir(flag: str, path: str | None) -> None:
     """Fail now (not after the work) when ``path`` cannot be an output directory."""
     if path is None:
         return
+    if not path.strip():
+        raise CLIError(f"{flag} is empty; give a directory ('.' for the current one)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise CLIError(f"{flag} {path} exists and is not a directory")
     parent = _existing_parent(path)
@@ -259,6 +331,8 @@ def check_output_file(flag: str, path: str | None) -> None:
     """Fail now when ``path`` cannot be written as a file; create its missing parent folders."""
     if path is None:
         return
+    if not path.strip():
+        raise CLIError(f"{flag} is empty; give a file path")
     if os.path.isdir(path):
         raise CLIError(f"{flag} {path} is a directory; give a file path")
     parent = os.path.dirname(os.path.abspath(path))

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from .datasets import TextDataset
 from .object_masks import ObjectMasks
+from .sampling import across_classes, stratified_holdout
 
 FASHION_MNIST_DIR = os.environ.get("SOPFAST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -50,6 +51,10 @@ class ImageData:
         first = ImageData(self.x[:n_first], self.y[:n_first], self.classes, self.name)
         rest = ImageData(self.x[n_first:], self.y[n_first:], self.classes, self.name)
         return first, rest
+
+    def select(self, positions: Sequence[int]) -> ImageData:
+        index = torch.as_tensor(list(positions), dtype=torch.long)
+        return ImageData(self.x[index], self.y[index], self.classes, self.name)
 
     def dataset(self, object_masks: ObjectMasks | None = None) -> torch.utils.data.TensorDataset:
         """``(x, y)`` items, or ``(x, y, mask [H, W])`` with ``object_masks`` (from the pixels' intensity)."""
@@ -158,39 +163,75 @@ def tokenize_tweets(
     return full.subset(full.encoded["attention_mask"].sum(dim=1) >= min_candidates)
 
 
+#: How a built-in set is read: ``(role, limit, backbone_dir, object_masks, holdout)`` → the dataset and a
+#: line naming the part read.
+Reader = Callable[[str, int | None, str | None, ObjectMasks | None, float | None], tuple[Dataset, str]]
+
+
 @dataclass(frozen=True)
 class Builtin:
-    """A dataset that ships with the install (or with Debian): its modality and how to read a role
-    (``"train"``; ``"val"`` and ``"test"`` read the test split) with at most ``limit`` examples, for a
-    backbone loaded from a directory (text: its tokenizer), with object masks (images)."""
+    """A dataset that ships with the install (or with Debian): its modality and how to read a role —
+    ``"test"`` its test split, ``"val"`` a ``holdout`` fraction of its training split (stratified, seed
+    0), ``"train"`` the rest (``holdout=None``: the whole training split) — with at most ``limit``
+    examples (every class alike), for a backbone loaded from a directory (text: its tokenizer), with
+    object masks (images)."""
 
     modality: str
-    read: Callable[[str, int | None, str | None, ObjectMasks | None], Dataset]
+    read: Reader
 
 
-def _fashion_mnist(role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None) -> Dataset:
-    return load_fashion_mnist("train" if role == "train" else "test", limit).dataset(masks)
+def _part(role: str, labels: Sequence[int], holdout: float | None, limit: int | None) -> tuple[list[int], str]:
+    """The positions ``role`` reads among a training split's ``labels`` (``"test"``: all of the test
+    split's; ``holdout=None``: all of the training split's), limited to ``limit`` across classes, and a
+    line naming them."""
+    n = len(labels)
+    if role == "test" or holdout is None:
+        positions, text = list(range(n)), f"{'test' if role == 'test' else 'train'} split ({n})"
+    else:
+        rest, held = stratified_holdout(labels, holdout)
+        positions = held if role == "val" else rest
+        what = "validation part held out of" if role == "val" else "training part of"
+        text = f"{what} the train split ({len(positions)} of {n}, stratified, seed 0)"
+    if limit is not None and limit < len(positions):
+        positions = [positions[i] for i in across_classes([labels[p] for p in positions], limit)]
+        text += f", {limit} of them across classes"
+    return positions, text
+
+
+def _images(
+    train: ImageData, test: ImageData, role: str, limit: int | None, masks: ObjectMasks | None, holdout: float | None
+) -> tuple[Dataset, str]:
+    source = test if role == "test" else train
+    positions, text = _part(role, source.y.tolist(), holdout, limit)
+    return source.select(positions).dataset(masks), text
+
+
+def _fashion_mnist(
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
+) -> tuple[Dataset, str]:
+    part = load_fashion_mnist("test" if role == "test" else "train")
+    return _images(part, part, role, limit, masks, holdout)
 
 
 def _digits(
-    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None
-) -> torch.utils.data.Dataset:
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
+) -> tuple[Dataset, str]:
     train, test = load_digits_images().split(1500)
-    part = train if role == "train" else test
-    return ImageData(part.x[:limit], part.y[:limit], part.classes, part.name).dataset(masks)
+    return _images(train, test, role, limit, masks, holdout)
 
 
 def _tweets(
-    role: str, limit: int | None, backbone_dir: str | None, masks: ObjectMasks | None
-) -> torch.utils.data.Dataset:
+    role: str, limit: int | None, backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
+) -> tuple[Dataset, str]:
     if masks is not None:
         raise ValueError("--object-masks applies to image data; tweets are text")
     if backbone_dir is None:
         raise ValueError("--data tweets needs a Hugging Face --backbone directory (for its tokenizer)")
     texts, labels = load_tweets()
     cut = int(0.9 * len(texts))
-    texts, labels = (texts[:cut], labels[:cut]) if role == "train" else (texts[cut:], labels[cut:])
-    return tokenize_tweets(texts[:limit], labels[:limit], backbone_dir)
+    texts, labels = (texts[:cut], labels[:cut]) if role != "test" else (texts[cut:], labels[cut:])
+    positions, text = _part(role, labels.tolist(), holdout, limit)
+    return tokenize_tweets([texts[p] for p in positions], labels[positions], backbone_dir), text
 
 
 BUILTIN: dict[str, Builtin] = {

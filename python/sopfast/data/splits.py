@@ -26,20 +26,41 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DataOptions:
-    """How to read your own data: columns, the split names, the held-out fraction, preprocessing
-    overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per channel, ``max_length`` tokens)
-    and where object masks come from (items then ``(x, y, mask)``)."""
+    """How to read your own data: columns, the split names, the held-out fraction (``None``: a single
+    split whole), preprocessing overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per
+    channel, ``max_length`` tokens), the preprocessing a model was trained with (``saved_preprocessing``,
+    its ``provenance["preprocessing"]``: it applies where no override is given) and where object masks
+    come from (items then ``(x, y, mask)``)."""
 
     columns: Columns | None = None
     train_split: str | None = None
     val_split: str | None = None
     split: str | None = None
-    holdout: float = HOLDOUT
+    holdout: float | None = HOLDOUT
     image_size: Sequence[int] | None = None
     image_mean: Sequence[float] | None = None
     image_std: Sequence[float] | None = None
     max_length: int | None = None
     object_masks: ObjectMasks | None = None
+    saved_preprocessing: dict[str, Any] | None = None
+    label_map: dict[Any, Any] | None = None
+
+    def check_modality(self, modality: str) -> None:
+        """Options of the other modality are mistakes (they would be ignored): a DataError naming the first."""
+        columns = self.columns or Columns()
+        image: dict[str, Any] = {
+            "image_column": columns.image,
+            "image_size": self.image_size,
+            "image_mean": self.image_mean,
+        }
+        image |= {"image_std": self.image_std, "object_masks": self.object_masks}
+        text = {"text_column": columns.text, "text_pair_column": columns.text_pair, "max_length": self.max_length}
+        other = text if modality == "image" else image
+        given = [name for name, value in other.items() if value is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            kind, model = ("text", "an image") if modality == "image" else ("image", "a text")
+            raise DataError(f"{given[0]} ({flag}) is for {kind} data; the backbone is {model} model")
 
     def split_for(self, role: str) -> str | None:
         """The split name asked for ``role`` (``"train"``, ``"val"``, ``"test"``)."""
@@ -73,12 +94,13 @@ def load_split(
     the split is empty, has no labels or does not fit the backbone.
     """
     options = options or DataOptions()
+    options.check_modality(adapter.modality)
     loaded = _read(data, role, adapter, source, options, limit)
     dataset = loaded.dataset
     size = len(cast(Sized, dataset))
     if size == 0:
         raise DataError(f"--data {data}: the {role} split is empty")
-    batch = parse_batch(torch.utils.data.default_collate([dataset[i] for i in range(min(8, size))]))
+    batch = parse_batch(torch.utils.data.default_collate(_first_readable(dataset, size, data, role)))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
     if batch.labels is None:
@@ -90,17 +112,36 @@ def load_split(
     return loaded
 
 
+def _first_readable(dataset: torch.utils.data.Dataset, size: int, data: str, role: str, count: int = 8) -> list[Any]:
+    """The first ``count`` examples that can be read (an unreadable file is for the command to skip or
+    report); DataError when none can."""
+    items, error = [], None
+    for i in range(size):
+        try:
+            items.append(dataset[i])
+        except DataError as err:
+            error = error or err
+            continue
+        if len(items) == count:
+            break
+    if not items:
+        raise DataError(f"--data {data}: no {role} example can be read ({error})")
+    return items
+
+
 def _read(
     data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
 ) -> LoadedSplit:
     modality = adapter.modality
     if data in BUILTIN:
+        if options.label_map is not None:
+            raise DataError(f"label_map (--label-map) is for your own data; --data {data} is built in")
         builtin = BUILTIN[data]
         if builtin.modality != modality:
             article = "an" if modality == "image" else "a"
             raise DataError(f"--data {data} is {builtin.modality} data but the backbone is {article} {modality} model")
-        dataset = builtin.read(role, limit, source.directory, options.object_masks)
-        return LoadedSplit(dataset, f"{role} data: {data}, {len(cast(Sized, dataset))} examples")
+        dataset, part = builtin.read(role, limit, source.directory, options.object_masks, options.holdout)
+        return LoadedSplit(dataset, f"{role} data: {data}, {part}, {len(cast(Sized, dataset))} examples")
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
@@ -113,6 +154,7 @@ def _read(
         mean=options.image_mean,
         std=options.image_std,
         max_length=options.max_length,
+        saved=options.saved_preprocessing,
     )
     dataset, name = load_user_split(
         data,
@@ -123,5 +165,6 @@ def _read(
         holdout=options.holdout,
         limit=limit,
         object_masks=options.object_masks,
+        label_map=options.label_map,
     )
     return LoadedSplit(dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples", prep.describe())

@@ -13,12 +13,16 @@ Data sources (:func:`open_source`):
 
 Columns default to the usual names (:data:`IMAGE_COLUMNS`, :data:`TEXT_COLUMNS`,
 :data:`LABEL_COLUMNS`); flags name others.  Splits: a source's own ``train`` / ``validation`` /
-``test`` splits, chosen by name if wanted; a source with one split is cut into train and a held-out
-part (``holdout``, stratified ``Dataset.train_test_split`` with a fixed seed, so that ``train`` and
-``evaluate`` agree).
+``test`` splits, chosen by name if wanted.  Validation never comes from the test split: without a
+validation split it is held out of the training split (``holdout`` of it, stratified
+``Dataset.train_test_split`` with a fixed seed, so that ``train`` and ``evaluate`` agree); a source with
+one split is cut three ways (a held-out test part, then a validation part of the rest).  ``limit``
+keeps examples of every class alike (:func:`sopfast.data.sampling.across_classes`).
 
-Labels: integers are class ids; strings (and ``ClassLabel`` names) are class names, mapped with the
-backbone's ``label2id`` when it names them all, else in sorted order.
+Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
+``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
+that names no classes).  Training data of one class is refused, and so is an image folder with entries
+it would skip (:mod:`sopfast.data.folders`).
 
 Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
 :func:`sopfast.adapters.preprocessing.preprocessing_for`.
@@ -32,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -40,7 +44,10 @@ import torch
 from ..adapters.preprocessing import Preprocessing
 from ..defaults import HOLDOUT
 from .datasets import ImageDataset, TextDataset
+from .folders import check_image_folder
+from .labels import DataError, check_classes, label_ids
 from .object_masks import ObjectMasks
+from .sampling import across_classes
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -56,10 +63,6 @@ HOLDOUT_SEED = 0
 # fewer held-out examples of a class than this makes its scores noisy: a warning says so
 MIN_HELD_OUT_PER_CLASS = 5
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """Data that cannot be read as asked: the message names the path, column or split."""
 
 
 @contextmanager
@@ -92,11 +95,11 @@ class Source:
     base_dir: str = ""
 
     def resolve(
-        self, role: str, name: str | None = None, holdout: float = HOLDOUT, label: str = "label"
+        self, role: str, name: str | None = None, holdout: float | None = HOLDOUT, label: str = "label"
     ) -> tuple[str, Any]:
         """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) and a line naming it: ``name`` if
         given, else the source's own split, else the held-out part of a single split (stratified by the
-        ``label`` column)."""
+        ``label`` column), or with ``holdout=None`` that single split whole."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         available = list(self.splits)
@@ -104,30 +107,52 @@ class Source:
             if name not in self.splits:
                 raise DataError(f"{self.path} has no split {name!r}; available: {available}")
             return name, self.splits[name]
-        order = ("test", *VALIDATION_SPLITS) if role == "test" else (*VALIDATION_SPLITS, "test")
-        evaluation = [s for s in order if s in self.splits]
+        validation = next((s for s in VALIDATION_SPLITS if s in self.splits), None)
+        test = "test" if "test" in self.splits else None
+        if role == "val" and validation is not None:
+            return validation, self.splits[validation]
+        if role == "test" and (test or validation) is not None:
+            if test is None:
+                logger.warning(
+                    "%s has no test split: evaluating on the validation split %r, which chose the best model; "
+                    "its score is optimistic",
+                    self.path,
+                    validation,
+                )
+            return cast(str, test or validation), self.splits[cast(str, test or validation)]
         train = "train" if "train" in self.splits else (available[0] if len(available) == 1 else None)
-        if role != "train" and evaluation:
-            return evaluation[0], self.splits[evaluation[0]]
         if train is None:
             flag = {"train": "--train-split", "val": "--val-split"}.get(role, "--split")
             raise DataError(
                 f"{self.path} has no {role!r} split and no single split to cut one from; "
                 f"available: {available}; name one with {flag}"
             )
-        if role == "train" and evaluation:
+        if (role == "train" and validation is not None) or holdout is None:
             return train, self.splits[train]
-        return _holdout(train, self.splits[train], role, holdout, label)
+        pool, total, left = self.splits[train], len(self.splits[train]), ""
+        if test is None and validation is None:  # one split: a test part first, never used for validation
+            pool, held, how = _holdout(train, pool, "test", holdout, label, warn=role == "test")
+            if role == "test":
+                return f"{train}, held-out test part ({len(held)} of {total}, {how})", held
+            left = f" of the {len(pool)} left after the test part"
+        rest, held, how = _holdout(train, pool, "val", holdout, label, warn=role == "val")
+        if role == "val":
+            return f"{train}, validation part held out of it ({len(held)}{left or f' of {len(pool)}'}, {how})", held
+        cut = "the test and validation parts" if left else "the validation part"
+        return f"{train}, training part ({len(rest)} of {total}: {cut} held out, {how})", rest
 
 
-def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> tuple[str, Any]:
-    """The training or the held-out part of ``split``: a ``fraction`` of each class (stratified where
-    every class has two examples or more), cut with a fixed seed so every command cuts alike."""
+def _holdout(name: str, split: Any, role: str, fraction: float, label: str, warn: bool = False) -> tuple[Any, Any, str]:
+    """``split`` cut in two: the remaining part, the held-out part (a ``fraction`` of each class, stratified
+    where every class has two examples or more) and how it was cut, with a fixed seed so every command
+    cuts alike; with ``warn``, a held-out part with few examples of a class is logged (``role``, ``"test"``
+    or ``"val"``, names the part)."""
     import datasets
 
     n = len(split)
     if n < 2:
-        raise DataError(f"split {name!r} has {n} example(s): too few to hold out a validation part")
+        part = "test" if role == "test" else "validation"
+        raise DataError(f"split {name!r} has {n} example(s) left: too few to hold out a {part} part")
     counts = Counter(str(v) for v in split[label])
     k = len(counts)
     held = min(n - 1, max(1, round(n * fraction)))
@@ -140,25 +165,24 @@ def _holdout(name: str, split: Any, role: str, fraction: float, label: str) -> t
     parts = split.train_test_split(
         test_size=held, seed=HOLDOUT_SEED, stratify_by_column="__class__" if stratify else None
     )
-    part = parts["train" if role == "train" else "test"]
-    part = part.remove_columns("__class__") if stratify else part
-    if role != "train":
+    rest, part = (p.remove_columns("__class__") if stratify else p for p in (parts["train"], parts["test"]))
+    if warn:
         held_counts = Counter(str(v) for v in part[label])
         few = sorted(c for c in counts if held_counts[c] < MIN_HELD_OUT_PER_CLASS)
         if few:
             names = _class_names(split, label) or []  # ClassLabel values are indices: name them
             few = [names[int(c)] if c.isdigit() and int(c) < len(names) else c for c in few]
             logger.warning(
-                "the held-out part of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
+                "the %s part held out of %r has %d examples, fewer than %d for classes %s: its scores are noisy "
                 "(use more data, a larger --holdout or a split of its own)",
+                "test" if role == "test" else "validation",
                 name,
                 held,
                 MIN_HELD_OUT_PER_CLASS,
                 few[:5],
             )
     how = "stratified" if stratify else "not stratified: too few examples per class"
-    which = "training" if role == "train" else "held-out"
-    return f"{name}, {which} part ({len(part)} of {n}, {how}, seed {HOLDOUT_SEED})", part
+    return rest, part, f"{how}, seed {HOLDOUT_SEED}"
 
 
 def _load(datasets: Any, path: str, builder: str, data_files: dict[str, str], **options: Any) -> Any:
@@ -188,12 +212,42 @@ def _table(datasets: Any, path: str) -> Source:
     return Source(path, "table", dict(loaded), base_dir=base)
 
 
+def _plain_splits(datasets: Any, path: str) -> dict[str, list[str]] | None:
+    """The data files ``datasets`` infers for an image folder whose layout is plain — one split, or
+    only split-named folders at the top — found in one walk of the tree; ``None`` (let ``datasets``
+    infer) where any other name holds a split keyword.  ``datasets`` tries ~70 patterns, each a walk
+    of the whole tree."""
+    keywords = {k: str(split) for split, words in datasets.data_files.SPLIT_KEYWORDS.items() for k in words}
+    special = ("task.toml", "instruction.md", "data")  # names of datasets' other layouts
+
+    def shown(name: str) -> bool:  # datasets skips hidden files and "__" folders
+        return not name.startswith((".", "__"))
+
+    top = [e for e in os.listdir(path) if shown(e)]
+    splits = [e for e in top if e in keywords and os.path.isdir(os.path.join(path, e))]
+    if splits and (len(splits) != len(top) or len({keywords[n] for n in splits}) != len(splits)):
+        return None
+    for folder, subfolders, files in os.walk(path):
+        subfolders[:] = [d for d in subfolders if shown(d)]
+        names = [d for d in subfolders if folder != path or d not in splits] + [f for f in files if shown(f)]
+        if any(n.lower() in special or any(k in n.lower() for k in keywords) for n in names):
+            return None
+    if not splits:
+        return {"train": ["**"]}
+    order = [str(split) for split in datasets.data_files.SPLIT_KEYWORDS]  # datasets' order: train, validation, test
+    return {keywords[name]: [f"{name}/**"] for name in sorted(splits, key=lambda n: order.index(keywords[n]))}
+
+
 def _image_folder(datasets: Any, path: str) -> Source:
+    check_image_folder(path)
     try:
-        loaded = datasets.load_dataset("imagefolder", data_dir=path)
+        loaded = datasets.load_dataset("imagefolder", data_dir=path, data_files=_plain_splits(datasets, path))
     except (datasets.data_files.EmptyDatasetError, FileNotFoundError) as err:
         raise DataError(f"image folder {path} holds no images: {err}") from err
     if any("label" not in d.column_names for d in loaded.values()):
+        folders = [e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e)) and not e.startswith(".")]
+        if len(folders) == 1:
+            raise DataError(f"image folder {path} holds one class ({folders[0]!r}); SOP needs two or more")
         raise DataError(f"image folder {path} has no class subfolders (expected {path}/<class>/<image>)")
     splits = {n: d.cast_column("image", datasets.Image(decode=False)) for n, d in loaded.items()}
     return Source(path, "image-folder", splits, base_dir=path)
@@ -272,17 +326,26 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
         label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
         if modality == "image":
             image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
+            if image == label:
+                raise DataError(f"{where}: the image column {image!r} is the label column (--image-column)")
             mask = None
             if columns.object_mask is not None:
                 mask = _pick("object-mask", columns.object_mask, have, (), "--object-masks", where)
             here = _Chosen(image, label, mask=mask)
         else:
             text = _pick("text", columns.text, have, TEXT_COLUMNS, "--text-column", where)
+            if text == label:
+                raise DataError(f"{where}: the text column {text!r} is the label column (--text-column)")
             pair = columns.text_pair
             if pair is None and PAIR_COLUMNS.get(text) in have:
                 pair = PAIR_COLUMNS[text]
             elif pair is not None and pair not in have:
                 raise DataError(f"{where} has no text-pair column {pair!r} (--text-pair-column); columns: {have}")
+            if pair in (label, text):
+                raise DataError(
+                    f"{where}: the text-pair column (--text-pair-column) {pair!r} is the "
+                    f"{'label' if pair == label else 'text'} column; name a second text column"
+                )
             for column in filter(None, (text, pair)):
                 values = split[column]
                 bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
@@ -295,61 +358,10 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
     return chosen
 
 
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
-
-
 def _class_names(split: Any, column: str) -> list[str] | None:
     """The names of a ``ClassLabel`` column, else ``None``."""
     names = getattr(split.features.get(column), "names", None)
     return list(names) if names else None
-
-
-def label_ids(
-    labels: Sequence[Any], prep: Preprocessing, class_names: Sequence[str] | None, where: str
-) -> tuple[Callable[[Any], int], list[str]]:
-    """The map raw label → class id for all ``labels`` of a source at once (module docstring), and the
-    class names.  ``class_names``: those of a ``ClassLabel`` column, whose labels are indices into them —
-    class ids themselves unless the backbone's ``label2id`` names every class."""
-    if any(v is None or (isinstance(v, str) and not v.strip()) for v in labels):
-        raise DataError(f"{where}: some labels are empty")
-    n = prep.num_classes
-    id2name = {i: name for name, i in prep.label2id.items()}
-    if class_names is not None and prep.label2id and set(class_names) <= set(prep.label2id):
-        by_index = [prep.label2id[name] for name in class_names]
-        return (lambda v: by_index[int(v)]), [id2name.get(i, str(i)) for i in range(n or len(by_index))]
-    id2name = id2name or dict(enumerate(class_names or ()))
-    ints = [i for i in (_as_int(v) for v in labels) if i is not None]
-    if len(ints) == len(labels):
-        bad = sorted({i for i in ints if n is not None and not 0 <= i < n})
-        if bad and n is not None:
-            raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{n - 1})")
-        return _class_id, [id2name.get(i, str(i)) for i in range(n or max(ints) + 1)]
-    names = sorted({str(v) for v in labels})
-    if prep.label2id and set(names) <= set(prep.label2id):
-        mapping = {name: prep.label2id[name] for name in names}
-    else:
-        mapping = {name: i for i, name in enumerate(names)}
-    if n is not None and max(mapping.values()) >= n:
-        raise DataError(f"{where}: {len(mapping)} classes {names[:6]}… but the backbone has {n} classes")
-    classes = [id2name.get(i, str(i)) for i in range(n or len(mapping))]
-    for name, i in mapping.items():
-        classes[i] = name
-    return (lambda v: mapping[str(v)]), classes
-
-
-def _class_id(value: Any) -> int:
-    """An integer label (int, integral float or digit string) as its class id."""
-    class_id = _as_int(value)
-    if class_id is None:
-        raise DataError(f"label {value!r} is not an integer class id")
-    return class_id
 
 
 # -- datasets --------------------------------------------------------------------------------------
@@ -390,15 +402,17 @@ def load_split(
     *,
     columns: Columns | None = None,
     split: str | None = None,
-    holdout: float = HOLDOUT,
+    holdout: float | None = HOLDOUT,
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
+    label_map: Mapping[Any, Any] | None = None,
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
-    ``object_masks`` image items are ``(x, y, mask)``.  Returns the dataset and a description of the
-    split used."""
-    if not 0 < holdout < 1:
+    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps every label to a class id or a
+    class name of the backbone (:mod:`sopfast.data.labels`); ``holdout=None`` holds nothing out.  Returns
+    the dataset and a description of the split used; training data must hold two classes or more."""
+    if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
     if source.kind == "image-folder" and prep.modality == "text":
@@ -409,7 +423,7 @@ def load_split(
     chosen = _choose_columns(source, prep.modality, columns)
     first = next(iter(source.splits.values()))
     all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
-    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path)
+    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path, label_map)
     logger.debug(
         "%s: %s source, splits %s; columns %s; classes %s",
         path,
@@ -420,12 +434,14 @@ def load_split(
     )
     with _quiet_datasets():
         name, data = source.resolve(role, split, holdout, chosen.label)
-    if limit is not None:
-        data = data.select(range(min(limit, len(data))))
+    if limit is not None and limit < len(data):
+        data = data.select(across_classes([str(v) for v in data[chosen.label]], limit, HOLDOUT_SEED))
     labels = data[chosen.label]
+    ids = [label_of(v) for v in labels]
+    if role == "train":
+        check_classes(ids, classes, f"{path} (split {name})")
     if prep.modality == "text":
         pairs = data[chosen.pair] if chosen.pair is not None else None
-        ids = [label_of(v) for v in labels]
         return TextDataset.tokenize(
             prep.tokenizer, data[chosen.inputs], ids, pairs, prep.max_length, classes=classes
         ), name
@@ -433,7 +449,7 @@ def load_split(
     images = data[chosen.inputs]  # a lazy column (datasets >= 4)
     masks = data[chosen.mask] if chosen.mask else images
     reader = None if object_masks is None else _mask_reader(images, masks, read, prep, object_masks)
-    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader), name
+    return ImageDataset(images, labels, read, prep.image, label_of, classes, reader, prep.images), name
 
 
 def _mask_reader(

@@ -71,8 +71,9 @@ def _image_backbone(dataset: data.ImageData, quick: bool, device: torch.device, 
     grid = (size // patch, size // patch)
     torch.manual_seed(seed)
     model = small_vit(size, patch, 1, len(dataset.classes)).to(device)
-    model.config.id2label = dict(enumerate(dataset.classes))
-    model.config.label2id = {name: i for i, name in enumerate(dataset.classes)}
+    config: Any = model.config
+    config.id2label = dict(enumerate(dataset.classes))
+    config.label2id = {name: i for i, name in enumerate(dataset.classes)}
     n = 1500 if quick else 48000
     train_backbone(model, dataset.x[:n].to(device), dataset.y[:n].to(device), epochs=1 if quick else 4, seed=seed)
     return model, grid
@@ -138,6 +139,7 @@ def _train_sop(
         resume=False,
         device=device,
         seed=seed,
+        diagnose=False,  # the study runs the diagnostic once, on held-out images
     )
     return time.perf_counter() - start
 
@@ -154,7 +156,7 @@ def _evaluate_seed(model: SOP, loaders: tuple, device: torch.device, first: bool
     insertion and deletion (ten forwards per input and method) on the second, smaller one."""
     from ..evaluation.evaluate import evaluate
 
-    baselines = baselines if first else ["random"]
+    baselines = baselines if first else ("random",)
     results = []
     for loader, metrics in zip(loaders, (IMAGE_METRICS, CURVE_METRICS)):
         results.append(

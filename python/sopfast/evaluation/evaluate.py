@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..adapters.base import check_mode
-from ..checks import check_bool, check_number
+from ..checks import check_bool, check_class_ids, check_number
 from ..data.batches import FORMATS, parse_batch
 from ..devices import resolve_device
 from ..types import FeatureInputs
@@ -139,10 +139,20 @@ def _resolve_baselines(baselines: Iterable[str | Method] | str | None) -> list[M
     return methods
 
 
-def _check_batch(batch: _Prepared, metrics: list[str], task: str) -> None:
+def _check_batch(batch: _Prepared, plan: Plan, model: SOP, given_counts: list[int]) -> None:
+    """Labels and ground truth present where the metrics need them, class ids in range, and the group counts
+    given (``given_counts``; the defaults run as SOP runs them, repeating query rows) at most the features."""
+    metrics, task = plan.metrics, model.task
     missing = [m for m in metrics if task in REGISTRY[m].needs_labels]
     if missing and batch.labels is None:
         raise ValueError(f"metrics {missing} need labels, but the batch has none ({FORMATS})")
+    if task == "classification" and batch.labels is not None:
+        check_class_ids("labels", batch.labels, model.num_classes, "classes of the model")
+    d = model.adapter.num_features(batch.inputs)
+    if "num_groups" in metrics and max(given_counts, default=0) > d:
+        raise ValueError(
+            f"group_counts must be at most the {d} features of the inputs, got {[c for c in given_counts if c > d]}"
+        )
     missing = [m for m in metrics if REGISTRY[m].needs_ground_truth]
     if missing and batch.ground_truth is None:
         raise ValueError(
@@ -225,9 +235,10 @@ def evaluate(
         progress: show a tqdm bar.
         taus: sparsities of the ``sparsity`` curve.  step: insertion/deletion step (10 %).
         group_counts: group counts of the ``num_groups`` ablation.
-        tau_v, tau_c: CosmoGrid void / cluster thresholds of ``purity``.
-        curve_taus, curve_counts: inference sparsities and group counts of the ``curves`` metric
-            (the paper's accuracy curves; methods with one group vary τ only).
+        tau_v: the CosmoGrid void threshold of ``purity``.
+        tau_c: the CosmoGrid cluster threshold of ``purity``.
+        curve_taus: inference sparsities of the ``curves`` metric (the paper's accuracy curves).
+        curve_counts: group counts of the ``curves`` metric (methods with one group vary τ only).
         backbone_row: add a row ``"Backbone"``: the frozen backbone alone on the full input
             (accuracy, or MSE for regression), what SOP's accuracy costs.
         print_table: also print :func:`format_table` of the results.
@@ -244,6 +255,14 @@ def evaluate(
     for one-group methods); ``grounding`` adds ``on_object`` / ``on_object_used`` (share of the
     features of all / the used groups on the object) and ``object_iou``.
     """
+    from ..model.sop import SOP
+
+    if not isinstance(model, SOP):
+        raise TypeError(
+            f"model must be a sopfast.SOP, got {type(model).__name__}; wrap a backbone first: sopfast.SOP(backbone)"
+        )
+    if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes, torch.Tensor)):
+        raise TypeError(f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}")
     metrics = check_metrics(metrics, model.task, ground_truth_key is not None)
     if "purity" in metrics and model.adapter.modality != "image":
         raise ValueError("metric 'purity' (CosmoGrid void/cluster purity) needs an image model")
@@ -276,7 +295,8 @@ def evaluate(
     was_training = model.training
     model.eval()
     try:
-        _run(model, loader, methods, kept, plan, ground_truth_key, device, progress, backbone)
+        given_counts = [] if group_counts is GROUP_COUNTS else plan.group_counts
+        _run(model, loader, methods, kept, plan, ground_truth_key, device, progress, backbone, given_counts)
     finally:
         model.train(was_training)
     results = {name: _finalize(values, plan, model) for name, values in kept.items()}
@@ -289,7 +309,9 @@ def evaluate(
     return results
 
 
-def _run(model, loader, methods, kept, plan: Plan, ground_truth_key, device, progress: bool, backbone) -> None:
+def _run(
+    model, loader, methods, kept, plan: Plan, ground_truth_key, device, progress: bool, backbone, given_counts
+) -> None:
     """Every method on every batch; the progress bar counts methods × batches and names the method."""
     total = len(loader) * len(methods) if hasattr(loader, "__len__") else None
     needs_ground_truth = any(REGISTRY[m].needs_ground_truth for m in plan.metrics)
@@ -297,7 +319,7 @@ def _run(model, loader, methods, kept, plan: Plan, ground_truth_key, device, pro
     with torch.no_grad(), tqdm(total=total, desc="sopfast evaluate", disable=not progress) as bar:
         for raw in loader:
             batch = _prepare_batch(model, raw, ground_truth_key, device)
-            _check_batch(batch, plan.metrics, model.task)
+            _check_batch(batch, plan, model, given_counts)
             gt = None
             if needs_ground_truth and batch.ground_truth is not None:
                 gt = feature_ground_truth(model, batch.inputs, batch.ground_truth)

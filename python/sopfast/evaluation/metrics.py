@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_rank, check_same_length
+from ..checks import check_bool, check_rank, check_same_length
 from .group_metrics import (
     DIVERSITY,
     distinct_groups,
@@ -102,6 +102,7 @@ def probability_curve(step_logits: torch.Tensor, penalize_switch: bool = False) 
     of that point to 1"; we read "wrong" as "no longer the model's own full-input answer", which
     needs no labels.
     """
+    check_bool("penalize_switch", penalize_switch)
     check_rank("step_logits", step_logits, 3, "[N, S, C]")
     probs = step_logits.float().softmax(dim=-1)
     top, pred = probs.max(dim=-1)

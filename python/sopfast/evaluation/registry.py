@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..adapters.images import upsample_mask
+from ..checks import check_values
 from ..types import FeatureInputs
 from . import metrics as M
 from .methods import Method, Prediction, SOPMethod, candidate_mask
@@ -303,6 +304,10 @@ def feature_ground_truth(model: SOP, inputs: FeatureInputs, gt: torch.Tensor) ->
     """Ground truth at feature level ``[B, d]`` bool from ``[B, d]``, ``[B, h, w]`` (grid) or ``[B, H, W]`` (pixels)."""
     b, d = inputs.batch_size, model.adapter.num_features(inputs)
     grid = model.adapter.feature_grid(inputs)
+    if gt.is_floating_point() and gt.numel():
+        check_values(
+            torch.isfinite(gt).all(), "ground-truth masks must be finite (1 = object, 0 = not), got NaN or Inf"
+        )
     if gt.dim() == 4 and gt.shape[1] == 1:
         gt = gt[:, 0]
     if gt.shape[:1] == (b,) and gt.dim() == 2 and gt.shape[1] == d:
@@ -318,11 +323,27 @@ def feature_ground_truth(model: SOP, inputs: FeatureInputs, gt: torch.Tensor) ->
     raise ValueError(f"ground-truth mask must have shape {allowed}; got {tuple(gt.shape)}")
 
 
+def _defined_mean(name: str) -> Callable[[dict[str, torch.Tensor], Plan, Any], dict[str, Any]]:
+    """The mean over examples where ``name`` is defined (a non-empty ground truth); a ValueError when it is
+    defined for none (every ground-truth mask empty)."""
+
+    def finalize(kept: dict[str, torch.Tensor], plan: Plan, model: Any) -> dict[str, Any]:
+        values = kept[name]
+        if values.numel() and bool(values.isnan().all()):
+            raise ValueError(
+                f"metric {name!r}: every ground-truth mask is empty (no object feature in any example), so "
+                f"{name} is undefined; check the masks (--object-masks, ground_truth_key)"
+            )
+        return {name: float(values.nanmean())}
+
+    return finalize
+
+
 def _against_ground_truth(name: str, fn: Callable[..., torch.Tensor]) -> Metric:
     return Metric(
         name,
         lambda s: {name: fn(s.base.group_masks, s.need_ground_truth(), s.used, reduction="none")},
-        _mean(name),
+        _defined_mean(name),
         needs_ground_truth=True,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from . import metrics as M
@@ -41,6 +42,8 @@ def _render(title: str, headers: list[str], rows: list[list[str]]) -> str:
 
 def format_table(results: Results) -> str:
     """Plain-text tables of :func:`evaluate`'s results: scalar metrics, then one table per curve."""
+    if not isinstance(results, Mapping) or not all(isinstance(v, Mapping) for v in results.values()):
+        raise TypeError(f"results must be evaluate()'s {{method: {{metric: value}}}}, got {type(results).__name__}")
     methods = list(results)
     sections = []
     cols = [c for c in SCALARS if any(c in results[m] for m in methods)]

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..adapters import BackboneAdapter
 from ..adapters.images import upsample_mask
-from ..checks import check_int
+from ..checks import check_bool, check_class_ids, check_int, check_values
 from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, explainer_mode, feature_inputs, run_masked
 
 
@@ -49,7 +49,7 @@ class MaskedForward(nn.Module):
         self.adapter = adapter_of(backbone)
         self.mode = explainer_mode(self.adapter, mode)
         self.tokens_per_call = check_int("tokens_per_call", tokens_per_call, 1)
-        self.probabilities = probabilities
+        self.probabilities = check_bool("probabilities", probabilities)
         self.inputs = feature_inputs(self.adapter, inputs)
         valid = self.adapter.candidate_mask(self.inputs)
         self.presence = valid.float()
@@ -67,6 +67,8 @@ class MaskedForward(nn.Module):
                 f"example_ids must be [N] = [{presence.shape[0]}], got {list(example_ids.shape)}; "
                 "pass additional_forward_args=forward.example_ids"
             )
+        example_ids = check_class_ids("example_ids", example_ids, self.inputs.batch_size, "examples")
+        check_values(torch.isfinite(presence).all(), "presence must be finite (1 = the feature is there, 0 = not)")
         example_ids = example_ids.to(self.inputs.device).long()
         masks = (presence.to(self.inputs.device) > 0.5) & self.presence.bool()[example_ids]
         self.calls += 1

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import check_mode
-from ..checks import check_int
+from ..checks import check_bool, check_int, check_text_only
 from ..types import FeatureInputs, Groups
 
 InputsLike = torch.Tensor | Mapping[str, torch.Tensor] | FeatureInputs
@@ -73,7 +73,9 @@ def feature_inputs(adapter: BackboneAdapter, inputs: InputsLike) -> FeatureInput
         x = inputs.get("input_ids", inputs.get("pixel_values", inputs.get("pixels")))
         if x is None:
             raise ValueError(f"inputs has none of input_ids, pixel_values: keys {sorted(inputs)}")
-        return adapter.prepare(x, inputs.get("attention_mask"), inputs.get("token_type_ids"))
+        masks = {k: inputs.get(k) for k in ("attention_mask", "token_type_ids")}
+        check_text_only(adapter.modality, **masks)
+        return adapter.prepare(x, masks["attention_mask"], masks["token_type_ids"])
     raise TypeError(f"inputs must be a tensor, a mapping of tensors or FeatureInputs, got {type(inputs).__name__}")
 
 
@@ -144,6 +146,8 @@ def masked_forward(
     adapter = adapter_of(backbone)
     mode = explainer_mode(adapter, mode)
     check_int("tokens_per_call", tokens_per_call, 1)
+    check_bool("allow_empty", allow_empty)
+    check_bool("return_embeddings", return_embeddings)
     batch = feature_inputs(adapter, inputs)
     masks = check_masks(masks, batch.batch_size, adapter.num_features(batch))
     out = run_mask_sets(adapter, batch, masks, mode, tokens_per_call, allow_empty)
@@ -161,10 +165,26 @@ def run_mask_sets(
     """:func:`masked_forward` on checked arguments: ``masks [B, M, d]`` (limited to the candidates) →
     logits ``[B, M, C]`` and embeddings ``[B, M, H]``."""
     b, m, d = masks.shape
+    if b * m == 0:  # no example or no mask: empty results, the backbone's widths read off one example
+        logits, embeddings = _widths(adapter, inputs)
+        return MaskedOutputs(logits.new_empty(b, m, logits.shape[-1]), embeddings.new_empty(b, m, embeddings.shape[-1]))
     masks = masks & adapter.candidate_mask(inputs).unsqueeze(1)
     example = torch.arange(b, device=masks.device).repeat_interleave(m)
     out = run_masked(adapter, inputs, example, masks.reshape(b * m, d), mode, tokens_per_call, allow_empty)
     return MaskedOutputs(out.logits.view(b, m, -1), out.embeddings.view(b, m, -1))
+
+
+def _widths(adapter: BackboneAdapter, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[1, C]`` and embeddings ``[1, H]`` of the first example (``[1, C]`` / ``[1, H]`` zeros from
+    the classifier's shape for an empty batch)."""
+    if inputs.batch_size:
+        with torch.no_grad():
+            return adapter.full_forward(inputs.rows(slice(0, 1)))
+    c = adapter.num_classes
+    if c is None:
+        raise ValueError("inputs holds no example and the backbone has no classifier that says how many classes")
+    device = inputs.device
+    return torch.zeros(1, c, device=device), torch.zeros(1, adapter.key_dim, device=device)
 
 
 def run_masked(
@@ -211,7 +231,7 @@ def run_masked(
                 embeddings = preds.embeddings.new_empty(n, preds.embeddings.shape[-1])
             logits[rows], embeddings[rows] = preds.logits, preds.embeddings
     if logits is None or embeddings is None:  # no masks at all
-        out = adapter.full_forward(inputs.rows(slice(0, 1)))
+        out = _widths(adapter, inputs)
         return MaskedOutputs(out[0].new_empty(0, out[0].shape[-1]), out[1].new_empty(0, out[1].shape[-1]))
     return MaskedOutputs(logits, embeddings)
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..adapters import BackboneAdapter
-from ..checks import check_int, check_tau
+from ..checks import check_class_ids, check_int, check_tau
 from .forward import MASKED_TOKENS_PER_CALL, InputsLike, adapter_of, explainer_mode, feature_inputs, run_mask_sets
 
 
@@ -57,11 +57,14 @@ def rise(
     batch = feature_inputs(adapter, inputs)
     check_int("num_masks", num_masks, 1)
     check_int("cells", cells, 1)
+    check_int("seed", seed, 0)
     check_int("tokens_per_call", tokens_per_call, 1)
     check_tau(keep, "keep")
     b, d = batch.batch_size, adapter.num_features(batch)
     if not isinstance(target, torch.Tensor) or target.shape != (b,):
         raise ValueError(f"target must be a [B] = [{b}] tensor of class ids, got {getattr(target, 'shape', target)!r}")
+    if adapter.num_classes is not None:
+        check_class_ids("target", target, adapter.num_classes)
     grid = adapter.feature_grid(batch) or d
     generator = torch.Generator().manual_seed(seed)
     masks = rise_masks(b, grid, num_masks, keep, cells, generator).to(batch.device)

@@ -95,7 +95,11 @@ _NUMBERS = (
     "group_sel_scale",
     "group_gen_blur_ks1",
     "group_gen_blur_sigma1",
+    "group_gen_blur_ks2",
 )
+# keys of _NUMBERS that count something (a float such as 2.5 is refused); and those that scale (> 0)
+_INTEGERS = ("hidden_size", "num_heads", "num_masks_sample", "group_gen_blur_ks1", "group_gen_blur_ks2")
+_POSITIVE = ("hidden_size", "num_heads", "num_masks_sample", "group_gen_scale", "group_sel_scale")
 
 
 def read_authors_config(directory: Path) -> dict[str, Any]:
@@ -121,6 +125,21 @@ def read_authors_config(directory: Path) -> dict[str, Any]:
         value = config.get(key, SOPCONFIG_DEFAULTS[key])
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise AuthorsCheckpointError(f"{path}: {key} must be a finite number, got {value!r}")
+        if key in _INTEGERS and not float(value).is_integer():
+            raise AuthorsCheckpointError(f"{path}: {key} must be an integer, got {value!r}")
+        if key in _POSITIVE and not value > 0:
+            raise AuthorsCheckpointError(f"{path}: {key} must be > 0, got {value!r}")
+    if config.get("projected_input_scale", 1) == 0:
+        raise AuthorsCheckpointError(
+            f"{path}: projected_input_scale must be non-zero (it scales keys and queries), got 0"
+        )
+    if config.get("group_gen_blur_ks2", -1) > 1:
+        warnings.warn(
+            f"{path}: group_gen_blur_ks2={config['group_gen_blur_ks2']!r} is ignored: the authors' SOP reads it but "
+            "blurs only with group_gen_blur_ks1 (exlib's SOP.__init__), and sopfast does the same",
+            UserWarning,
+            stacklevel=3,
+        )
     num_labels, labels_from = config.get("num_labels"), "num_labels"
     id2label = config.get("id2label")
     if num_labels is None and isinstance(id2label, dict) and id2label:
@@ -161,11 +180,14 @@ def resolve_num_labels(config: dict[str, Any], weights: dict[str, torch.Tensor],
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors / torch raise their own types for truncated or corrupt files
+        raise AuthorsCheckpointError(f"{path} is not a readable weights file ({type(err).__name__}: {err})") from err
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

@@ -8,10 +8,15 @@ is identified by a hash instead of being copied:
 * ``sop_config.json`` – ``model.config``, the adapter class name, the sopfast version,
   ``backbone_sha256``, a hash of the backbone's ``state_dict``, and ``backbone_architecture``,
   a description of every backbone module (class, sizes, eps, heads, activation …) and of its
-  Hugging Face config — the same weights under another architecture compute something else.
+  Hugging Face config — the same weights under another architecture compute something else;
+  ``weights``, the dtype and shape of every tensor in the weights file, and ``sha256``, the SHA-256 of
+  the weights file and of the config's own entries.
 
-Training state (``training_state.pt``) is one ``torch.save`` file written atomically:
-a temporary file in the same directory, ``fsync``, then ``os.replace``.
+Every file is written atomically, and the training state has a checksum too (:mod:`sopfast.model.state_files`).
+
+Loading verifies what was recorded (a mismatch names the file), requires every entry the saving
+version writes, refuses a checkpoint of a newer sopfast (major or minor) and NaN or infinite values.
+Checkpoints of sopfast 0.3.0 and older hold no checksums and load with the other checks.
 """
 
 from __future__ import annotations
@@ -20,29 +25,55 @@ import hashlib
 import json
 import numbers
 import os
-import re
-import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
+from ..checks import check_path
+from ..integrity import check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
 from .recipes import RECIPES
 
+# the training-state functions, where they always were
+from .state_files import STATE_NAME as STATE_NAME
+from .state_files import atomic_save as atomic_save
+from .state_files import atomic_write
+from .state_files import load_training_state as load_training_state
+from .state_files import remove_stale_temp_files as remove_stale_temp_files
+from .state_files import save_training_state as save_training_state
+
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
-STATE_NAME = "training_state.pt"
 BACKBONE_PREFIX = "backbone."
 # Attributes of SOP that may change after construction; their current values are saved.
 _MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
-_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+#: The ``SOP`` options every ``sop_config.json`` of sopfast 0.3 or later holds (0.1 and 0.2 lacked the
+#: recipe's options and, 0.1, ``ties``: they load as the paper's algorithm).
+REQUIRED_OPTIONS = (
+    "num_groups",
+    "tau",
+    "mode",
+    "recipe",
+    "num_heads",
+    "ties",
+    "group_sel_scale",
+    "blur_kernel_size",
+    "blur_sigma",
+    "deletion",
+    *RECIPES["paper"].model,
+    "freeze_projection",
+    "group_batch_size",
+    "checkpoint_projection",
+    "task",
+)
+_REQUIRED_FROM = (0, 3)
+_META = ("config", "adapter", "backbone_sha256", "sopfast_version")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
 _NOT_COMPUTATION = frozenset(
@@ -70,73 +101,12 @@ _NOT_COMPUTATION = frozenset(
 )
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
-    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced
-    (what ``write`` returns, e.g. ``f.write``'s byte count, is ignored)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX only; a no-op elsewhere)."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
-    """Delete the temp files :func:`atomic_write` left in ``directory`` (and its subfolders) when its
-    process was killed; files of a process that is still running stay.  Returns what was removed."""
-    directory = Path(directory)
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    for path in directory.rglob(".*.tmp"):
-        match = _TEMP_FILE.match(path.name)
-        if match and path.is_file() and not _pid_alive(int(match["pid"])):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save(obj, path)``, atomically."""
-    return atomic_write(path, lambda f: torch.save(obj, f))
-
-
 def hash_backbone(backbone: nn.Module) -> str:
     """SHA-256 over the backbone's ``state_dict`` (names, dtypes, shapes and bytes)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(backbone.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes())
+        digest.update(f"{name}|".encode())
+        update_with_tensor(digest, tensor)
     return digest.hexdigest()
 
 
@@ -190,12 +160,25 @@ def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _kind(dtype: torch.dtype) -> str:
+    return (
+        "float"
+        if dtype.is_floating_point
+        else "complex"
+        if dtype.is_complex
+        else "bool"
+        if dtype == torch.bool
+        else "integer"
+    )
+
+
 def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Load ``state`` (from :func:`trainable_state_dict`) into ``model``.
 
     Only the entries SOP owns (everything outside ``backbone.``) are accepted, each with its
-    shape: a missing, extra or reshaped key — a ``backbone.*`` key above all, which would
-    overwrite the caller's frozen backbone — is a ValueError naming ``source``.
+    shape and kind of dtype (float, integer, bool: a float weight stored as integers is refused; fp16 for
+    fp32 is cast): a missing, extra, reshaped or retyped key — a ``backbone.*`` key above all, which would
+    overwrite the caller's frozen backbone — and NaN or infinite values are a ValueError naming ``source``.
     """
     owned = {k: t for k, t in model.state_dict().items() if not k.startswith(BACKBONE_PREFIX)}
     missing = sorted(set(owned) - set(state))
@@ -210,12 +193,16 @@ def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
     ]
     if reshaped:
         raise ValueError(f"{source} does not match the model: shapes differ for {reshaped[:3]}")
-    not_finite = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    retyped = [
+        f"{k} {state[k].dtype} for {t.dtype}" for k, t in owned.items() if _kind(state[k].dtype) != _kind(t.dtype)
+    ]
+    if retyped:
+        raise ValueError(f"{source} does not match the model: dtypes differ for {retyped[:3]} (a corrupted file?)")
+    not_finite = non_finite(state)
     if not_finite:
         raise ValueError(
-            f"{source} holds NaN or infinite weights in {not_finite[:5]}"
-            + (f" and {len(not_finite) - 5} more tensors" if len(not_finite) > 5 else "")
-            + " (saved from a diverged run?); refusing to load them"
+            f"{source} holds NaN or infinite weights in {listed(not_finite)} (saved from a diverged run?); "
+            "refusing to load them"
         )
     model.load_state_dict(state, strict=False)
 
@@ -256,20 +243,36 @@ def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, An
     }
 
 
+def _config_sha256(meta: dict[str, Any]) -> str:
+    """SHA-256 of a config's entries other than ``sha256`` (canonical JSON)."""
+    entries = {k: v for k, v in meta.items() if k != "sha256"}
+    return sha256_bytes(json.dumps(entries, sort_keys=True).encode())
+
+
 def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
     """Save the trainable parts of ``model`` and its config to ``directory`` (created if needed).
 
-    ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.
+    ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.  NaN or
+    infinite weights are refused (a ValueError naming them): a model that cannot predict is not written.
     """
-    directory = Path(directory)
+    directory = Path(check_path("directory", directory, directory=True))
+    state = trainable_state_dict(model)
+    not_finite = non_finite(state)
+    if not_finite:
+        raise ValueError(
+            f"refusing to save a model with NaN or infinite weights in {listed(not_finite)} to {directory!s} "
+            "(it could not predict; a diverged training run?)"
+        )
+    weights = safetensors_save(state, metadata={"format": "pt"})
     meta = model_config(model, backbone_sha256)
+    meta["weights"] = {name: [str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in state.items()}
     try:
-        config_text = json.dumps(meta, indent=2, sort_keys=True)
+        json.dumps(meta)
     except TypeError as err:
         raise TypeError(f"model.config must be JSON-serialisable to save it: {err}") from err
-    weights = safetensors_save(trainable_state_dict(model), metadata={"format": "pt"})
+    meta["sha256"] = {WEIGHTS_NAME: sha256_bytes(weights), CONFIG_NAME: _config_sha256(meta)}
     atomic_write(directory / WEIGHTS_NAME, lambda f: f.write(weights))
-    atomic_write(directory / CONFIG_NAME, lambda f: f.write(config_text.encode()))
+    atomic_write(directory / CONFIG_NAME, lambda f: f.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
     return directory
 
 
@@ -295,8 +298,10 @@ def pretrained_directory(path: str | os.PathLike) -> Path:
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
-    """The saved ``sop_config.json`` of a pretrained directory (ValueError naming the file when it is
-    not valid JSON or lacks an entry)."""
+    """The saved ``sop_config.json`` of a pretrained directory, checked: valid JSON with every entry
+    (:data:`REQUIRED_OPTIONS` too, for sopfast 0.3 and later), a ``sopfast_version`` no newer than the
+    installed one (major, minor) and, where recorded, the config's own SHA-256 (a ValueError naming the
+    file and what is wrong)."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {CONFIG_NAME} is missing")
@@ -304,10 +309,54 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not a valid SOP config (JSON: {err})") from err
-    missing = [key for key in ("config", "adapter", "backbone_sha256") if not isinstance(meta, dict) or key not in meta]
+    missing = [key for key in _META if not isinstance(meta, dict) or key not in meta]
     if missing or not isinstance(meta["config"], dict):
         raise ValueError(f"{path} is not a valid SOP config: it lacks {missing or ['a config mapping']}")
+    version = check_version(meta["sopfast_version"], str(path), __version__)
+    recorded = meta.get("sha256")
+    if recorded is not None:
+        if not isinstance(recorded, dict) or recorded.get(CONFIG_NAME) != _config_sha256(meta):
+            raise ValueError(
+                f"{path} does not match its recorded SHA-256: the file is corrupted or was edited (to change an "
+                "option, pass it to SOP.from_pretrained instead, e.g. tau=0.1)"
+            )
+    absent = [key for key in REQUIRED_OPTIONS if key not in meta["config"]]
+    if absent and version[:2] >= _REQUIRED_FROM:
+        raise ValueError(
+            f"{path} lacks the config entries {absent} (sopfast {meta['sopfast_version']} writes them all): "
+            "the file is incomplete"
+        )
     return meta
+
+
+def _read_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file ``path``, checked against the SHA-256, dtypes and shapes ``meta``
+    recorded (a ValueError naming the file)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no SOP checkpoint in {path.parent!s}: {WEIGHTS_NAME} is missing")
+    data = path.read_bytes()
+    expected = (meta.get("sha256") or {}).get(WEIGHTS_NAME)
+    if expected is not None and sha256_bytes(data) != expected:
+        raise ValueError(
+            f"{path} does not match the SHA-256 recorded in {CONFIG_NAME} ({sha256_bytes(data)[:12]}… != "
+            f"{expected[:12]}…): the file is corrupted, or was replaced after saving"
+        )
+    try:
+        state = safetensors_load(data)
+    except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
+        raise ValueError(f"{path} is not a readable safetensors file ({err})") from err
+    recorded = meta.get("weights")
+    if recorded is not None:
+        found = {name: [str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in state.items()}
+        differ = sorted(k for k in set(found) | set(recorded) if found.get(k) != recorded.get(k))
+        if differ:
+            k = differ[0]
+            raise ValueError(
+                f"{path} does not match the dtypes and shapes recorded in {CONFIG_NAME}: {k} is "
+                f"{found.get(k)}, recorded {recorded.get(k)}"
+                + (f" ({len(differ) - 1} more differ)" if differ[1:] else "")
+            )
+    return state
 
 
 def check_backbone(
@@ -335,7 +384,7 @@ def check_backbone(
             f"architecture ({'; '.join(changed[:3])})"
         )
     if strict:
-        raise ValueError(message + "; pass strict_backbone=False to load anyway")
+        raise ValueError(message + "; pass strict_backbone=False (--no-strict-backbone) to load anyway")
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
@@ -374,15 +423,10 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
     directory = Path(directory)
     meta = read_config(directory)
     weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {WEIGHTS_NAME} is missing")
     check_backbone(
         meta["backbone_sha256"], backbone, strict=strict_backbone, architecture=meta.get("backbone_architecture")
     )
-    try:
-        state = safetensors_load(weights_path.read_bytes())
-    except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
-        raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from err
+    state = _read_weights(weights_path, meta)
     options = dict(meta["config"])
     options.setdefault("recipe", "paper")  # saved before recipes existed: every option was explicit
     for name, off in RECIPES["paper"].model.items():
@@ -392,19 +436,3 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
         # The saved queries stand in for a classifier the backbone may not have.
         options["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
     return Pretrained(options, state, meta["adapter"], weights_path, dict(meta.get("provenance") or {}))
-
-
-def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a training-state file written by :func:`atomic_save` (tensors land on the CPU)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / STATE_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no training state to resume from: {path!s} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, unpickling error, ...
-        raise ValueError(f"{path} is not a readable training state ({type(err).__name__}: {err})") from err
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a sopfast training state")
-    return state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import check_values
+from ..checks import NonFiniteError, check_values
 from ..ops import top_tau
 from ..ops.top_tau import TIES
 from ..types import Groups
@@ -250,6 +250,7 @@ def check_finite_lam(lam: torch.Tensor) -> None:
         "the generator's attention is not finite (NaN or infinite λ: its logits overflow or hold NaN): the "
         "inputs lie outside what the model can represent (check their scale and normalisation), or its "
         "weights are not finite",
+        error=NonFiniteError,
     )
 
 

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_values
+from ..checks import check_tensor, check_values
 from .generator import standardize_rows
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy on the aggregated logits ``ŷ = Σ_i c_i λ_i y_i`` (``[B, C]``, labels ``[B]``)."""
+    check_tensor("labels", labels)
     if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
         raise ValueError(f"labels must have shape [B]=[{logits.shape[0]}], got {tuple(labels.shape)}")
     if labels.is_floating_point() or labels.dtype == torch.bool:
@@ -36,9 +37,15 @@ def scaled_mse_loss(
     ``group_logits [B, m, C]``, ``group_scores [B, C, m]``, ``lam [B, m]``, ``targets [B, C]`` (or ``[B]``).
     """
     b, _, c = group_logits.shape
-    targets = targets.float().reshape(b, -1)
-    if targets.shape[1] != c:
-        raise ValueError(f"targets must have shape [B, {c}] (or [B] for one output), got {tuple(targets.shape)}")
+    check_tensor("targets", targets)
+    if targets.dim() == 1 and c == 1:
+        targets = targets.unsqueeze(1)
+    if tuple(targets.shape) != (b, c):
+        one = f" (or [B] = [{b}] for one output)" if c == 1 else ""
+        raise ValueError(f"targets must have shape [B, {c}] = [{b}, {c}]{one}, got {tuple(targets.shape)}")
+    if targets.dtype == torch.bool or targets.is_complex():
+        raise TypeError(f"targets must be real numbers, got dtype {targets.dtype}")
+    targets = targets.float()
     if b == 0:
         return group_logits.float().sum() * 0.0
     residual = group_logits.float() - targets.unsqueeze(1)

@@ -60,6 +60,12 @@ class SOPOutput:
             return scaled_mse_loss(self.group_logits, self.group_scores, self.lam, labels)
         return classification_loss(self.logits, labels)
 
+    def loss_terms(self, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The loss by term, each a scalar tensor that sums to :meth:`compute_loss`: ``task_loss`` (what
+        :meth:`compute_loss` is without training penalties: the quantity a validation loss measures) and,
+        in training with the recipe's penalties, ``diversity_penalty`` / ``saliency_penalty``."""
+        return {"task_loss": SOPOutput.compute_loss(self, labels)}
+
     def with_labels(self, labels: torch.Tensor) -> SOPOutput:
         """Attach ``labels``: :attr:`loss` becomes the loss tensor (computed here, so bad labels fail now)."""
         self.labels = labels

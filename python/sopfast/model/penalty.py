@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,24 +14,36 @@ from .output import SOPOutput
 
 @dataclass
 class RegularisedOutput(SOPOutput):
-    """An :class:`SOPOutput` whose :meth:`loss` adds a training ``penalty`` (``SOP(diversity_weight=...)``)."""
+    """An :class:`SOPOutput` whose :meth:`loss` adds training penalties (``SOP(diversity_weight=...)``):
+    ``penalty_terms`` by name (``"diversity"``, ``"saliency"``), ``penalty`` their sum."""
 
-    penalty: torch.Tensor | None = None
+    penalty_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def penalty(self) -> torch.Tensor | None:
+        """The scalar the penalties add to the loss (``None`` without any)."""
+        terms = list(self.penalty_terms.values())
+        return None if not terms else sum(terms[1:], terms[0])
 
     def compute_loss(self, labels: torch.Tensor) -> torch.Tensor:
         loss = super().compute_loss(labels)
         return loss if self.penalty is None else loss + self.penalty
 
+    def loss_terms(self, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {**super().loss_terms(labels), **{f"{k}_penalty": v for k, v in self.penalty_terms.items()}}
 
-def training_penalty(model: Any, inputs: FeatureInputs, groups: Groups, tau: float | None = None) -> torch.Tensor:
-    """The scalar added to the loss of ``model`` (a :class:`sopfast.SOP`) in training:
-    ``diversity_weight ·`` the attention overlap of ``groups`` ``+ saliency_weight ·`` the
-    ``saliency_loss`` to the backbone's saliency averaged over ``saliency_levels`` (default: ``z = τ``);
-    both weights are 0 in the ``"paper"`` recipe."""
+
+def training_penalty(
+    model: Any, inputs: FeatureInputs, groups: Groups, tau: float | None = None
+) -> dict[str, torch.Tensor]:
+    """The terms added to the loss of ``model`` (a :class:`sopfast.SOP`) in training, by name:
+    ``"diversity"``, ``diversity_weight ·`` the attention overlap of ``groups``, and ``"saliency"``,
+    ``saliency_weight ·`` the ``saliency_loss`` to the backbone's saliency averaged over ``saliency_levels``
+    (default: ``z = τ``); a term whose weight is 0 (both, in the ``"paper"`` recipe) is left out."""
     valid = model.adapter.candidates(inputs)
-    penalty = groups.lam.new_zeros(())
+    terms: dict[str, torch.Tensor] = {}
     if model.diversity_weight > 0:
-        penalty = penalty + model.diversity_weight * attention_overlap(groups.attention, valid)
+        terms["diversity"] = model.diversity_weight * attention_overlap(groups.attention, valid)
     if model.saliency_weight > 0 and inputs.batch_size > 0:
         levels = model.saliency_levels or (model.tau if tau is None else tau,)
         saliency = mean_saliency(model, inputs, levels)
@@ -39,5 +51,5 @@ def training_penalty(model: Any, inputs: FeatureInputs, groups: Groups, tau: flo
             term = saliency_kl(groups.attention, saliency, valid, model.generator.scale)
         else:
             term = saliency_alignment(groups.attention, saliency, valid)
-        penalty = penalty + model.saliency_weight * term
-    return penalty
+        terms["saliency"] = model.saliency_weight * term
+    return terms

@@ -80,6 +80,14 @@ def _to_display(image: torch.Tensor):
     return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
 
 
+def check_class_names(class_names: Sequence[str] | None, num_classes: int, label: int | None = None) -> None:
+    """``class_names`` (if given) names every one of the ``num_classes`` classes; ``label`` is one of them."""
+    if class_names is not None and (isinstance(class_names, str) or len(class_names) < num_classes):
+        raise ValueError(f"class_names must name all {num_classes} classes, got {class_names!r}")
+    if label is not None and not 0 <= label < num_classes:
+        raise ValueError(f"labels must lie in [0, {num_classes - 1}] (the model's classes), got {label}")
+
+
 def explain_image(
     image: torch.Tensor,
     out: SOPOutput,
@@ -100,6 +108,7 @@ def explain_image(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    check_class_names(class_names, out.logits.shape[-1], label)
     pred = int(out.logits[example].argmax())
     distinct = distinct_used_groups(out, example, pred)
     shown_groups = distinct[:max_groups]
@@ -169,6 +178,7 @@ def explain_text(
     keep = [True] * len(tokens) if shown is None else [bool(v) for v in shown]
     if len(keep) != len(tokens):
         raise ValueError(f"shown must have one entry per token ({len(tokens)}), got {len(keep)}")
+    check_class_names(class_names, out.logits.shape[-1])
     pred = int(out.logits[example].argmax())
     label = class_names[pred] if class_names else str(pred)
     rows, spans = [], 0

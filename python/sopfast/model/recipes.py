@@ -21,6 +21,15 @@ generator; ``demote_blank`` ranks all-background patches last (on-object share 0
 out of the groups but in every group pass (with the earlier recipe 28 % of the groups held [CLS]);
 training at lr 1e-3 (text: 5e-4) with 5 % warm-up, as in the research.
 
+The execution mode is part of the recipe too (``SOP(mode=None)``, the default, from Python and the
+command line alike): ``"paper"`` runs ``exact``, the authors' algorithm; ``"sopfast"`` runs ``drop``
+where the backbone supports it (ViT, DeiT, DINOv2, BERT-style text), else ``exact``.  ``drop`` is the
+library's point (about 5× fewer tokens per group) and it is the trained model's own function: the
+selector and the generator learn on the groups' ``drop`` outputs, so a model trained in ``drop`` is
+explained by ``drop`` (for BERT-style text it equals ``exact``; for a ViT it is a different function,
+measured in the README).  The explainers of :mod:`sopfast.masking` explain the *backbone* instead, whose
+function is ``exact``, so they default to its faithful mode.
+
 An option given explicitly to :class:`sopfast.SOP` (or a training option to :func:`sopfast.train`)
 wins over the recipe; a checkpoint saves the resolved values.
 """
@@ -47,6 +56,12 @@ class Recipe:
     model: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     training_by_modality: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mode: str = "exact"
+
+    def default_mode(self, adapter: Any) -> str:
+        """The execution mode of a model built without ``mode=``: the recipe's, where the backbone's
+        ``adapter`` runs it (``drop`` falls back to ``exact`` for CNNs, Swin …)."""
+        return self.mode if self.mode in adapter.supported_modes else "exact"
 
     def training_for(self, modality: str | None) -> dict[str, Any]:
         """The training defaults, with those of ``modality`` ("image", "text") where it has its own."""
@@ -94,6 +109,7 @@ RECIPES: dict[str, Recipe] = {
             "keep_special_tokens": True,
         },
         training={"lr": 1e-3, "warmup_ratio": 0.05},
+        mode="drop",
         # the text research ran at 5e-4 (docs/quality.md, "Text"); 1e-3 was never tried there
         training_by_modality={"text": {"lr": 5e-4}},
     ),

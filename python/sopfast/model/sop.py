@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -12,13 +13,13 @@ from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
-from ..adapters.sources import Backbone, inferred_source, load_recorded
-from ..checks import check_bool, check_choice, check_int, check_number, check_tau
+from ..adapters.sources import Backbone, inferred_source
+from ..checks import Checked, check_bool, check_choice, check_int, check_number, check_tau, check_text_only
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
-from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
 from .generator import GroupGenerator, check_candidates, check_finite_lam
+from .hub import HubMixin, backbone_module
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
@@ -30,11 +31,24 @@ TASKS = ("classification", "regression")
 
 class SOPConfig(dict):
     """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
-    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved."""
+    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved.  Its
+    ``to_dict`` / ``to_json_string`` / ``from_dict`` are what ``Trainer``'s loggers (``report_to``) read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        return json.dumps(self, indent=2, sort_keys=True, default=str) + "\n"
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> SOPConfig:
+        return cls({**config_dict, **kwargs})
 
 
-class SOP(nn.Module):
-    """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md).
+class SOP(HubMixin, nn.Module):
+    """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md); saved, loaded and shared like a
+    Hugging Face model (:class:`sopfast.model.hub.HubMixin`: ``save_pretrained``, ``from_pretrained``,
+    ``push_to_hub``, a model card, and ``preprocess`` of raw inputs as in training).
 
     Args:
         backbone: a Hugging Face image or text classifier of a family sopfast knows (ViT, DeiT, BEiT,
@@ -47,7 +61,8 @@ class SOP(nn.Module):
             (``model.tau = ...`` or ``model(x, tau=...)``).
         mode: ``"exact"`` (the authors' algorithm, see ``docs/method.md`` for where it differs)
             or ``"drop"`` (ViT/BERT run only the kept tokens; equal to ``exact`` for BERT, an
-            approximation for ViT).
+            approximation for ViT); ``None``: the recipe's — ``drop`` where the backbone supports it for
+            ``"sopfast"``, ``exact`` for ``"paper"`` (why: :mod:`sopfast.model.recipes`).
         recipe: a named setting (:mod:`sopfast.model.recipes`): ``"sopfast"`` (the measured one that
             learns distinct groups beating random ones; ``docs/quality.md``) or ``"paper"`` (the authors'
             algorithm exactly).  It fills the options below marked "from the recipe" that are not
@@ -60,7 +75,9 @@ class SOP(nn.Module):
         group_gen_scale: the generator's γ (from the recipe: 1 for ``"paper"``, 2 on standardised
             logits for ``"sopfast"``).
         group_sel_scale: the selector's β.
-        blur_kernel_size, blur_sigma: optional Gaussian blur of attention logits (``≤ 1``: off).
+        blur_kernel_size: size of the optional Gaussian blur of the attention logits over the feature grid
+            (``≤ 1``: off).
+        blur_sigma: standard deviation of that blur, in features.
         center_embeddings: subtract each example's mean feature embedding before the attention
             (from the recipe; beyond the paper, see :class:`sopfast.model.generator.GroupGenerator`).
         queries: the query rows: ``"fixed"`` (the paper's ``floor(j·d/m)``) or ``"diverse"``
@@ -109,7 +126,7 @@ class SOP(nn.Module):
         backbone: nn.Module | Backbone,
         num_groups: int = 20,
         tau: float = 0.2,
-        mode: Literal["exact", "drop"] = "exact",
+        mode: Literal["exact", "drop"] | None = None,
         *,
         recipe: RecipeName = DEFAULT_RECIPE,
         num_heads: int = 1,
@@ -140,18 +157,16 @@ class SOP(nn.Module):
     ):
         super().__init__()
         source = backbone.describe() if isinstance(backbone, Backbone) else None
-        backbone = backbone.model if isinstance(backbone, Backbone) else backbone
-        if not isinstance(backbone, nn.Module):
-            raise TypeError(f"backbone must be a torch.nn.Module, got {type(backbone).__name__}")
+        backbone = backbone_module(backbone)
         #: Where the backbone (and the inputs' preprocessing) came from, saved with the model so that
         #: :meth:`from_pretrained` can load it again from the directory alone.
         self.provenance: dict[str, Any] = {"backbone": source or inferred_source(backbone)}
         self.recipe = get_recipe(recipe)
-        self.num_groups = check_int("num_groups", num_groups, 1)
+        self.num_groups = num_groups
         self.tau = tau
-        self.group_batch_size = None if group_batch_size is None else check_int("group_batch_size", group_batch_size, 1)
+        self.group_batch_size = group_batch_size
         self.task = check_choice("task", task, TASKS)
-        self.deletion = check_bool("deletion", deletion)
+        self.deletion = deletion
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
@@ -167,7 +182,7 @@ class SOP(nn.Module):
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
-        self.mode = mode
+        self.mode = self.recipe.default_mode(self.adapter) if mode is None else mode
         self.projection = self.adapter.make_projection()
         self.checkpoint_projection = checkpoint_projection
         if check_bool("freeze_projection", freeze_projection):
@@ -191,7 +206,7 @@ class SOP(nn.Module):
             {
                 "num_groups": num_groups,
                 "tau": tau,
-                "mode": mode,
+                "mode": self.mode,
                 "recipe": recipe,
                 "num_heads": num_heads,
                 "ties": ties,
@@ -235,13 +250,12 @@ class SOP(nn.Module):
             raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
         return class_weights
 
-    @property
-    def tau(self) -> float:
-        return self._tau
-
-    @tau.setter
-    def tau(self, value: float) -> None:
-        self._tau = check_tau(value)
+    # options that may change after construction (saved with their current values), each set checked
+    tau = Checked(lambda name, v: check_tau(v, name), "The fraction of features a group keeps.")
+    num_groups = Checked(lambda name, v: check_int(name, v, 1), "``m``, groups per input.")
+    group_batch_size = Checked(lambda name, v: check_int(name, v, 1, optional=True), "Groups per backbone call.")
+    deletion = Checked(check_bool, "Whether groups keep the lowest-attention features.")
+    epoch = Checked(lambda name, v: check_int(name, v, 0), "The training epoch (head ``epoch mod H`` trains).")
 
     @property
     def checkpoint_projection(self) -> bool:
@@ -250,8 +264,7 @@ class SOP(nn.Module):
 
     @checkpoint_projection.setter
     def checkpoint_projection(self, value: bool | None) -> None:
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"checkpoint_projection must be True, False or None, got {value!r}")
+        check_bool("checkpoint_projection", value, optional=True)
         if value and not self.adapter.supports_checkpointing:
             raise ValueError(
                 f"checkpoint_projection=True is not supported by {type(self.adapter).__name__} "
@@ -282,6 +295,7 @@ class SOP(nn.Module):
         given = [v for v in (x, input_ids, pixel_values) if v is not None]
         if len(given) != 1:
             raise ValueError("pass exactly one input: x, input_ids= or pixel_values=")
+        check_text_only(self.adapter.modality, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.adapter.prepare(given[0], attention_mask, token_type_ids)
 
     def make_groups(self, inputs: FeatureInputs, tau: float | None = None, num_groups: int | None = None) -> Groups:
@@ -333,7 +347,7 @@ class SOP(nn.Module):
             out = self.predict_groups(inputs, groups, mode)
             if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
                 fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
-                out = RegularisedOutput(**fields, penalty=training_penalty(self, inputs, groups, tau))
+                out = RegularisedOutput(**fields, penalty_terms=training_penalty(self, inputs, groups, tau))
         else:
             parts = []
             for start in range(0, inputs.batch_size, size):
@@ -392,42 +406,6 @@ class SOP(nn.Module):
             attention=groups.attention,
             task=self.task,
         )
-
-    def save_pretrained(self, directory: str | os.PathLike) -> str:
-        """Write the trainable weights (safetensors), the config and the backbone's hash to ``directory``."""
-        return str(save_pretrained(self, directory))
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        directory: str | os.PathLike,
-        backbone: nn.Module | Backbone | None = None,
-        *,
-        strict_backbone: bool = True,
-        **overrides,
-    ) -> SOP:
-        """Rebuild a model saved with :meth:`save_pretrained` (a run folder of :func:`sopfast.train` too:
-        its ``best/``, else ``last/``) over its backbone: ``backbone``, or without one the backbone the
-        checkpoint recorded (a Hugging Face directory, ``timm:`` / ``torchvision:`` weights).
-
-        A ValueError names what does not fit: another backbone, another adapter, missing or reshaped
-        weights; without ``backbone``, a checkpoint that records none it can load.
-
-        Args:
-            strict_backbone: refuse a backbone other than the one the model was saved with (``False``:
-                warn and load anyway).
-            overrides: constructor options that replace the saved ones (``tau``, ``mode`` …).
-        """
-        directory = pretrained_directory(directory)
-        if backbone is None:
-            recorded = (read_config(directory).get("provenance") or {}).get("backbone") or {}
-            backbone = load_recorded(recorded, f"the checkpoint {directory}")
-        module = backbone.model if isinstance(backbone, Backbone) else backbone
-        saved = read_pretrained(directory, module, strict_backbone=strict_backbone)
-        model = cls(backbone, **{**saved.options, **overrides})
-        saved.load_into(model, adapter_given="adapter" in overrides)
-        model.provenance = {**saved.provenance, **{k: v for k, v in model.provenance.items() if v is not None}}
-        return model
 
     @classmethod
     def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:

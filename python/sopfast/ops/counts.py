@@ -9,13 +9,15 @@ from functools import lru_cache
 
 import torch
 
+from ..checks import check_int, check_tau
+
 
 @torch.compiler.assume_constant_result  # host arithmetic on constants: torch.compile takes its value
 def num_kept(tau: float, d: int) -> int:
     """``k = max(1, floor(tau · d))``: how many of ``d`` features a group keeps, computed exactly with
     ``tau`` read as the decimal it prints as (``0.29 · 100`` keeps 29, where floating point gives
     28.999999999999996 and would keep 28)."""
-    return max(1, math.floor(Fraction(repr(float(tau))) * d))
+    return max(1, math.floor(Fraction(repr(check_tau(tau))) * check_int("d", d, 0)))
 
 
 @lru_cache(maxsize=64)

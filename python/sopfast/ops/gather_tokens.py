@@ -18,11 +18,10 @@ from . import _backends
 def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
     """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``.
 
-    Checks that the indices lie in ``[-1, T)`` as :func:`gather_tokens` does (an index ``T`` would
-    read the next example's first token)."""
+    Checks the indices (integers in ``[-1, T)``: an index ``T`` would read the next example's first token)
+    and ``prefix`` as :func:`gather_tokens` does."""
     b, t, e = x.shape
-    if indices.numel():
-        _check_index_range(indices, t)
+    prefix = _check_indices_and_prefix(indices, prefix, t)
     _, m, k = indices.shape
     pad = indices < 0
     flat = (indices.clamp_min(0) + torch.arange(b, device=x.device).view(b, 1, 1) * t).reshape(-1)
@@ -76,6 +75,16 @@ def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
         f"gather_tokens: indices must lie in [0, T={num_tokens}) or be -1 (padding)",
         lambda: f", got values in [{int(indices.min())}, {int(indices.max())}]",
     )
+
+
+def _check_indices_and_prefix(indices: torch.Tensor, prefix: object, num_tokens: int) -> int:
+    """int64/int32 ``indices`` in ``[-1, T)`` and an integer ``prefix`` in ``[0, T]`` (returned)."""
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
+    checked: int = check_int("prefix", prefix, 0, num_tokens)
+    if indices.numel():
+        _check_index_range(indices, num_tokens)
+    return checked
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_rank
+from ..checks import check_float, check_number, check_rank
 from . import _backends
 from .sparsemax import sparsemax, sparsemax_reference
 
@@ -20,10 +20,40 @@ def _scores(class_queries, z, w_q, w_k, beta) -> torch.Tensor:
     return beta * torch.matmul(keys, q.t()).transpose(1, 2)
 
 
+def _check_selector(class_queries, z, w_q, w_k, beta) -> float:
+    """The checks :func:`group_select` and its reference share; returns ``beta`` as a float."""
+    check_rank("class_queries", class_queries, 2, "[Cls, H]")
+    check_rank("z", z, 3, "[B, m, H]")
+    for name, t in (("class_queries", class_queries), ("z", z), ("w_q", w_q), ("w_k", w_k)):
+        check_float(name, t)
+    if class_queries.shape[1] != z.shape[2]:
+        raise ValueError(
+            f"class_queries hidden size {class_queries.shape[1]} does not match z hidden size {z.shape[2]}"
+        )
+    return check_number("beta", beta)
+
+
+def _check_aggregate(c, lam, y) -> None:
+    """The checks :func:`aggregate` and its reference share."""
+    for name, t, layout in (("c", c, "[B, Cls, m]"), ("lam", lam, "[B, m]"), ("y", y, "[B, m, Cls]")):
+        check_rank(name, t, len(layout.split(",")), layout)
+        check_float(name, t)
+    if not (
+        c.shape[0] == lam.shape[0] == y.shape[0]
+        and c.shape[2] == lam.shape[1] == y.shape[1]
+        and c.shape[1] == y.shape[2]
+    ):
+        raise ValueError(
+            f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
+            f"y {tuple(y.shape)} [B, m, Cls]"
+        )
+
+
 def group_select_reference(
     class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
 ) -> torch.Tensor:
     """Pure-PyTorch selector: ``C [Cls, H]``, ``z [B, m, H]`` → ``c [B, Cls, m]`` (fp32)."""
+    beta = _check_selector(class_queries, z, w_q, w_k, beta)
     return sparsemax_reference(_scores(class_queries, z, w_q, w_k, beta))
 
 
@@ -31,13 +61,7 @@ def group_select(
     class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
 ) -> torch.Tensor:
     """Group scores ``c [B, Cls, m]`` (fp32) from class queries ``[Cls, H]`` and keys ``z [B, m, H]``."""
-    check_rank("class_queries", class_queries, 2, "[Cls, H]")
-    check_rank("z", z, 3, "[B, m, H]")
-    if class_queries.shape[1] != z.shape[2]:
-        raise ValueError(
-            f"class_queries hidden size {class_queries.shape[1]} does not match z hidden size {z.shape[2]}"
-        )
-    return _group_select(class_queries, z, w_q, w_k, float(beta))
+    return _group_select(class_queries, z, w_q, w_k, _check_selector(class_queries, z, w_q, w_k, beta))
 
 
 def _group_select_composite(
@@ -56,23 +80,13 @@ _group_select = _backends.composite(
 
 def aggregate_reference(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``ŷ [B, Cls]`` from ``c [B, Cls, m]``, ``lam [B, m]`` and ``y [B, m, Cls]``."""
+    _check_aggregate(c, lam, y)
     return (c * lam.unsqueeze(1) * y.transpose(1, 2)).sum(dim=-1)
 
 
 def aggregate(c: torch.Tensor, lam: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Sparse weighted sum of the group logits, in fp32 (see module docstring)."""
-    check_rank("c", c, 3, "[B, Cls, m]")
-    check_rank("lam", lam, 2, "[B, m]")
-    check_rank("y", y, 3, "[B, m, Cls]")
-    if not (
-        c.shape[0] == lam.shape[0] == y.shape[0]
-        and c.shape[2] == lam.shape[1] == y.shape[1]
-        and c.shape[1] == y.shape[2]
-    ):
-        raise ValueError(
-            f"shapes do not line up: c {tuple(c.shape)} [B, Cls, m], lam {tuple(lam.shape)} [B, m], "
-            f"y {tuple(y.shape)} [B, m, Cls]"
-        )
+    _check_aggregate(c, lam, y)
     return _aggregate(c, lam, y)
 
 

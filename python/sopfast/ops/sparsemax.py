@@ -74,7 +74,14 @@ _backends.Op(
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Sparsemax of ``x`` along ``dim``; same shape and dtype as ``x``."""
     _backends.check_extension()
-    if type(x) is torch.Tensor and x.dim() == 2 and (dim == -1 or dim == 1) and x.is_floating_point() and x.shape[1]:
+    if (
+        type(x) is torch.Tensor
+        and x.dim() == 2
+        and type(dim) is int
+        and dim in (-1, 1)
+        and x.is_floating_point()
+        and x.shape[1]
+    ):
         return _forward(x)  # the common case, checked by the kernel
     check_tensor("x", x)
     check_float("x", x)

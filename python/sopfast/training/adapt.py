@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.sources import Backbone
-from ..checks import check_int, check_number
+from ..checks import check_bool, check_int, check_number
 from ..data.batches import parse_batch
 from ..model.checkpoint import hash_backbone
 from ..types import FeatureInputs, Groups
@@ -109,7 +109,8 @@ def adapt_backbone(
             rate it was fine-tuned with (such as 2e-5 for a ViT-B/16).
         teacher_weight: weight of the original's whole-input prediction as a teacher (0: labels only).
         label_weight: weight of the labels (0: the teacher only; needs no labels).
-        tau, num_groups: the group size and count of the before/after diagnostics.
+        tau: the group size (fraction of the features) of the before/after diagnostics.
+        num_groups: the number of random groups of the before/after diagnostics.
         seed: the data order and the masks.
         device: where to train (default: where the backbone is).
         output_dir: save the adapted copy there (:func:`save_adapted`) with ``sopfast_adaptation.json``.
@@ -128,13 +129,20 @@ def adapt_backbone(
     if teacher_weight == 0 and label_weight == 0:
         raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
     check_int("seed", seed, 0)
+    check_bool("progress", progress)
     run_device = torch.device(device) if device is not None else _device_of(original)
     original = original.to(run_device).eval()
     teacher = get_adapter(original, **adapter_kwargs)
     adapted = copy.deepcopy(original).requires_grad_(True)
     student = get_adapter(adapted, **adapter_kwargs)
     val_data = train_data if val_data is None else val_data
-    diagnostics = {"tau": tau, "num_groups": num_groups, "seed": seed, "device": run_device, "progress": progress}
+    diagnostics: dict[str, Any] = {
+        "tau": tau,
+        "num_groups": num_groups,
+        "seed": seed,
+        "device": run_device,
+        "progress": progress,
+    }
     before = diagnose(teacher, val_data, **diagnostics)
     loader = _batches(train_data, batch_size, seed)
     if steps is None and not isinstance(loader, Sized):
@@ -152,7 +160,7 @@ def adapt_backbone(
             raise ValueError(
                 "adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels'), or label_weight=0"
             )
-        inputs = teacher.prepare(**batch.adapter_inputs())
+        inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
         loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -258,7 +266,7 @@ def save_adapted(
     kind = (source or {}).get("kind") or ("hf" if hasattr(model, "save_pretrained") else "module")
     provenance = dict(provenance)
     if kind == "hf":
-        model.save_pretrained(out)
+        cast(Any, model).save_pretrained(out)
         origin = (source or {}).get("spec") or getattr(model, "name_or_path", None)
         _copy_preprocessing(origin, out)
         provenance["load"] = {"backbone": os.path.abspath(out)}

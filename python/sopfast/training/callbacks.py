@@ -77,6 +77,10 @@ class _Legacy(TrainerCallback):
 def as_callbacks(callbacks: Iterable[TrainerCallback | LegacyCallback] | None) -> list[TrainerCallback]:
     """``callbacks`` as :class:`TrainerCallback` s: functions wrapped (with a ``DeprecationWarning``),
     anything else a TypeError naming ``callbacks`` and what is allowed."""
+    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+        raise TypeError(
+            f"callbacks must be a list of sopfast.TrainerCallback instances, got {callbacks!r}; wrap one in [...]"
+        )
     out: list[TrainerCallback] = []
     for callback in callbacks or []:
         if isinstance(callback, TrainerCallback):

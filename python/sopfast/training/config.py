@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..checks import check_choice, check_int, check_number
+from ..checks import check_bool, check_choice, check_int, check_number, check_path
 from ..devices import check_device
 from ..model.recipes import Recipe
 
@@ -21,6 +21,9 @@ HEAD_SCHEDULES = ("phases", "epochs")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
 STATE_FORMAT = 1
+#: The largest ``lr``: AdamW moves every weight by about ``lr`` per step, so above 1 a step overwrites the
+#: weights (``lr`` 1e6 with ``grad_clip=None`` trained to a model that fails on every input).
+MAX_LR = 1.0
 #: ``epochs=None``: at least this many epochs, about this many evaluations, and this patience.
 MIN_EPOCHS = 3
 EVALUATIONS = 20
@@ -31,50 +34,51 @@ DEFAULT_PATIENCE = 5
 class TrainConfig:
     """Options of :func:`train` (all keyword-only there).
 
-    Args:
-        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.  ``None``
-            (default): set by the data — the fewest whole epochs (at least 3) that make ``min_steps``
-            optimizer steps, stopped early after ``patience`` evaluations without a better validation
-            metric (the run records why it stopped).
-        min_steps: with ``epochs=None``, the least number of optimizer steps the schedule plans
-            (a few hundred images make ~20 steps an epoch: 3 epochs would leave SOP untrained).
-        patience: stop after this many evaluations without a better validation metric (``best/`` keeps
-            the best model); ``None``: 5 with ``epochs=None`` and ``val_data``, else never.
-        diagnose: before the first step, measure the frozen backbone on the validation data (or the
-            training data): its accuracy on whole inputs and on random groups of the model's ``tau``
-            (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
-        diagnose_examples: how many examples the diagnostic measures.
-        lr, weight_decay: AdamW settings (``lr`` default: the model's recipe — 1e-3 for
-            ``"sopfast"``, the paper's 5e-6 for ``"paper"``).
-        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
-        warmup_steps, warmup_ratio: linear warm-up length, in optimizer steps or as a fraction
-            of all steps (give at most one; default: the model's recipe's ratio).
-        schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
-        grad_clip: max global gradient norm (``None``: no clipping).
-        grad_accum: micro-batches per optimizer step.
-        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
-        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
-            ``epochs=None``, 20 times over the planned steps).
-        save_every: write the training state every N steps (also at each epoch end and at the end).
-        log_every: write the per-step train records (loss, gradient norm, learning rate) every N
-            steps (their values stay on the device in between: one transfer per N steps).
-        metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
-            (``None``: accuracy for classification, mse for regression).
-        output_dir: the run folder: checkpoints, training state, ``config.yaml``, ``log.jsonl``,
-            ``metrics.csv``, TensorBoard events, ``training_curves.png`` (``None``: nothing is written).
-        resume: ``True`` continues from ``output_dir``'s training state if there is one;
-            ``False`` starts afresh; a path names a state file (or its directory) that must exist.
-        seed: seeds python/numpy/torch and the data order.
-        progress: show a tqdm bar (rank 0 only).
-        log_file: JSON-lines log (default ``output_dir/log.jsonl``).
-        device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
-        max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
-        find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
-            whether some trainable parameter gets no gradient (CNN projections have such layers).
-        head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
-            authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
-            ``h``, and warm-up and decay of the learning rate restart in every phase) or
-            ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
+        Args:
+            epochs: passes over ``train_data``; the learning-rate schedule spans all of them.  ``None``
+                (default): set by the data — the fewest whole epochs (at least 3) that make ``min_steps``
+                optimizer steps, stopped early after ``patience`` evaluations without a better validation
+                metric (the run records why it stopped).
+            min_steps: with ``epochs=None``, the least number of optimizer steps the schedule plans
+                (a few hundred images make ~20 steps an epoch: 3 epochs would leave SOP untrained).
+            patience: stop after this many evaluations without a better validation metric (``best/`` keeps
+                the best model); ``None``: 5 with ``epochs=None`` and ``val_data``, else never.
+            diagnose: before the first step, measure the frozen backbone on the validation data (or the
+                training data): its accuracy on whole inputs and on random groups of the model's ``tau``
+                (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
+            diagnose_examples: how many examples the diagnostic measures.
+            lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
+                5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
+            weight_decay: AdamW's decoupled weight decay of the trainable parameters.
+            batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
+            warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
+            warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
+            schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
+            grad_clip: max global gradient norm (``None``: no clipping).
+            grad_accum: micro-batches per optimizer step.
+            amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
+            eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
+                ``epochs=None``, 20 times over the planned steps).
+            save_every: write the training state every N steps (also at each epoch end and at the end).
+            log_every: write the per-step train records (loss, gradient norm, learning rate) every N
+                steps (their values stay on the device in between: one transfer per N steps).
+            metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
+                (``None``: accuracy for classification, mse for regression).
+            output_dir: the run folder: checkpoints, training state, ``config.yaml``, ``log.jsonl``,
+                ``metrics.csv``, TensorBoard events, ``training_curves.png`` (``None``: nothing is written).
+            resume: ``True`` continues from ``output_dir``'s training state if there is one;
+                ``False`` starts afresh; a path names a state file (or its directory) that must exist.
+            seed: seeds python/numpy/torch and the data order.
+            progress: show a tqdm bar (rank 0 only).
+            log_file: JSON-lines log (default ``output_dir/log.jsonl``).
+            device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
+            max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
+            find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
+                whether some trainable parameter gets no gradient (CNN projections have such layers).
+            head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
+                authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
+                ``h``, and warm-up and decay of the learning rate restart in every phase) or
+                ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
     """
 
     epochs: int | None = None
@@ -110,7 +114,7 @@ class TrainConfig:
         check_int("min_steps", self.min_steps, 1)
         check_int("patience", self.patience, 1, optional=True)
         check_int("diagnose_examples", self.diagnose_examples, 1)
-        check_number("lr", self.lr, 0.0, above=True, optional=True)
+        check_number("lr", self.lr, 0.0, MAX_LR, above=True, optional=True)
         check_number("weight_decay", self.weight_decay, 0.0)
         check_number("warmup_ratio", self.warmup_ratio, 0.0, optional=True)
         if self.warmup_ratio is not None and not self.warmup_ratio < 1:
@@ -118,9 +122,13 @@ class TrainConfig:
         if self.warmup_steps is not None and self.warmup_ratio:
             raise ValueError("give warmup_steps or warmup_ratio, not both")
         check_number("grad_clip", self.grad_clip, 0.0, above=True, optional=True)
-        for name in ("progress", "diagnose"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_bool("progress", self.progress)
+        check_bool("diagnose", self.diagnose)
+        check_bool("find_unused_parameters", self.find_unused_parameters, optional=True)
+        check_path("output_dir", self.output_dir, optional=True, directory=True)
+        check_path("log_file", self.log_file, optional=True, directory=False)
+        if not isinstance(self.resume, bool):
+            check_path("resume (True, False or a path)", self.resume)
         check_int("batch_size", self.batch_size, 1, optional=True)
         check_int("warmup_steps", self.warmup_steps, 0, optional=True)
         check_int("grad_accum", self.grad_accum, 1)

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter
-from ..checks import check_choice, check_int, check_tau
+from ..checks import check_bool, check_choice, check_int, check_tau
 from ..data.batches import parse_batch
 from ..masking.forward import adapter_of, run_mask_sets
 from ..model.sop import SOP
@@ -158,19 +158,20 @@ def diagnose(
         progress: show a progress bar.
     """
     adapter = adapter_of(backbone)
-    is_sop = isinstance(backbone, SOP)
-    if is_sop and backbone.task != "classification":
+    sop = backbone if isinstance(backbone, SOP) else None
+    if sop is not None and sop.task != "classification":
         raise ValueError("diagnose measures accuracy: it needs a classification model, got task='regression'")
-    tau = check_tau(tau if tau is not None else (backbone.tau if is_sop else 0.2))
+    tau = check_tau(tau if tau is not None else (sop.tau if sop is not None else 0.2))
     num_groups = check_int(
-        "num_groups", num_groups if num_groups is not None else (backbone.num_groups if is_sop else 20), 1
+        "num_groups", num_groups if num_groups is not None else (sop.num_groups if sop is not None else 20), 1
     )
-    default_mode = backbone.mode if is_sop else ("drop" if "drop" in adapter.supported_modes else "exact")
-    mode = check_choice("mode", mode if mode is not None else default_mode, adapter.supported_modes)
+    default_mode = str(sop.mode) if sop is not None else ("drop" if "drop" in adapter.supported_modes else "exact")
+    chosen_mode: str = check_choice("mode", mode if mode is not None else default_mode, adapter.supported_modes)
     check_int("examples", examples, 1)
     check_int("informed_examples", informed_examples, 0)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
+    check_bool("progress", progress)
     run_device = torch.device(device) if device is not None else _device_of(adapter)
     generator = torch.Generator().manual_seed(seed)
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}
@@ -182,7 +183,7 @@ def diagnose(
         for raw in _batches(data, examples, batch_size, generator):
             batch = parse_batch(raw).to(run_device)
             n = min(len(batch), examples - seen)
-            inputs = adapter.prepare(**batch.adapter_inputs()).rows(slice(0, n))
+            inputs = adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs())).rows(slice(0, n))
             logits = adapter.full_forward(inputs)[0].float()
             classes = classes or int(logits.shape[-1])
             if batch.labels is None or batch.labels.dim() != 1:
@@ -198,7 +199,7 @@ def diagnose(
             take = min(n, informed_examples - informed_seen)
             if take > 0:
                 rows = slice(0, take)
-                group = informed_group(adapter, inputs.rows(rows), logits[rows].argmax(-1), tau, mode)
+                group = informed_group(adapter, inputs.rows(rows), logits[rows].argmax(-1), tau, chosen_mode)
                 informed += int((group.argmax(-1) == truth[rows]).sum())
                 informed_seen += take
             seen += n
@@ -211,7 +212,7 @@ def diagnose(
     report = Diagnosis(
         tau=tau,
         num_groups=num_groups,
-        mode=mode,
+        mode=chosen_mode,
         examples=seen,
         chance=1.0 / classes if classes else math.nan,
         full_accuracy=full / seen,
@@ -345,7 +346,7 @@ def _group_scores(logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 def _batches(data: Any, examples: int, batch_size: int, generator: torch.Generator) -> Iterable:
     """Batches of ``data``: a Dataset's ``examples`` drawn at random, else the iterable itself."""
     if isinstance(data, Dataset) and not isinstance(data, DataLoader) and hasattr(data, "__len__"):
-        size = len(data)  # type: ignore[arg-type]
+        size = len(data)
         if size == 0:
             raise ValueError("diagnose: data is empty")
         picked = torch.randperm(size, generator=generator)[: min(size, examples)].tolist()

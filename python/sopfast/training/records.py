@@ -1,9 +1,11 @@
 """What a training run writes beside its checkpoints: ``log.jsonl`` (one JSON record per line),
 ``metrics.csv``, TensorBoard events (``tensorboard/``, when the ``tensorboard`` package is
-installed) and ``training_curves.png``.
+installed: every value, the run's options as hparams and its ``config.yaml`` as text) and
+``training_curves.png`` (one axis per quantity).
 
 Train records come one per optimizer step (their losses are kept on the device and read in one
-transfer every ``log_every`` steps); an evaluation record follows the train record of its step.
+transfer every ``log_every`` steps) with the loss by term (:class:`~sopfast.training.step_values.StepValues`);
+an evaluation record follows the train record of its step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,23 @@ logger = logging.getLogger(__name__)
 CSV_NAME = "metrics.csv"
 CURVES_NAME = "training_curves.png"
 TENSORBOARD_DIR = "tensorboard"
-CSV_FIELDS = ("event", "step", "epoch", "time", "loss", "grad_norm", "lr", "val_loss", "val_accuracy", "val_mse")
+PENALTIES = ("diversity_penalty", "saliency_penalty")
+CSV_FIELDS = (
+    "event",
+    "step",
+    "epoch",
+    "time",
+    "loss",
+    "task_loss",
+    *PENALTIES,
+    "grad_norm",
+    "lr",
+    "val_loss",
+    "val_accuracy",
+    "val_mse",
+)
+#: TensorBoard charts that put one quantity's train and validation values on one axis
+TENSORBOARD_LAYOUT = {"losses": {"task loss (train, validation)": ["Multiline", ["train/task_loss", "eval/val_loss"]]}}
 
 
 class RunRecords:
@@ -42,10 +60,10 @@ class RunRecords:
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             path = self.output_dir / CSV_NAME
-            fresh = not path.is_file()
+            header = _csv_header(path)  # a resumed run keeps the columns it started with
             self._csv = open(path, "a", encoding="utf-8", newline="")
-            self._writer = csv.DictWriter(self._csv, fieldnames=CSV_FIELDS, extrasaction="ignore")
-            if fresh:
+            self._writer = csv.DictWriter(self._csv, fieldnames=header or CSV_FIELDS, extrasaction="ignore")
+            if not header:
                 self._writer.writeheader()
             self._tensorboard = _summary_writer(self.output_dir / TENSORBOARD_DIR)
 
@@ -62,6 +80,20 @@ class RunRecords:
             for key, value in record.items():
                 if key not in ("event", "step", "epoch", "time") and isinstance(value, (int, float)):
                     self._tensorboard.add_scalar(f"{record['event']}/{key}", value, record["step"])
+
+    def describe_run(self, entries: dict[str, Any], config_text: str, metric: str) -> None:
+        """Give TensorBoard the run's resolved options: ``entries`` as hparams (compared across runs
+        against the validation ``metric`` and loss), ``config_text`` (its ``config.yaml``) as text."""
+        if self._tensorboard is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in entries.items()}
+        metrics = dict.fromkeys((f"eval/val_{metric}", "eval/val_loss"), 0.0)
+        for summary in hparams(values, metrics):
+            self._tensorboard.file_writer.add_summary(summary)
+        self._tensorboard.add_text("config.yaml", f"```yaml\n{config_text}\n```")
+        self._tensorboard.add_custom_scalars(TENSORBOARD_LAYOUT)
 
     def plot(self) -> Path | None:
         """Write ``training_curves.png`` (loss, gradient norm, learning rate and validation metrics over
@@ -86,6 +118,14 @@ def _read_json_lines(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _csv_header(path: Path) -> list[str] | None:
+    """The columns of an existing ``metrics.csv`` (``None`` when there is none yet)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with open(path, encoding="utf-8", newline="") as f:
+        return next(csv.reader(f), None)
+
+
 def _summary_writer(directory: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -96,7 +136,8 @@ def _summary_writer(directory: Path) -> Any:
 
 
 def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
-    """A PNG of a run's records: training loss per step with the validation loss, the validation
+    """A PNG of a run's records, one axis per quantity: the task loss (train and validation: the same
+    quantity), the loss training optimises (task loss + penalties), each penalty, the validation
     metric, the gradient norm and the learning rate."""
     import matplotlib
 
@@ -106,14 +147,22 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
     train = [r for r in records if r.get("event") == "train"]
     evals = [r for r in records if r.get("event") == "eval"]
     metric = next((k for k in ("val_accuracy", "val_mse") if any(k in r for r in evals)), None)
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.1))
-    panels = (
-        (axes[0], "loss", [("loss", train, "train"), ("val_loss", evals, "validation")]),
-        (axes[1], metric or "validation metric", [(metric, evals, "validation")] if metric else []),
-        (axes[2], "gradient norm", [("grad_norm", train, "train")]),
-        (axes[3], "learning rate", [("lr", train, "train")]),
-    )
-    for ax, title, lines in panels:
+    task = "task loss (cross-entropy)" if metric != "val_mse" else "task loss (scaled MSE)"
+    specs = [
+        (task, [("task_loss", train, "train"), ("val_loss", evals, "validation")]),
+        ("training loss (task loss + penalties)", [("loss", train, "train")]),
+        *((name.replace("_", " "), [(name, train, "train")]) for name in PENALTIES if any(name in r for r in train)),
+        (metric or "validation metric", [(metric, evals, "validation")] if metric else []),
+        ("gradient norm", [("grad_norm", train, "train")]),
+        ("learning rate", [("lr", train, "train")]),
+    ]
+    layout_rows = 1 if len(specs) <= 4 else 2
+    columns = -(-len(specs) // layout_rows)
+    fig, grid = plt.subplots(layout_rows, columns, figsize=(3.5 * columns, 3.1 * layout_rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(specs) :]:
+        ax.axis("off")
+    for ax, (title, lines) in zip(axes, specs):
         for key, rows, label in lines:
             points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             if points:
@@ -144,12 +193,13 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> Path:
+def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """``config.yaml`` in ``config.output_dir``: the resolved model options (``model``: a
     :class:`sopfast.SOP`) and training options (``config``: a resolved
     :class:`~sopfast.training.config.TrainConfig`), the backbone's source and ``extra`` entries (the
-    command line's data options), under the names of ``sopfast train``'s flags, so that
-    ``sopfast train --config config.yaml`` runs the same training again."""
+    command line's data options, their paths absolute), under the names of ``sopfast train``'s flags, so
+    that ``sopfast train --config config.yaml`` runs the same training again — into a new run folder, as
+    the output folder is not kept (``--output-dir`` names one).  Returns the entries and the file's text."""
     import yaml
 
     entries: dict[str, Any] = {}
@@ -162,10 +212,14 @@ def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> Path:
             entries["backbone_option"] = dict(source["options"])
     entries.update(extra)
     entries.update(dict(model.config))
-    skipped = ("resume", "log_file", "find_unused_parameters")
+    skipped = ("resume", "log_file", "find_unused_parameters", "output_dir")
     entries.update({k: v for k, v in dataclasses.asdict(config).items() if k not in skipped})
     entries = {k: _plain(v) for k, v in entries.items() if v is not None}
     path = Path(config.output_dir) / CONFIG_NAME
-    header = "# sopfast train: `sopfast train --config config.yaml` runs this training again (flags win over it)\n"
-    path.write_text(header + yaml.safe_dump(entries, sort_keys=False), encoding="utf-8")
-    return path
+    header = (
+        "# sopfast train: `sopfast train --config config.yaml` runs this training again in a new run folder "
+        "(flags win over it)\n"
+    )
+    text = yaml.safe_dump(entries, sort_keys=False)
+    path.write_text(header + text, encoding="utf-8")
+    return entries, text

@@ -1,18 +1,24 @@
 """Resuming a run from its training state: which file, and whether the settings allow it.
 
-A resumed run must continue the saved one exactly: the same seed, batches, accumulation, learning
-rate and schedule (the :func:`fingerprint`).  One setting may grow: ``epochs`` — re-running a
-finished run with more epochs continues it, its learning-rate schedule stretched to the new
-length from the step where it stopped.
+A resumed run must continue the saved one exactly: the same seed, batches, accumulation, optimizer,
+learning rate and schedule, the same model options (after the recipe) and the same training data
+(its count and a hash of its examples, :func:`sopfast.data.identity.data_identity`): the
+:func:`fingerprint`.  One setting may grow: ``epochs`` — re-running a finished run with more epochs
+continues it, its learning-rate schedule stretched to the new length from the step where it stopped.
+A training state of sopfast 0.3.0 recorded fewer settings; the ones it has are compared.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from ..model.checkpoint import STATE_NAME
+from ..data.identity import data_identity, describe_identity
+from ..integrity import listed
+from ..model.checkpoint import STATE_NAME, model_config
 from .config import STATE_FORMAT, TrainConfig
+from .guards import check_optimizer_state
 
 # the settings that may grow between a run and its continuation
 GROWABLE = ("epochs",)
@@ -28,7 +34,52 @@ _FLAGS = {
     "schedule": "schedule (--schedule)",
     "warmup_steps": "warmup_steps/warmup_ratio (--warmup-steps, --warmup-ratio)",
     "head_schedule": "head_schedule (--head-schedule)",
+    "data": "the training data (--data, --limit, --train-split, --holdout)",
 }
+# the settings a training state of sopfast 0.3.0 recorded
+_LEGACY = tuple(k for k in _FLAGS if k != "data")
+# TrainConfig fields that change the weights a run ends with (besides those above)
+_TRAINING = ("weight_decay", "grad_clip", "amp")
+# SOP options that do not change what the model computes (how it chunks, what it recomputes)
+_NOT_COMPUTATION = ("group_batch_size", "checkpoint_projection")
+# what a training state must hold to be resumed
+REQUIRED = (
+    "format",
+    "step",
+    "epoch",
+    "batches_done",
+    "best_metric",
+    "best_step",
+    "fingerprint",
+    "backbone_sha256",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "rng",
+)
+RNG_KEYS = ("python", "numpy", "torch", "cuda")
+
+
+def _flag(key: str) -> str:
+    """How a user changes fingerprint entry ``key`` (``model.tau`` → ``tau (--tau)``)."""
+    if key in _FLAGS:
+        return _FLAGS[key]
+    name = key.split(".", 1)[-1]
+    return f"{name} (--{name.replace('_', '-')})"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON has it (tuples as lists; anything else JSON cannot hold as its repr)."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def model_options(model: Any) -> dict[str, Any]:
+    """The options of ``model`` (a :class:`sopfast.SOP`) that make its computation: its config after the
+    recipe, the current ``num_groups`` / ``tau`` / ``mode`` / ``deletion``, and its adapter."""
+    config = model_config(model, backbone_sha256="-")["config"]
+    options = {k: v for k, v in config.items() if k not in _NOT_COMPUTATION}
+    return _plain({**options, "adapter": type(model.adapter).__name__})
 
 
 def fingerprint(
@@ -39,19 +90,41 @@ def fingerprint(
     batches_per_epoch: int,
     warmup_steps: int,
     num_heads: int,
+    model: Any = None,
+    data: Any = None,
 ) -> dict[str, Any]:
-    """Settings a resumed run must share with the saved one to continue it exactly."""
-    return {
-        "seed": config.seed,
-        "world_size": world_size,
-        "batch_size": batch_size,
-        "grad_accum": config.grad_accum,
-        "batches_per_epoch": batches_per_epoch,
-        "epochs": config.epochs,
-        "lr": config.lr,
-        "schedule": config.schedule,
-        "warmup_steps": warmup_steps,
-    } | ({"head_schedule": config.head_schedule} if num_heads > 1 else {})
+    """Settings a resumed run must share with the saved one to continue it exactly (with ``model``, its
+    options as ``model.<name>``; with ``data``, the training data's identity)."""
+    extra: dict[str, Any] = {f"training.{k}": getattr(config, k) for k in _TRAINING}
+    if model is not None:
+        extra.update({f"model.{k}": v for k, v in model_options(model).items()})
+    if data is not None:
+        extra["data"] = data_identity(data)
+    return (
+        extra
+        | {
+            "seed": config.seed,
+            "world_size": world_size,
+            "batch_size": batch_size,
+            "grad_accum": config.grad_accum,
+            "batches_per_epoch": batches_per_epoch,
+            "epochs": config.epochs,
+            "lr": config.lr,
+            "schedule": config.schedule,
+            "warmup_steps": warmup_steps,
+        }
+        | ({"head_schedule": config.head_schedule} if num_heads > 1 else {})
+    )
+
+
+def _shown(key: str, value: Any) -> str:
+    return describe_identity(value) if key == "data" and value is not None else repr(value)
+
+
+def run_identity(model: Any, data: Any) -> dict[str, Any]:
+    """The fingerprint entries of ``model`` (a :class:`sopfast.SOP`: its options as ``model.<name>``) and of
+    the training ``data`` (its identity, :func:`sopfast.data.identity.data_identity`)."""
+    return {**{f"model.{k}": v for k, v in model_options(model).items()}, "data": data_identity(data)}
 
 
 def resume_path(config: TrainConfig) -> Path | None:
@@ -71,16 +144,27 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
     be continued with the fingerprint ``now``."""
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path} is not a sopfast training state (format {state.get('format')!r})")
+    missing = [k for k in REQUIRED if k not in state]
+    rng = state.get("rng")
+    missing += [f"rng.{k}" for k in RNG_KEYS if isinstance(rng, dict) and k not in rng]
+    if missing or not isinstance(rng, dict) or not isinstance(state["fingerprint"], dict):
+        raise ValueError(
+            f"cannot resume from {path}: the training state lacks "
+            f"{listed(missing or ['rng or fingerprint mappings'])}; start afresh with resume=False (--no-resume)"
+        )
+    check_optimizer_state(path, state["optimizer"])
     saved = state["fingerprint"]
+    # a sealed state (sopfast > 0.3.0) records every setting; an older one only some
+    compared = now if "sha256" in state else {k: v for k, v in now.items() if k in saved or k in _LEGACY}
     changed = {
         k: (saved.get(k), v)
-        for k, v in now.items()
+        for k, v in compared.items()
         if saved.get(k) != v and not (k in GROWABLE and isinstance(saved.get(k), int) and v > saved[k])
     }
     if changed:
-        names = ", ".join(f"{_FLAGS.get(k, k)}: {a!r} → {b!r}" for k, (a, b) in changed.items())
+        names = "; ".join(f"{_flag(k)}: {_shown(k, a)} → {_shown(k, b)}" for k, (a, b) in changed.items())
         raise ValueError(
-            f"cannot resume from {path}: settings differ from the saved run ({names}; saved → now); use the "
+            f"cannot resume from {path}: this run differs from the saved one ({names}; saved → now); use the "
             "same settings (only --epochs may grow), or start afresh with resume=False (--no-resume) or "
             "another output_dir (--output-dir)"
         )
@@ -92,3 +176,15 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
         raise ValueError(
             f"cannot resume from {path}: its position {counters} is not inside an epoch of {batches_per_epoch} batches"
         )
+
+
+def resume_message(path: Path, step: int, total_steps: int, max_steps: int | None) -> str:
+    """What a resumed run says: where it continues, and what a finished run does when run again."""
+    last = total_steps if max_steps is None else min(max_steps, total_steps)
+    text = f"resuming from step {step} of {last} ({path})"
+    if step >= last:
+        text += (
+            ": that run is finished, so this only evaluates and saves it again (a larger --epochs continues it; "
+            "--no-resume or another --output-dir starts afresh)"
+        )
+    return text

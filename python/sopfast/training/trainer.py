@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from functools import cached_property
 from itertools import islice
 from typing import Any
 
@@ -25,12 +26,11 @@ from ..data.batches import to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
-    atomic_save,
     hash_backbone,
     load_trainable_state_dict,
     load_training_state,
     remove_stale_temp_files,
-    save_pretrained,
+    save_training_state,
     trainable_state_dict,
 )
 from ..model.numerics import flush_denormal
@@ -49,20 +49,17 @@ from .distributed import (
     no_sync,
     wrap_ddp,
 )
+from .guards import NonFiniteLossError, check_savable, step_error
 from .optimizer import build_optimization
 from .records import RunRecords, write_run_config
-from .resume import check_resumable, fingerprint, resume_path
+from .resume import check_resumable, fingerprint, resume_message, resume_path, run_identity
 from .state import capture_rng, restore_rng, seed_everything
+from .step_values import StepValues
 from .stopping import Stopping
 from .validation import forward_batch, has_unused_parameters, validate
 
 Callback = TrainerCallback | LegacyCallback
 logger = logging.getLogger("sopfast.training")
-
-
-class NonFiniteLossError(ValueError):
-    """Training stopped: the loss (or, without a gradient scaler, the gradient norm) became NaN or
-    infinite; nothing computed after that step was saved."""
 
 
 class Trainer:
@@ -143,7 +140,7 @@ class Trainer:
             "best_metric": self.best_metric,
             "best_step": self.best_step,
             "evals_since_best": self.stopping.evals_since_best,
-            "fingerprint": self._fingerprint(),
+            "fingerprint": self._fingerprint,
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
             "optimizer": self.optimizer.state_dict(),
@@ -153,11 +150,11 @@ class Trainer:
         }
 
     def save_state(self) -> None:
-        """Write ``output_dir/training_state.pt`` atomically (rank 0 only)."""
-        self.check_finite()
+        """Write ``output_dir/training_state.pt`` atomically, with its checksum (rank 0 only)."""
         output_dir = self.config._output_path
         if self.info.is_main and output_dir is not None:
-            atomic_save(self.state_dict(), output_dir / STATE_NAME)
+            check_savable(self)
+            save_training_state(self.state_dict(), output_dir / STATE_NAME)
             self._emit("save", {"step": self.step, "what": "state", "path": str(output_dir / STATE_NAME)})
 
     @property
@@ -172,7 +169,7 @@ class Trainer:
         self.device = resolve_device(cfg.device, local_rank=info.local_rank if info.enabled else None)
         if info.is_main and cfg.output_dir is not None:
             remove_stale_temp_files(cfg.output_dir)
-            write_run_config(cfg, self.model, self.run_config)
+            self.log.describe_run(*write_run_config(cfg, self.model, self.run_config), self.metric)
         self.model.to(self.device)
         seed_everything(cfg.seed)
         self.train_loader = make_train_loader(self.train_data, cfg.batch_size, info, cfg.seed)
@@ -202,9 +199,7 @@ class Trainer:
             disable=not (cfg.progress and info.is_main),
             dynamic_ncols=True,
         )
-        self._loss_sum = torch.zeros((), device=self.device)
-        # per optimizer step, on the device until the next flush: (step, epoch, lr, loss, grad norm)
-        self._pending: list[tuple[int, float, float, torch.Tensor, torch.Tensor]] = []
+        self.steps = StepValues()  # the losses by term and gradient norms, on the device until written
         # the first optimizer step whose loss or gradient was not finite (-1: none), tracked on the
         # device and read only where the run logs or writes (no host sync per step)
         self._first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
@@ -219,6 +214,7 @@ class Trainer:
         elif self.info.is_main:
             data = self.val_data if self.val_data is not None else self.train_data
             self.diagnosis = diagnose_run(self.model, data, self.config, self.device, self.log.write)
+        self.model.provenance["diagnosis"] = self.diagnosis  # saved with the model: its card shows it
 
     @staticmethod
     def _num_batches(loader: DataLoader) -> int:
@@ -230,6 +226,7 @@ class Trainer:
             raise ValueError("train_data yields no batches")
         return n
 
+    @cached_property
     def _fingerprint(self) -> dict[str, Any]:
         saved = fingerprint(
             self.config,
@@ -239,17 +236,18 @@ class Trainer:
             warmup_steps=self.warmup_steps,
             num_heads=self.model.generator.num_heads,
         )
-        return {**saved, "epochs": self.epochs}  # the planned epochs (epochs=None: set by the data)
+        # the model's options, the data's identity, the planned epochs (epochs=None: set by the data)
+        return {**saved, **run_identity(self.model, self.train_data), "epochs": self.epochs}
 
     def _resume(self) -> None:
         path = resume_path(self.config)
         if path is None:
             return
         state = load_training_state(path)
-        check_resumable(path, state, self._fingerprint(), self.batches_per_epoch)
+        check_resumable(path, state, self._fingerprint, self.batches_per_epoch)
         if state["backbone_sha256"] != self.backbone_sha256:
             raise ValueError(f"cannot resume from {path}: the backbone differs from the one it was trained with")
-        load_trainable_state_dict(self.model, state["model"])
+        load_trainable_state_dict(self.model, state["model"], source=str(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -257,6 +255,7 @@ class Trainer:
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
         self.stopping.evals_since_best = state.get("evals_since_best", 0)
         self._pending_rng = state["rng"]
+        logger.info(resume_message(path, self.step, self.total_steps, self.config.max_steps))
 
     # -- the loop ---------------------------------------------------------------------------
     def _done(self) -> bool:
@@ -300,7 +299,7 @@ class Trainer:
             except ValueError as err:
                 if isinstance(err, NonFiniteLossError):
                     raise
-                raise ValueError(f"training step {self.step + 1} (epoch {self.epoch + 1}): {err}") from err
+                raise step_error(self, err) from err
             if self._done():
                 break
 
@@ -318,11 +317,10 @@ class Trainer:
         with no_sync(self.ddp_model, skip=not last):
             with self._autocast():
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
-                loss = out.compute_loss(labels) / group_size
+                loss = self.steps.add(out.loss_terms(labels), group_size)
             with flush_denormal(self.device.type == "cpu"):  # subnormal gradients: sopfast.model.numerics
                 self.scaler.scale(loss).backward()
         self._flag_non_finite(loss.detach())
-        self._loss_sum = self._loss_sum + loss.detach().float()
         self.batches_done += 1
         if last:
             self._optimizer_step()
@@ -337,10 +335,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        loss = all_reduce_sum(self._loss_sum, self.info) / self.info.world_size
-        epoch = round(self.step / self.steps_per_epoch, 4)
-        self._pending.append((self.step, epoch, float(self.scheduler.get_last_lr()[0]), loss, norm.detach().float()))
-        self._loss_sum = torch.zeros((), device=self.device)
+        info = {"step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4)}
+        info["lr"] = float(self.scheduler.get_last_lr()[0])
+        self.steps.end_step(info, norm, lambda sums: all_reduce_sum(sums, self.info) / self.info.world_size)
         epoch_end = self.batches_done == self.batches_per_epoch
         if epoch_end:
             self.epoch, self.batches_done = self.epoch + 1, 0
@@ -402,16 +399,12 @@ class Trainer:
     def _log_train(self) -> None:
         """Write the pending per-step train records (one transfer from the device for all of them)."""
         self.check_finite()
-        if not self._pending:
-            return
-        values = torch.stack([torch.stack([loss, norm]) for *_, loss, norm in self._pending]).tolist()
-        elapsed = round(time.time() - self._start_time, 3)
-        for (step, epoch, lr, _, _), (loss, norm) in zip(self._pending, values):
-            record = {"event": "train", "step": step, "epoch": epoch, "loss": loss, "grad_norm": norm, "lr": lr}
-            self.log.write({**record, "time": elapsed})
-        self._pending = []
-        self._progress.set_postfix(loss=f"{values[-1][0]:.4f}", **self._postfix())
-        self._emit("log", record)
+        records = self.steps.flush(round(time.time() - self._start_time, 3))
+        for record in records:
+            self.log.write(record)
+        if records:
+            self._progress.set_postfix(loss=f"{records[-1]['loss']:.4f}", **self._postfix())
+            self._emit("log", records[-1])
 
     def _postfix(self) -> dict[str, str]:
         key = f"val_{self.metric}"
@@ -426,13 +419,15 @@ class Trainer:
         self._log_train()  # the train records of this step come first
         self.metrics = self.evaluate()
         self._eval_step = self.step
+        self.model.provenance["validation"] = {"step": self.step, **self.metrics}  # saved with best/ and last/
         value = self.metrics[f"val_{self.metric}"]
         improved = self._improves(value)
         if improved:
             self.best_metric, self.best_step = value, self.step
             output_dir = self.config._output_path
             if self.info.is_main and output_dir is not None:
-                save_pretrained(self.model, output_dir / "best", backbone_sha256=self.backbone_sha256)
+                check_savable(self)
+                self.model.save_pretrained(output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
         if self.stopping.evaluated(improved, self.step < self.total_steps):
@@ -448,7 +443,7 @@ class Trainer:
             self._evaluate_and_track()
         self.save_state()
         if self.info.is_main and output_dir is not None:
-            save_pretrained(self.model, output_dir / "last", backbone_sha256=self.backbone_sha256)
+            self.model.save_pretrained(output_dir / "last", backbone_sha256=self.backbone_sha256)
             self._emit("save", {"step": self.step, "what": "last", "path": str(output_dir / "last")})
         record = self._record(
             "end",

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("--output-dir", args.output_dir)
     run_device = device(args.device)
     backbone, adapter, options = bare_backbone(args, "adapt")
-    train_data, _ = load_adapter_split(args, adapter, backbone, "train", args.limit)
-    val_data, _ = load_adapter_split(args, adapter, backbone, "val", None)
+    train_data = load_adapter_split(args, adapter, backbone, "train", args.limit).dataset
+    val_data = load_adapter_split(args, adapter, backbone, "val", None).dataset
     result = adapt_backbone(
         backbone,
         train_data,

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--output", args.output)
     run_device = device(args.device)
     backbone, adapter, _ = bare_backbone(args, "measure")
-    data, _ = load_adapter_split(args, adapter, backbone, "val", args.limit)
+    data = load_adapter_split(args, adapter, backbone, "val", args.limit).dataset
     report = diagnose(adapter, data, device=run_device, seed=args.seed, **api_values(args, args.diagnose_names))
     print(report)
     if args.output:

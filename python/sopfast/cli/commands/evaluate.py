@@ -20,7 +20,7 @@ from ..common import (
     device,
     load_backbone,
     load_model,
-    load_split,
+    load_model_split,
 )
 from ..options import add_api_options, api_values
 from ..parser import int_at_least
@@ -34,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_source(p, need_checkpoint=True)
     add_load_overrides(p)
     add_data(p)
-    p.add_argument("--split", default=None, help="the data's split to evaluate (default: test, validation)")
+    p.add_argument(
+        "--split",
+        default=None,
+        help="the data's split to evaluate (default: test, else validation, else the test part held out of a "
+        "single split; the output names the one used)",
+    )
     p.add_argument(
         "--batch-size", type=int_at_least(1), default=BATCH_SIZE, help=f"examples per batch (default: {BATCH_SIZE})"
     )
@@ -82,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
-    dataset = load_split(args, model, backbone, "test", args.limit)
+    loaded = load_model_split(args, model, backbone, "test", args.limit)
+    dataset = loaded.dataset
     key = args.ground_truth_key
     if isinstance(key, str) and key.isdigit():
         key = int(key)
@@ -97,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
         device=run_device,
         **api_values(args, args.evaluate_names),
     )
-    print(format_table(results))
+    for method in results.values():
+        method["data"] = loaded.description
+    print(f"{loaded.description}\n{format_table(results)}")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -28,8 +28,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_load_overrides(p)
     add_data(p)
     p.add_argument("--split", default=None, help="the data's split to explain (default: test, validation)")
-    p.add_argument("--count", type=int_at_least(1), default=8, help="how many test examples to explain")
+    p.add_argument(
+        "--count",
+        type=int_at_least(1),
+        default=8,
+        help="how many test examples to explain, taken from every class in turn (default: 8)",
+    )
     p.add_argument("--out", default="explanations", help="output directory (default: explanations)")
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar (default: yes)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args, backbone)
     dataset = load_split(args, model, backbone, "test", args.count)
     paths = write_explanations(
-        model, dataset, args.out, count=args.count, device=run_device, class_names=getattr(dataset, "classes", None)
+        model,
+        dataset,
+        args.out,
+        count=args.count,
+        device=run_device,
+        class_names=getattr(dataset, "classes", None),
+        progress=args.progress,
     )
     print("\n".join(paths))
     return 0

@@ -26,6 +26,7 @@ from ..common import (
     load_model,
     load_split,
     present,
+    report,
 )
 from ..options import add_api_options, api_values, parameters
 from ..parser import CLIError, int_at_least
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ...adapters.sources import Backbone
 
 NAME = "train"
+RUNS_DIR = "runs"  # where a run without --output-dir goes
 HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
 # sopfast.SOP parameters without a command-line form (tensors; --adapter takes a name)
 SOP_SKIP = ("class_weights",)
@@ -53,6 +55,7 @@ DATA_FLAGS = [
     "text_column",
     "text_pair_column",
     "label_column",
+    "label_map",
     "image_size",
     "image_mean",
     "image_std",
@@ -63,7 +66,7 @@ DATA_FLAGS = [
 def sop_flags(parser: argparse.ArgumentParser) -> list[str]:
     """The flags of every ``sopfast.SOP`` option (and of the adapters' options)."""
     g = parser.add_argument_group("model options (sopfast.SOP)")
-    shown = {"mode": "drop where the backbone supports it, else exact"}
+    shown = {"mode": "the recipe's: drop where the backbone supports it for sopfast, exact for paper"}
     names = add_api_options(g, SOP, skip=SOP_SKIP, given_only=True, shown_defaults=shown)
     return names + adapter_flags(g)
 
@@ -123,13 +126,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def training_options(args: argparse.Namespace) -> dict:
     """The :func:`sopfast.train` keyword arguments the flags give (unset ones: the API's defaults)."""
     options = api_values(args, args.train_names)
+    if args.resume_from is not None and not args.resume:
+        raise CLIError("--no-resume and --resume-from contradict each other: give one")
     options.update(device=args.device, seed=args.seed, resume=args.resume_from or args.resume)
     return options
 
 
 def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
     """The ``--checkpoint`` model (the given SOP flags override what it saved), or a new SOP over
-    ``backbone`` from the given flags (``mode``: ``drop`` where the backbone supports it)."""
+    ``backbone`` from the given flags."""
     from ...adapters import adapter_class, find_adapter_class
 
     sop_options = present(args, [n for n in args.sop_names if n in SOP_OPTIONS])
@@ -137,7 +142,6 @@ def build_model(args: argparse.Namespace, backbone: Backbone) -> SOP:
         return load_model(args, backbone, sop_options)
     named = sop_options.get("adapter")
     adapter_cls = adapter_class(named) if named else find_adapter_class(backbone.model)
-    sop_options.setdefault("mode", "drop" if "drop" in adapter_cls.supported_modes else "exact")
     return SOP(backbone, **sop_options, **adapter_options(args, backbone, args.sop_names, adapter_cls))
 
 
@@ -157,11 +161,28 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args, backbone)
     train_data = load_split(args, model, backbone, "train", args.limit)
     val_data = load_split(args, model, backbone, "val", args.val_limit)
+    if options.get("output_dir") is None:
+        options["output_dir"] = default_run_dir(args)
+        report(f"the run folder is {options['output_dir']} (--output-dir names another)")
     result = train(model, train_data, val_data, run_config=present(args, DATA_FLAGS), **options)
-    output_dir = options.get("output_dir")
-    if output_dir:
-        print(
-            f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
-            f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
-        )
+    output_dir = options["output_dir"]
+    print(
+        f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
+        f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
+    )
     return 0
+
+
+def default_run_dir(args: argparse.Namespace, root: str = RUNS_DIR) -> str:
+    """``runs/<date>-<time>-<backbone>-<data>`` (as Hugging Face ``Trainer`` and Lightning keep their runs
+    under a folder of their own): a new folder for every run, named after what it trains on."""
+    import time
+
+    names = [args.backbone or args.checkpoint, args.data]
+    parts = [os.path.basename(os.path.normpath(str(n).split(":")[-1])) for n in names if n]
+    stem = os.path.join(root, "-".join([time.strftime("%Y%m%d-%H%M%S"), *parts]))
+    path, n = stem, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}-{n}"
+    return path

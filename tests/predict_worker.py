@@ -1,0 +1,65 @@
+"""Run by tests/test_predict.py in a subprocess (alone, or under ``torchrun``): ``sopfast.predict`` of a
+tiny SOP over seeded tensors into ``--out``; ``--hang-writing S`` writes half of shard ``S``'s file and
+then waits to be killed (a crash in the middle of a write)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch.utils.data import TensorDataset
+
+import sopfast
+from sopfast.prediction import store
+from sopfast.testing import make_hf_vit
+
+EXAMPLES, BATCH, SHARD = 22, 3, 4
+
+
+def make_model() -> sopfast.SOP:
+    return sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, mode="drop")
+
+
+def make_data(n: int = EXAMPLES) -> TensorDataset:
+    g = torch.Generator().manual_seed(7)
+    return TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def run(out: str) -> sopfast.PredictResult:
+    return sopfast.predict(
+        make_model(), make_data(), out, batch_size=BATCH, shard_size=SHARD, device="cpu", progress=False
+    )
+
+
+def _hang_writing(shard: int) -> None:
+    write = store.OutputDir.write_shard
+
+    def half_then_hang(self, index, table, skipped):
+        if index != shard:
+            return write(self, index, table, skipped)
+        import pyarrow.parquet as pq
+
+        temporary = self._temporary(index)
+        pq.write_table(table, temporary)
+        os.truncate(temporary, os.path.getsize(temporary) // 2)
+        print("hanging", flush=True)
+        time.sleep(600)
+
+    store.OutputDir.write_shard = half_then_hang
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--hang-writing", type=int, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.hang_writing is not None:
+        _hang_writing(args.hang_writing)
+    run(args.out)
+
+
+if __name__ == "__main__":
+    main()
