@@ -31,7 +31,7 @@ import triton.language as tl
 from ._launch import on_device
 
 # Rows of up to THREAD_MAX_BLOCK entries: one thread each, THREAD_ROWS_PER_PROGRAM rows (32 per warp)
-# per program (a speed knob; bench/gpu_script.py times alternatives).
+# per program (a speed knob, not yet timed on a GPU).
 THREAD_MAX_BLOCK = 32
 THREAD_ROWS_PER_PROGRAM = 128
 # Launch shape, tuned on an H200 (64k × 20 and 8k × 1000 rows): rows per program = elements // BLOCK.

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from ._launch import on_device
 
-# Forward launch shape (a speed knob; bench/gpu_script.py times alternatives): rows per program, one
+# Forward launch shape (a speed knob, not yet timed on a GPU): rows per program, one
 # warp each.  Rows of up to MAX_BLOCK features are held in registers (at most MAX_BLOCK // 32 values
 # per thread); longer ones are processed TILE at a time.
 ROWS_PER_PROGRAM = 1

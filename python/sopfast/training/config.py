@@ -34,51 +34,51 @@ DEFAULT_PATIENCE = 5
 class TrainConfig:
     """Options of :func:`train` (all keyword-only there).
 
-        Args:
-            epochs: passes over ``train_data``; the learning-rate schedule spans all of them.  ``None``
-                (default): set by the data — the fewest whole epochs (at least 3) that make ``min_steps``
-                optimizer steps, stopped early after ``patience`` evaluations without a better validation
-                metric (the run records why it stopped).
-            min_steps: with ``epochs=None``, the least number of optimizer steps the schedule plans
-                (a few hundred images make ~20 steps an epoch: 3 epochs would leave SOP untrained).
-            patience: stop after this many evaluations without a better validation metric (``best/`` keeps
-                the best model); ``None``: 5 with ``epochs=None`` and ``val_data``, else never.
-            diagnose: before the first step, measure the frozen backbone on the validation data (or the
-                training data): its accuracy on whole inputs and on random groups of the model's ``tau``
-                (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
-            diagnose_examples: how many examples the diagnostic measures.
-            lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
-                5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
-            weight_decay: AdamW's decoupled weight decay of the trainable parameters.
-            batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
-            warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
-            warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
-            schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
-            grad_clip: max global gradient norm (``None``: no clipping).
-            grad_accum: micro-batches per optimizer step.
-            amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
-            eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
-                ``epochs=None``, 20 times over the planned steps).
-            save_every: write the training state every N steps (also at each epoch end and at the end).
-            log_every: write the per-step train records (loss, gradient norm, learning rate) every N
-                steps (their values stay on the device in between: one transfer per N steps).
-            metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
-                (``None``: accuracy for classification, mse for regression).
-            output_dir: the run folder: checkpoints, training state, ``config.yaml``, ``log.jsonl``,
-                ``metrics.csv``, TensorBoard events, ``training_curves.png`` (``None``: nothing is written).
-            resume: ``True`` continues from ``output_dir``'s training state if there is one;
-                ``False`` starts afresh; a path names a state file (or its directory) that must exist.
-            seed: seeds python/numpy/torch and the data order.
-            progress: show a tqdm bar (rank 0 only).
-            log_file: JSON-lines log (default ``output_dir/log.jsonl``).
-            device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
-            max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
-            find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
-                whether some trainable parameter gets no gradient (CNN projections have such layers).
-            head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
-                authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
-                ``h``, and warm-up and decay of the learning rate restart in every phase) or
-                ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
+    Args:
+        epochs: passes over ``train_data``; the learning-rate schedule spans all of them.  ``None``
+            (default): set by the data — the fewest whole epochs (at least 3) that make ``min_steps``
+            optimizer steps, stopped early after ``patience`` evaluations without a better validation
+            metric (the run records why it stopped).
+        min_steps: with ``epochs=None``, the least number of optimizer steps the schedule plans
+            (a few hundred images make ~20 steps an epoch: 3 epochs would leave SOP untrained).
+        patience: stop after this many evaluations without a better validation metric (``best/`` keeps
+            the best model); ``None``: 5 with ``epochs=None`` and ``val_data``, else never.
+        diagnose: before the first step, measure the frozen backbone on the validation data (or the
+            training data): its accuracy on whole inputs and on random groups of the model's ``tau``
+            (:func:`sopfast.diagnose`); printed, logged and saved as ``diagnosis.json``.
+        diagnose_examples: how many examples the diagnostic measures.
+        lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
+            5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
+        weight_decay: AdamW's decoupled weight decay of the trainable parameters.
+        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
+        warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
+        warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
+        schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
+        grad_clip: max global gradient norm (``None``: no clipping).
+        grad_accum: micro-batches per optimizer step.
+        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast (fp16 on CUDA uses a GradScaler).
+        eval_every: evaluate every N optimizer steps (``None``: at the end of each epoch; with
+            ``epochs=None``, 20 times over the planned steps).
+        save_every: write the training state every N steps (also at each epoch end and at the end).
+        log_every: write the per-step train records (loss, gradient norm, learning rate) every N
+            steps (their values stay on the device in between: one transfer per N steps).
+        metric: ``"accuracy"``, ``"loss"`` or ``"mse"`` picks the best checkpoint
+            (``None``: accuracy for classification, mse for regression).
+        output_dir: the run folder: checkpoints, training state, ``config.yaml``, ``log.jsonl``,
+            ``metrics.csv``, TensorBoard events, ``training_curves.png`` (``None``: nothing is written).
+        resume: ``True`` continues from ``output_dir``'s training state if there is one;
+            ``False`` starts afresh; a path names a state file (or its directory) that must exist.
+        seed: seeds python/numpy/torch and the data order.
+        progress: show a tqdm bar (rank 0 only).
+        log_file: JSON-lines log (default ``output_dir/log.jsonl``).
+        device: ``None`` picks ``cuda:LOCAL_RANK`` when available, else the CPU.
+        max_steps: stop after this many optimizer steps in all (the schedule still spans ``epochs``).
+        find_unused_parameters: passed to DDP; ``None`` probes one backward pass under DDP to see
+            whether some trainable parameter gets no gradient (CNN projections have such layers).
+        head_schedule: which generator head trains when ``num_heads = H > 1``: ``"phases"`` (the
+            authors' schedule: the steps are cut into ``H`` equal phases, head ``h`` trains in phase
+            ``h``, and warm-up and decay of the learning rate restart in every phase) or
+            ``"epochs"`` (head ``epoch mod H``, one schedule over all steps).
     """
 
     epochs: int | None = None
