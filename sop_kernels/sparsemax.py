@@ -119,6 +119,17 @@ def _sparsemax_forward_kernel(
 
 
 @triton.jit
+def _thread_rows_offsets(n_rows, n_cols: tl.constexpr, A: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr):
+    """Offsets and bounds of this program's ``ROWS`` rows of ``[N, n]`` as ``[A, ROWS, VEC]`` (entry
+    ``a·VEC + c`` of a row; ``VEC`` divides ``n``, so rows start at multiples of ``VEC``)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :, None]
+    vector = tl.arange(0, A)[:, None, None]
+    col = vector * VEC + tl.arange(0, VEC)[None, None, :]
+    in_bounds = tl.broadcast_to((row < n_rows) & (vector * VEC < n_cols), (A, ROWS, VEC))
+    return tl.multiple_of(row * n_cols + col, [1, 1, VEC]), in_bounds
+
+
+@triton.jit
 def _sparsemax_thread_rows_kernel(
     x_ptr,
     p_ptr,
@@ -134,11 +145,7 @@ def _sparsemax_thread_rows_kernel(
     padding), Michelot's steps
     ``τ ← max(τ, (Σ_{z > τ} z − 1) / |{z > τ}|)`` from ``τ = −1`` on ``z = x − max`` until no row's
     support shrinks."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :, None]
-    vector = tl.arange(0, A)[:, None, None]
-    col = vector * VEC + tl.arange(0, VEC)[None, None, :]
-    in_bounds = tl.broadcast_to((row < n_rows) & (vector * VEC < n_cols), (A, ROWS, VEC))
-    offsets = tl.multiple_of(row * n_cols + col, [1, 1, VEC])  # rows start at multiples of VEC
+    offsets, in_bounds = _thread_rows_offsets(n_rows, n_cols, A, ROWS, VEC)
     x = tl.load(x_ptr + offsets, mask=in_bounds, other=float("-inf")).to(COMPUTE)
 
     row_max = tl.max(tl.max(x, axis=2, keep_dims=True), axis=0, keep_dims=True)
@@ -174,11 +181,7 @@ def _sparsemax_thread_rows_backward_kernel(
     COMPUTE: tl.constexpr,
 ):
     """``out = (g − mean_S g) · 1_S`` with ``S = {p > 0}``, one thread per row (see the forward)."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :, None]
-    vector = tl.arange(0, A)[:, None, None]
-    col = vector * VEC + tl.arange(0, VEC)[None, None, :]
-    in_bounds = tl.broadcast_to((row < n_rows) & (vector * VEC < n_cols), (A, ROWS, VEC))
-    offsets = tl.multiple_of(row * n_cols + col, [1, 1, VEC])
+    offsets, in_bounds = _thread_rows_offsets(n_rows, n_cols, A, ROWS, VEC)
     support = tl.load(p_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE) > 0
     g = tl.load(grad_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
     size = tl.sum(tl.sum(support.to(COMPUTE), axis=2, keep_dims=True), axis=0, keep_dims=True)
