@@ -5,7 +5,9 @@
 //   sparsemax        backward: sparsemax_backward, itself linear in the incoming gradient;
 //   gather_tokens    backward: gather_tokens_backward (a scatter-add), whose backward is the gather;
 //   top_tau          backward: top_tau_backward, or under create_graph the same closed form in
-//                    differentiable ATen ops (python/sopfast/ops/top_tau.py, top_tau_backward_reference).
+//                    differentiable ATen ops (python/sopfast/ops/top_tau.py, top_tau_backward_reference);
+//                    a forward asked for no attention computes it all the same when lam needs a
+//                    gradient (its backward reads it), and returns [N, 0].
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -40,11 +42,12 @@ at::Tensor call_sparsemax_backward(const at::Tensor& p, const at::Tensor& grad) 
 
 TopTauOutputs call_top_tau(const at::Tensor& logits, const OptionalTensor& k, int64_t k_max, const OptionalTensor& valid,
                            bool largest, bool ties_authors, const OptionalTensor& blur_kernel, int64_t grid_h,
-                           int64_t grid_w) {
+                           int64_t grid_w, bool need_attention, bool int32_indices) {
   static const auto op =
       op_handle<TopTauOutputs(const at::Tensor&, const OptionalTensor&, int64_t, const OptionalTensor&, bool, bool,
-                              const OptionalTensor&, int64_t, int64_t)>("sopfast::top_tau");
-  return op.call(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w);
+                              const OptionalTensor&, int64_t, int64_t, bool, bool)>("sopfast::top_tau");
+  return op.call(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w, need_attention,
+                 int32_indices);
 }
 
 at::Tensor call_top_tau_backward(const at::Tensor& attention, const at::Tensor& mask, const at::Tensor& lam,
@@ -132,18 +135,25 @@ at::Tensor top_tau_backward_differentiable(const at::Tensor& a, const at::Tensor
 
 class TopTauFunction : public torch::autograd::Function<TopTauFunction> {
  public:
+  // keep_attention: compute the attention for the backward even when the caller asked for none
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const OptionalTensor& k, int64_t k_max,
                                const OptionalTensor& valid, bool largest, bool ties_authors,
-                               const OptionalTensor& blur_kernel, int64_t grid_h, int64_t grid_w) {
+                               const OptionalTensor& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
+                               bool int32_indices, bool keep_attention) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [indices, mask, lam, attention] =
-        call_top_tau(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w);
+    auto [indices, mask, lam, attention] = call_top_tau(logits, k, k_max, valid, largest, ties_authors, blur_kernel,
+                                                        grid_h, grid_w, need_attention || keep_attention, int32_indices);
     ctx->save_for_backward({attention, mask, lam, blur_kernel.value_or(at::Tensor())});
     ctx->saved_data["grid_h"] = grid_h;
     ctx->saved_data["grid_w"] = grid_w;
     ctx->saved_data["dtype"] = logits.scalar_type();
-    ctx->mark_non_differentiable({indices, mask});
-    return {indices, mask, lam, attention};
+    if (need_attention) {
+      ctx->mark_non_differentiable({indices, mask});
+      return {indices, mask, lam, attention};
+    }
+    at::Tensor none = attention.narrow(1, 0, 0).clone();
+    ctx->mark_non_differentiable({indices, mask, none});
+    return {indices, mask, lam, none};
   }
 
   // lam and attention are differentiable, indices and mask are not
@@ -152,7 +162,8 @@ class TopTauFunction : public torch::autograd::Function<TopTauFunction> {
     const at::Tensor &attention = saved[0], &mask = saved[1], &lam = saved[2], &blur_kernel = saved[3];
     const int64_t grid_h = ctx->saved_data["grid_h"].toInt(), grid_w = ctx->saved_data["grid_w"].toInt();
     const at::Tensor grad_lam = grads[2].defined() ? grads[2].contiguous() : at::zeros_like(lam);
-    const at::Tensor grad_attention = grads[3].defined() ? grads[3].contiguous() : at::Tensor();
+    const bool attention_out = grads[3].defined() && grads[3].size(1) == attention.size(1);
+    const at::Tensor grad_attention = attention_out ? grads[3].contiguous() : at::Tensor();
     at::Tensor grad;
     if (at::GradMode::is_enabled()) {
       // create_graph: attention and lam are this function's outputs, so second derivatives flow back
@@ -164,7 +175,7 @@ class TopTauFunction : public torch::autograd::Function<TopTauFunction> {
       grad = call_top_tau_backward(attention, mask, lam, grad_lam, optional(grad_attention), optional(blur_kernel),
                                    grid_h, grid_w);
     }
-    variable_list result(9);
+    variable_list result(12);
     result[0] = grad.to(ctx->saved_data["dtype"].toScalarType());
     return result;
   }
@@ -219,9 +230,11 @@ at::Tensor sparsemax_backward_autograd(const at::Tensor& p, const at::Tensor& gr
 
 TopTauOutputs top_tau_autograd(const at::Tensor& logits, const OptionalTensor& k, int64_t k_max,
                                const OptionalTensor& valid, bool largest, bool ties_authors,
-                               const OptionalTensor& blur_kernel, int64_t grid_h, int64_t grid_w) {
-  const variable_list out =
-      TopTauFunction::apply(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w);
+                               const OptionalTensor& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
+                               bool int32_indices) {
+  const bool keep_attention = at::GradMode::is_enabled() && logits.requires_grad();
+  const variable_list out = TopTauFunction::apply(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h,
+                                                  grid_w, need_attention, int32_indices, keep_attention);
   return {out[0], out[1], out[2], out[3]};
 }
 

@@ -27,7 +27,7 @@ void bind_device_ops(pybind11::module_& m, const std::string& device) {
   m.def(name("sparsemax_backward").c_str(), &sopfast::sparsemax_backward<kDevice>, py::arg("p"), py::arg("grad"));
   m.def(name("top_tau_forward").c_str(), &sopfast::top_tau_forward<kDevice>, py::arg("logits"), py::arg("k"),
         py::arg("k_max"), py::arg("valid"), py::arg("largest"), py::arg("ties_authors"), py::arg("blur_kernel"),
-        py::arg("grid_h"), py::arg("grid_w"));
+        py::arg("grid_h"), py::arg("grid_w"), py::arg("need_attention") = true, py::arg("int32_indices") = false);
   m.def(name("top_tau_backward").c_str(), &sopfast::top_tau_backward<kDevice>, py::arg("attention"), py::arg("mask"),
         py::arg("lam"), py::arg("grad_lam"), py::arg("grad_attention"), py::arg("blur_kernel"), py::arg("grid_h"),
         py::arg("grid_w"));

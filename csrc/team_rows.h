@@ -11,9 +11,11 @@
 //   groups_before(c, &all)  c the same on every lane of a group: the sum of c over the lower groups
 //                           (and in `all` over every group) -- one scan per call, whatever the row,
 //   sync()                  a barrier that also orders memory (for the row buffer).
-// top_tau: thread (group g, lane l) holds the positions (g * vpt + v) * lanes() + l, v < vpt =
-// ceil(d / size()) <= VPT, in registers (slot_position): loads and stores are coalesced, and a
-// prefix count in index order is a ballot within the group plus one scan over the groups.
+// sparsemax and the top_tau backward: thread (group g, lane l) holds the positions (g * vpt + v) *
+// lanes() + l, v < vpt = ceil(d / size()) <= VPT, in registers (slot_position): loads and stores are
+// coalesced.  The top_tau forward holds runs of kRun consecutive positions instead (run_position),
+// so that a thread loads and stores each run with one vector access; a prefix count in index order
+// is then kRun ballots within the group per run plus one scan over the groups.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,23 @@ SOPFAST_TEAM_FN int values_per_thread(const Team& team, int d) {
 template <typename Team>
 SOPFAST_TEAM_FN int slot_position(const Team& team, int vpt, int v) {
   return (team.group() * vpt + v) * team.lanes() + team.lane();
+}
+
+// Positions per run of the top_tau forward's layout.
+constexpr int kRun = 4;
+
+// Values per thread of the run layout: whole runs (a multiple of kRun).
+template <typename Team>
+SOPFAST_TEAM_FN int run_values_per_thread(const Team& team, int d) {
+  const int runs = (d + kRun - 1) / kRun;
+  return (runs + team.size() - 1) / team.size() * kRun;
+}
+
+// The row position of this thread's slot v in the run layout: run q = v / kRun of the thread,
+// lane-major within its group, then c = v % kRun within the run.
+template <typename Team>
+SOPFAST_TEAM_FN int run_position(const Team& team, int vpt, int v) {
+  return ((team.group() * (vpt / kRun) + v / kRun) * team.lanes() + team.lane()) * kRun + v % kRun;
 }
 
 // ---- blur (reflect padding, torchvision semantics) ----
@@ -94,23 +113,33 @@ SOPFAST_TEAM_FN acc_t blur_adjoint_at(const BlurSpec<acc_t>& blur, int pos, int 
   return acc;
 }
 
+// The layouts, as the position of slot v: slot_position, or run_position (RUNS).
+template <bool RUNS, typename Team>
+SOPFAST_TEAM_FN int layout_position(const Team& team, int vpt, int v) {
+  if constexpr (RUNS) {
+    return run_position(team, vpt, v);
+  } else {
+    return slot_position(team, vpt, v);
+  }
+}
+
 // buffer[j] <- x[v] for this thread's positions j < d, then a barrier.
-template <int VPT, typename acc_t, typename Team>
+template <int VPT, bool RUNS, typename acc_t, typename Team>
 SOPFAST_TEAM_FN void team_stage(const Team& team, int d, int vpt, acc_t* buffer, const acc_t (&x)[VPT]) {
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int j = slot_position(team, vpt, v);
+    const int j = layout_position<RUNS>(team, vpt, v);
     if (v < vpt && j < d) buffer[j] = x[v];
   }
   team.sync();
 }
 
 // x[v] <- buffer[j] for this thread's positions j < d, then a barrier: the buffer is free again.
-template <int VPT, typename acc_t, typename Team>
+template <int VPT, bool RUNS, typename acc_t, typename Team>
 SOPFAST_TEAM_FN void team_load(const Team& team, int d, int vpt, const acc_t* buffer, acc_t (&x)[VPT]) {
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
-    const int j = slot_position(team, vpt, v);
+    const int j = layout_position<RUNS>(team, vpt, v);
     if (v < vpt && j < d) x[v] = buffer[j];
   }
   team.sync();
@@ -125,16 +154,16 @@ SOPFAST_TEAM_FN void team_fill(const Team& team, int d, acc_t* out, At at) {
   team.sync();
 }
 
-// x[VPT] (this thread's positions of a row of d) <- blur(x), through buffer[d] and spare[d] (each
-// shared by the team; spare may be an output row written afterwards).  2-D: along w, then along h
-// (as the CPU kernels and the reference).
-template <int VPT, typename acc_t, typename Team>
+// x[VPT] (this thread's positions of a row of d, in the layout RUNS) <- blur(x), through buffer[d]
+// and spare[d] (each shared by the team; spare may be an output row written afterwards).  2-D: along
+// w, then along h (as the CPU kernels and the reference).
+template <int VPT, bool RUNS, typename acc_t, typename Team>
 SOPFAST_TEAM_FN void team_blur(const Team& team, const BlurSpec<acc_t>& blur, int d, int vpt, acc_t* buffer,
                                acc_t* spare, acc_t (&x)[VPT]) {
-  team_stage(team, d, vpt, buffer, x);
+  team_stage<VPT, RUNS>(team, d, vpt, buffer, x);
   if (!blur.two_d()) {
     team_fill(team, d, spare, [&](int j) { return blur_at(blur, j, d, [&](int q) { return buffer[q]; }); });
-    team_load(team, d, vpt, spare, x);
+    team_load<VPT, RUNS>(team, d, vpt, spare, x);
     return;
   }
   const int h = blur.grid_h, w = blur.grid_w;
@@ -146,7 +175,7 @@ SOPFAST_TEAM_FN void team_blur(const Team& team, const BlurSpec<acc_t>& blur, in
     const acc_t* column = spare + j % w;
     return blur_at(blur, j / w, h, [&](int q) { return column[q * w]; });
   });
-  team_load(team, d, vpt, buffer, x);
+  team_load<VPT, RUNS>(team, d, vpt, buffer, x);
 }
 
 // x[VPT] <- blur^T(x) through buffer[d] and spare[d]: 2-D along h first, then along w (the
@@ -154,10 +183,10 @@ SOPFAST_TEAM_FN void team_blur(const Team& team, const BlurSpec<acc_t>& blur, in
 template <int VPT, typename acc_t, typename Team>
 SOPFAST_TEAM_FN void team_blur_adjoint(const Team& team, const BlurSpec<acc_t>& blur, int d, int vpt, acc_t* buffer,
                                        acc_t* spare, acc_t (&x)[VPT]) {
-  team_stage(team, d, vpt, buffer, x);
+  team_stage<VPT, false>(team, d, vpt, buffer, x);
   if (!blur.two_d()) {
     team_fill(team, d, spare, [&](int j) { return blur_adjoint_at(blur, j, d, [&](int q) { return buffer[q]; }); });
-    team_load(team, d, vpt, spare, x);
+    team_load<VPT, false>(team, d, vpt, spare, x);
     return;
   }
   const int h = blur.grid_h, w = blur.grid_w;
@@ -169,7 +198,7 @@ SOPFAST_TEAM_FN void team_blur_adjoint(const Team& team, const BlurSpec<acc_t>& 
     const acc_t* line = spare + (j / w) * w;
     return blur_adjoint_at(blur, j % w, w, [&](int q) { return line[q]; });
   });
-  team_load(team, d, vpt, buffer, x);
+  team_load<VPT, false>(team, d, vpt, buffer, x);
 }
 
 // ---- top_tau ----
@@ -183,90 +212,172 @@ struct TopTauRow {
   bool ties_authors = false;  // rank the attention (equal: higher index first if largest), else the logits
   BlurSpec<acc_t> blur;       // used when the kernel blurs (BLUR)
   acc_t* buffer = nullptr;    // [d], shared by the team: needed with a blur
-  int64_t* indices = nullptr;  // [k_max] out
+  int64_t* indices = nullptr;  // [k_max] out (or indices32)
+  int32_t* indices32 = nullptr;
   bool* mask = nullptr;        // [d] out
   acc_t* lam = nullptr;        // [1] out
-  acc_t* attention = nullptr;  // [d] out
+  acc_t* attention = nullptr;  // [d] out, or nullptr (not written); needed with a blur (the spare row)
 };
 
-// The forward of one row by a team, one pass over memory: logit(j) and valid(j) load position j.
-// Blur (when BLUR; through row.buffer and the attention row) -> softmax over the valid features
-// (+inf entries share the mass; NaN, or no finite valid entry: NaN), written out -> the k valid
-// features ranked first by rank_priority of the score (the attention for the authors' rule, else
-// the blurred logits), found by KthLargestSearch on team counts (early exit) -> the selection in
-// index order: the features ranked above the threshold and the first `needed` tied ones (the last
-// ones when ties go to the higher index), placed by two prefix counts (ballots within a group, one
-// scan over the groups) -> mask, lam and the ascending indices.  One value per position in
-// registers after the softmax, the key of its score: the attention of the logits rule is
-// recomputed from it where it is summed.  k is clamped to [0, #valid].  d <= size() * VPT, VPT <= 32.
-template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadLogit, typename LoadValid>
-SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& row, LoadLogit logit,
-                                      LoadValid valid) {
-  static_assert(VPT >= 1 && VPT <= 32, "VPT must lie in [1, 32]");
+// n <= kRun values from p[0..n) into out[0..n): one vector access for a whole aligned run.
+template <typename T>
+struct alignas(kRun * sizeof(T)) RunOf {
+  T v[kRun];
+};
+template <typename T, typename U>
+SOPFAST_TEAM_FN void load_run(const T* p, int n, U* out) {
+  if (n == kRun && reinterpret_cast<uintptr_t>(p) % sizeof(RunOf<T>) == 0) {
+    const RunOf<T> run = *reinterpret_cast<const RunOf<T>*>(p);
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) out[c] = static_cast<U>(run.v[c]);
+    return;
+  }
+  for (int c = 0; c < n; ++c) out[c] = static_cast<U>(p[c]);
+}
+template <typename T>
+SOPFAST_TEAM_FN void store_run(T* p, int n, const T* values) {
+  if (n == kRun && reinterpret_cast<uintptr_t>(p) % sizeof(RunOf<T>) == 0) {
+    RunOf<T> run;
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) run.v[c] = values[c];
+    *reinterpret_cast<RunOf<T>*>(p) = run;
+    return;
+  }
+  for (int c = 0; c < n; ++c) p[c] = values[c];
+}
+
+// A run loader from a per-position one (the host tests): load(j0, n, out) sets out[c] = at(j0 + c).
+template <typename At>
+SOPFAST_TEAM_FN auto per_position(At at) {
+  return [at](int j0, int n, auto* out) {
+    for (int c = 0; c < n; ++c) out[c] = at(j0 + c);
+  };
+}
+
+// The forward of one row by a team, one pass over memory, in the run layout (run_position): the
+// team loads each run of kRun features with load_logits(j0, n, acc_t* out) and load_valid(j0, n,
+// bool* out) (one vector access each in the kernels).  Blur (when BLUR; through row.buffer and the
+// attention row) -> softmax over the valid features (+inf entries share the mass), written out when
+// row.attention is set -> the k valid features ranked first by rank_priority of the score (the
+// attention for the authors' rule, else the blurred logits), found by RadixSearch on team counts
+// (several bits per count, early exit) -> the selection in index order: the features ranked above
+// the threshold and the first `needed` tied ones (the last ones when ties go to the higher index),
+// placed by two prefix counts (kRun ballots per run within a group, one scan over the groups) ->
+// mask, lam and the ascending indices.  A row without a result (a NaN among the valid logits, none
+// above -inf; with a blur any NaN or infinity) keeps no feature: NaN lam and attention, mask false,
+// indices -1.  One value per position in registers after the softmax, the key of its score: the
+// attention of the logits rule is recomputed from it where it is summed.  k is clamped to
+// [0, #valid].  d <= size() * VPT, VPT a multiple of kRun, at most 32.
+template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadLogits, typename LoadValid>
+SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& row, LoadLogits load_logits,
+                                      LoadValid load_valid) {
+  static_assert(VPT >= kRun && VPT <= 32 && VPT % kRun == 0, "VPT must be a multiple of kRun in [kRun, 32]");
   using Key = typename RankPriorityType<acc_t>::type;
   const acc_t inf = positive_infinity<acc_t>();
-  const int d = row.d, vpt = values_per_thread(team, d);
+  const int d = row.d, vpt = run_values_per_thread(team, d);
   acc_t s[VPT];
-  uint32_t eligible = 0;  // bit v: slot v is in the row and valid
+  uint32_t eligible = 0, in_row = 0;  // bit v: slot v is in the row (and valid)
   SOPFAST_UNROLL
-  for (int v = 0; v < VPT; ++v) {
-    const int j = slot_position(team, vpt, v);
-    const bool in_row = v < vpt && j < d;
-    s[v] = in_row ? logit(j) : acc_t(0);
-    eligible |= (in_row && valid(j)) ? (1u << v) : 0u;
+  for (int q = 0; q < VPT / kRun; ++q) {
+    const int j0 = run_position(team, vpt, q * kRun);
+    const int n = q * kRun < vpt && j0 < d ? (d - j0 < kRun ? d - j0 : kRun) : 0;
+    bool valid[kRun] = {};
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) s[q * kRun + c] = acc_t(0);
+    if (n > 0) {
+      load_logits(j0, n, &s[q * kRun]);
+      load_valid(j0, n, valid);
+    }
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      in_row |= c < n ? (1u << (q * kRun + c)) : 0u;
+      eligible |= (c < n && valid[c]) ? (1u << (q * kRun + c)) : 0u;
+    }
   }
-  if constexpr (BLUR) team_blur(team, row.blur, d, vpt, row.buffer, row.attention, s);
+  auto present = [in_row](int v) { return ((in_row >> v) & 1u) != 0; };
   auto ok = [eligible](int v) { return ((eligible >> v) & 1u) != 0; };
+  bool raw_finite = true;
+  if constexpr (BLUR) {  // a blur mixes each logit with its neighbours: any NaN or infinity leaves no result
+    int bad = 0;
+    SOPFAST_UNROLL
+    for (int v = 0; v < VPT; ++v) bad += present(v) && !(s[v] - s[v] == acc_t(0));
+    raw_finite = team.sum(bad) == 0;
+    team_blur<VPT, true>(team, row.blur, d, vpt, row.buffer, row.attention, s);
+  }
 
-  // softmax over the eligible positions
+  // softmax over the eligible positions; the three counts in one team sum (each at most d < 2^20)
   acc_t row_max = -inf;
-  int n_posinf = 0, n_nan = 0, n_eligible = 0;
+  uint64_t counts = 0;
   SOPFAST_UNROLL
   for (int v = 0; v < VPT; ++v) {
     if (!ok(v)) continue;
     row_max = s[v] > row_max ? s[v] : row_max;  // NaN never compares greater
-    n_posinf += s[v] == inf;
-    n_nan += s[v] != s[v];
-    ++n_eligible;
+    counts += static_cast<uint64_t>(s[v] == inf) | (static_cast<uint64_t>(s[v] != s[v]) << 20) | (uint64_t{1} << 40);
   }
   row_max = team.max(row_max);
-  n_posinf = team.sum(n_posinf);
-  n_nan = team.sum(n_nan);
-  n_eligible = team.sum(n_eligible);
-  const bool undefined = n_posinf == 0 && (n_nan > 0 || row_max == -inf);
-  acc_t total = 0;
-  if (n_posinf == 0 && !undefined) {
+  counts = team.sum(counts);
+  const int n_posinf = static_cast<int>(counts & 0xFFFFF), n_nan = static_cast<int>((counts >> 20) & 0xFFFFF);
+  const int n_eligible = static_cast<int>(counts >> 40);
+  if (!raw_finite || n_nan > 0 || row_max == -inf) {
     SOPFAST_UNROLL
-    for (int v = 0; v < VPT; ++v) total += (ok(v) && s[v] == s[v]) ? softmax_exp(s[v] - row_max) : acc_t(0);
+    for (int q = 0; q < VPT / kRun; ++q) {
+      const int j0 = run_position(team, vpt, q * kRun);
+      if (q * kRun >= vpt || j0 >= d) continue;
+      const int n = d - j0 < kRun ? d - j0 : kRun;
+      const bool none[kRun] = {};
+      store_run(row.mask + j0, n, none);
+      if (row.attention != nullptr) {
+        acc_t nan[kRun];
+        for (int c = 0; c < kRun; ++c) nan[c] = quiet_nan<acc_t>();
+        store_run(row.attention + j0, n, nan);
+      }
+    }
+    if (team.rank() == 0) *row.lam = quiet_nan<acc_t>();
+    for (int64_t position = team.rank(); position < row.k_max; position += team.size()) {
+      if (row.indices32 != nullptr) {
+        row.indices32[position] = -1;
+      } else {
+        row.indices[position] = -1;
+      }
+    }
+    return;
+  }
+  acc_t total = 0;
+  if (n_posinf == 0) {
+    SOPFAST_UNROLL
+    for (int v = 0; v < VPT; ++v) total += ok(v) ? softmax_exp(s[v] - row_max) : acc_t(0);
   }
   const acc_t inv_total = acc_t(1) / team.sum(total);
   auto attention = [&](acc_t x, bool eligible_x) {  // of a (blurred) logit
     if (n_posinf > 0) return (eligible_x && x == inf) ? acc_t(1) / acc_t(n_posinf) : acc_t(0);
-    if (undefined) return quiet_nan<acc_t>();
-    return (eligible_x && x == x) ? softmax_exp(x - row_max) * inv_total : acc_t(0);
+    return eligible_x ? softmax_exp(x - row_max) * inv_total : acc_t(0);
   };
   // from here on the row is held as the keys of its scores (a score comes back from its key)
   Key keys[VPT];
   SOPFAST_UNROLL
-  for (int v = 0; v < VPT; ++v) {
-    const int j = slot_position(team, vpt, v);
-    const acc_t a = attention(s[v], ok(v));
-    if (v < vpt && j < d) row.attention[j] = a;
-    keys[v] = rank_priority(row.ties_authors ? a : s[v], row.largest);
+  for (int q = 0; q < VPT / kRun; ++q) {
+    acc_t a[kRun];
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      const int v = q * kRun + c;
+      a[c] = attention(s[v], ok(v));
+      keys[v] = rank_priority(row.ties_authors ? a[c] : s[v], row.largest);
+    }
+    const int j0 = run_position(team, vpt, q * kRun);
+    if (row.attention != nullptr && q * kRun < vpt && j0 < d) store_run(row.attention + j0, d - j0 < kRun ? d - j0 : kRun, a);
   }
 
   // the threshold priority of the k-th ranked eligible feature
   const int kk = static_cast<int>(clamp_count(row.k, n_eligible));
   Key threshold = ~Key(0);
   if (kk > 0) {
-    KthLargestSearch<Key> search;
+    RadixSearch<Key> search(n_eligible);
     search.exact = kk == n_eligible;  // threshold 0: every eligible feature
     while (search.running()) {
-      const Key candidate = search.candidate();
-      int count = 0;
+      uint64_t packed = 0;
       SOPFAST_UNROLL
-      for (int v = 0; v < VPT; ++v) count += ok(v) && keys[v] >= candidate;
-      search.step(team.sum(count), kk);
+      for (int v = 0; v < VPT; ++v) packed += ok(v) ? search.share(keys[v]) : uint64_t{0};
+      search.step(team.sum(packed), kk);
     }
     threshold = search.threshold;
   }
@@ -290,30 +401,59 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
   const uint32_t lower_lanes = (1u << team.lane()) - 1u;
   acc_t kept = 0;
   SOPFAST_UNROLL
-  for (int v = 0; v < VPT; ++v) {
-    if (v >= vpt) break;
-    const int j = slot_position(team, vpt, v);
-    const bool is_above = above(v), is_tied = tied(v);
-    const uint32_t above_bits = team.ballot(is_above), tied_bits = team.ballot(is_tied);
-    const int above_rank = above_before + popcount(above_bits & lower_lanes);  // above features before j
-    const int tied_rank = tied_before + popcount(tied_bits & lower_lanes);     // tied features before j
-    const bool selected = is_above || (is_tied && (higher_first ? tied_rank >= skipped : tied_rank < needed));
-    if (j < d) row.mask[j] = selected;
-    if (selected) {
-      const acc_t score = score_from_priority(keys[v], row.largest);
-      kept += row.ties_authors ? score : attention(score, true);
+  for (int q = 0; q < VPT / kRun; ++q) {
+    if (q * kRun >= vpt) break;
+    uint32_t above_bits[kRun], tied_bits[kRun];
+    int above_lower = 0, tied_lower = 0;  // in this run, on the lower lanes of the group
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      above_bits[c] = team.ballot(above(q * kRun + c));
+      tied_bits[c] = team.ballot(tied(q * kRun + c));
+      above_lower += popcount(above_bits[c] & lower_lanes);
+      tied_lower += popcount(tied_bits[c] & lower_lanes);
     }
-    const int tied_selected_before = higher_first ? (tied_rank > skipped ? tied_rank - skipped : 0)
-                                                  : (tied_rank < needed ? tied_rank : needed);
-    const int position = above_rank + tied_selected_before;
-    if (selected && position < row.k_max) row.indices[position] = j;
-    above_before += popcount(above_bits);
-    tied_before += popcount(tied_bits);
+    const int j0 = run_position(team, vpt, q * kRun);
+    bool selected_run[kRun];
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      const int v = q * kRun + c, j = j0 + c;
+      const bool is_above = above(v), is_tied = tied(v);
+      const int above_rank = above_before + above_lower;  // above features before j
+      const int tied_rank = tied_before + tied_lower;     // tied features before j
+      const bool selected = is_above || (is_tied && (higher_first ? tied_rank >= skipped : tied_rank < needed));
+      selected_run[c] = selected;
+      if (selected) {
+        const acc_t score = score_from_priority(keys[v], row.largest);
+        kept += row.ties_authors ? score : attention(score, true);
+      }
+      const int tied_selected_before = higher_first ? (tied_rank > skipped ? tied_rank - skipped : 0)
+                                                    : (tied_rank < needed ? tied_rank : needed);
+      const int position = above_rank + tied_selected_before;
+      if (selected && position < row.k_max) {
+        if (row.indices32 != nullptr) {
+          row.indices32[position] = j;
+        } else {
+          row.indices[position] = j;
+        }
+      }
+      above_lower += is_above;
+      tied_lower += is_tied;
+    }
+    if (j0 < d) store_run(row.mask + j0, d - j0 < kRun ? d - j0 : kRun, selected_run);
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      above_before += popcount(above_bits[c]);
+      tied_before += popcount(tied_bits[c]);
+    }
   }
   kept = team.sum(kept);
   if (team.rank() == 0) *row.lam = 2 * kept - 1;
   for (int64_t position = kk + team.rank(); position < row.k_max; position += team.size()) {
-    row.indices[position] = -1;
+    if (row.indices32 != nullptr) {
+      row.indices32[position] = -1;
+    } else {
+      row.indices[position] = -1;
+    }
   }
 }
 
@@ -356,8 +496,8 @@ SOPFAST_TEAM_FN void top_tau_backward_team_row(const Team& team, int d, acc_t la
 
 // ---- sparsemax ----
 
-// One row of sparsemax by a team, the row in registers (n <= size * VPT): +inf entries take the
-// mass (even beside NaN); NaN or all -inf rows give NaN; else Michelot's exact iteration
+// One row of sparsemax by a team, the row in registers (n <= size * VPT): rows holding NaN, or only
+// -inf, give NaN (no result); else +inf entries take the mass; else Michelot's exact iteration
 // tau <- (sum_{z > tau} z - 1) / #{z > tau} from tau = -1 on z = x - max, until the support stops
 // shrinking (tau never decreases, so it ends).  store(i, p_i) for i < n.
 template <int VPT, typename acc_t, typename Team, typename Load, typename Store>
@@ -379,11 +519,12 @@ SOPFAST_TEAM_FN void sparsemax_team_row(const Team& team, int64_t n, Load load, 
   n_posinf = team.sum(n_posinf);
   n_nan = team.sum(n_nan);
   if (n_posinf > 0 || n_nan > 0 || row_max == -inf) {
+    const bool undefined = n_nan > 0 || row_max == -inf;
     SOPFAST_UNROLL
     for (int v = 0; v < VPT; ++v) {
       const int64_t i = rank + size * v;
       if (i >= n) continue;
-      store(i, n_posinf > 0 ? (z[v] == inf ? acc_t(1) / acc_t(n_posinf) : acc_t(0)) : quiet_nan<acc_t>());
+      store(i, undefined ? quiet_nan<acc_t>() : (z[v] == inf ? acc_t(1) / acc_t(n_posinf) : acc_t(0)));
     }
     return;
   }

@@ -164,6 +164,58 @@ struct KthLargestSearch {
   }
 };
 
+// The same search deciding several bits per count, for teams of threads where each count is a
+// team-wide sum (csrc/team_rows.h): a step counts #{key >= threshold | i << shift} for every digit i
+// in [1, 2^bits) at once, each count in a field of `width` bits of one uint64 (the caller sums
+// share(key) over the keys), and takes the largest digit whose count reaches k:
+//
+//   RadixSearch<uint32_t> search(n);   // n >= every count (the number of keys)
+//   while (search.running()) search.step(sum of search.share(key), k);
+//
+// Bits per step: kMaxBits, fewer when 2^bits - 1 fields of bit_length(n) bits do not fit in 64.
+template <typename Key>
+struct RadixSearch {
+  static constexpr int kMaxBits = 3;
+  Key threshold = 0;
+  int bits_left = 8 * sizeof(Key);
+  int width = 1, bits = 1;
+  uint64_t ones = 1;  // one count in every field
+  bool exact = false;
+
+  SOPFAST_HD explicit RadixSearch(int64_t n) {
+    while ((int64_t{1} << width) <= n) ++width;
+    while (bits < kMaxBits && ((1 << (bits + 1)) - 1) * width <= 64) ++bits;
+    for (int i = 1; i < (1 << bits) - 1; ++i) ones |= uint64_t{1} << (width * i);
+  }
+  SOPFAST_HD bool running() const { return bits_left > 0 && !exact; }
+  SOPFAST_HD int step_bits() const { return bits < bits_left ? bits : bits_left; }
+  // The fields this key counts in: digits 1 .. its own (0 when below the threshold's prefix).
+  SOPFAST_HD uint64_t share(Key key) const {
+    const int shift = bits_left - step_bits();
+    const Key top = (Key(1) << step_bits()) - 1;
+    const Key high = key >> shift, base = threshold >> shift;  // base has its low step_bits() bits clear
+    const Key digit = high < base ? Key(0) : (high > base + top ? top : high - base);
+    const int fields = (1 << bits) - 1;
+    return digit == 0 ? uint64_t{0} : ones >> (width * (fields - static_cast<int>(digit)));
+  }
+  // packed = the sum of share(key) over the keys
+  SOPFAST_HD void step(uint64_t packed, int64_t k) {
+    const int shift = bits_left - step_bits();
+    const uint64_t field = (uint64_t{1} << width) - 1;
+    int best = 0;
+    int64_t best_count = 0;
+    for (int i = 1; i < (1 << step_bits()); ++i) {
+      const int64_t count = static_cast<int64_t>((packed >> (width * (i - 1))) & field);
+      if (count >= k) best = i, best_count = count;
+    }
+    if (best > 0) {
+      threshold |= Key(best) << shift;
+      exact = best_count == k;
+    }
+    bits_left -= step_bits();
+  }
+};
+
 // Features count: k clamped to [0, available].
 SOPFAST_HD int64_t clamp_count(int64_t k, int64_t available) { return k < 0 ? 0 : (k > available ? available : k); }
 

@@ -6,14 +6,18 @@ Forward: ``p = max(z − τ, 0)`` with ``z = x − max x`` and the simplex thres
 lower bound only shrink the support (the ``max`` keeps rounding from undoing a step), run until it
 stops shrinking — the support is then exact and ``τ`` is the sort-based reference's formula.
 
-Rows holding ``+inf`` put uniform mass on their ``+inf`` entries (even beside a NaN); other rows of
-all ``−inf`` or holding NaN give NaN.  Math in fp32 for fp32/fp16/bf16, in fp64 for fp64.  Rows of up
-to ``MAX_BLOCK`` entries are held in registers, several per program; longer ones run the tiled
-kernels, one row per program, ``TILE`` entries per pass.  Their Michelot steps (one pass over the
-row each) start from a lower bound found in the first pass, beside the row's maximum: the largest
-of the tiles' own bisection brackets (a tile's threshold is at most the row's, as a subset of the
-entries carries less mass above any τ).  That halves the passes of rows whose support spans many
-tiles (20,000 entries of N(0, 0.3²): about 6 instead of 10) and leaves the narrow supports' about 3.
+Rows holding NaN, or only ``−inf``, have no result: NaN everywhere (``sopfast.ops.counts``); other
+rows holding ``+inf`` put uniform mass on their ``+inf`` entries.  Math in fp32 for fp32/fp16/bf16, in
+fp64 for fp64.  Rows of up to ``THREAD_MAX_BLOCK`` entries (SOP's 20 groups) run **one thread per
+row** (:func:`_sparsemax_thread_rows_kernel`: the row in that thread's registers as ``[A, ROWS, VEC]``,
+``VEC`` consecutive entries per load, so every reduction is the thread's own and Michelot's steps
+start at ``τ = max − 1``); rows of up to ``MAX_BLOCK`` entries are held in registers, several per
+program; longer ones run the tiled kernels, one row per program, ``TILE`` entries per pass.  Their
+Michelot steps (one pass over the row each) start from a lower bound found in the first pass, beside
+the row's maximum: the largest of the tiles' own bisection brackets (a tile's threshold is at most
+the row's, as a subset of the entries carries less mass above any τ).  That halves the passes of
+rows whose support spans many tiles (20,000 entries of N(0, 0.3²): about 6 instead of 10) and leaves
+the narrow supports' about 3.
 
 Backward: ``(g − mean_S g) · 1_S`` on the support ``S = {p > 0}``.
 """
@@ -26,6 +30,10 @@ import triton.language as tl
 
 from ._launch import on_device
 
+# Rows of up to THREAD_MAX_BLOCK entries: one thread each, THREAD_ROWS_PER_PROGRAM rows (32 per warp)
+# per program (a speed knob, not yet timed on a GPU).
+THREAD_MAX_BLOCK = 32
+THREAD_ROWS_PER_PROGRAM = 128
 # Launch shape, tuned on an H200 (64k × 20 and 8k × 1000 rows): rows per program = elements // BLOCK.
 FORWARD_ELEMENTS_PER_PROGRAM = 256
 BACKWARD_ELEMENTS_PER_PROGRAM = 2048
@@ -103,11 +111,83 @@ def _sparsemax_forward_kernel(
     p = tl.where(z > tau[:, None], z - tau[:, None], 0.0)
 
     has_nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
-    p = tl.where((has_nan | (row_max == float("-inf")))[:, None], float("nan"), p)
     posinf = x == float("inf")
-    n_posinf = tl.sum(posinf.to(COMPUTE), axis=1)  # +inf entries take the mass, even beside a NaN
+    n_posinf = tl.sum(posinf.to(COMPUTE), axis=1)
     p = tl.where(n_posinf[:, None] > 0, posinf.to(COMPUTE) / tl.maximum(n_posinf, 1.0)[:, None], p)
+    p = tl.where((has_nan | (row_max == float("-inf")))[:, None], float("nan"), p)
     tl.store(p_ptr + offsets, p.to(p_ptr.dtype.element_ty), mask=in_bounds)
+
+
+@triton.jit
+def _thread_rows_offsets(n_rows, n_cols: tl.constexpr, A: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr):
+    """Offsets and bounds of this program's ``ROWS`` rows of ``[N, n]`` as ``[A, ROWS, VEC]`` (entry
+    ``a·VEC + c`` of a row; ``VEC`` divides ``n``, so rows start at multiples of ``VEC``)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :, None]
+    vector = tl.arange(0, A)[:, None, None]
+    col = vector * VEC + tl.arange(0, VEC)[None, None, :]
+    in_bounds = tl.broadcast_to((row < n_rows) & (vector * VEC < n_cols), (A, ROWS, VEC))
+    return tl.multiple_of(row * n_cols + col, [1, 1, VEC]), in_bounds
+
+
+@triton.jit
+def _sparsemax_thread_rows_kernel(
+    x_ptr,
+    p_ptr,
+    n_rows,
+    n_cols: tl.constexpr,
+    A: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    """``p = sparsemax(x)`` for ``ROWS`` rows of ``x [N, n]`` per program, one thread per row: the row as
+    ``[A, ROWS, VEC]`` (entry ``a·VEC + c``; ``VEC`` divides ``n``, a constant: no register for the
+    padding), Michelot's steps
+    ``τ ← max(τ, (Σ_{z > τ} z − 1) / |{z > τ}|)`` from ``τ = −1`` on ``z = x − max`` until no row's
+    support shrinks."""
+    offsets, in_bounds = _thread_rows_offsets(n_rows, n_cols, A, ROWS, VEC)
+    x = tl.load(x_ptr + offsets, mask=in_bounds, other=float("-inf")).to(COMPUTE)
+
+    row_max = tl.max(tl.max(x, axis=2, keep_dims=True), axis=0, keep_dims=True)
+    n_posinf = tl.sum(tl.sum((x == float("inf")).to(COMPUTE), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    n_nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    z = x - row_max  # where the maximum is +inf (and no NaN), exactly the +inf entries are NaN
+    tau = tl.full(row_max.shape, -1.0, COMPUTE)
+    size = tl.full(row_max.shape, -1, tl.int32)
+    shrinking = True
+    while shrinking:
+        support = z > tau
+        total = tl.sum(tl.sum(tl.where(support, z, 0.0), axis=2, keep_dims=True), axis=0, keep_dims=True)
+        count = tl.sum(tl.sum(support.to(tl.int32), axis=2, keep_dims=True), axis=0, keep_dims=True)
+        shrinking = tl.max(tl.max(tl.max((count != size).to(tl.int32), axis=2), axis=1), axis=0) > 0
+        size = count
+        tau = tl.maximum(tau, (total - 1.0) / tl.maximum(count, 1).to(COMPUTE))
+    p = tl.maximum(z - tau, 0.0)
+    p = tl.where(n_posinf > 0, tl.where(z != z, 1.0 / tl.maximum(n_posinf, 1.0), 0.0), p)
+    p = tl.where((n_nan > 0) | (row_max == float("-inf")), float("nan"), p)
+    tl.store(p_ptr + offsets, p.to(p_ptr.dtype.element_ty), mask=in_bounds)
+
+
+@triton.jit
+def _sparsemax_thread_rows_backward_kernel(
+    p_ptr,
+    grad_ptr,
+    out_ptr,
+    n_rows,
+    n_cols: tl.constexpr,
+    A: tl.constexpr,
+    ROWS: tl.constexpr,
+    VEC: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    """``out = (g − mean_S g) · 1_S`` with ``S = {p > 0}``, one thread per row (see the forward)."""
+    offsets, in_bounds = _thread_rows_offsets(n_rows, n_cols, A, ROWS, VEC)
+    support = tl.load(p_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE) > 0
+    g = tl.load(grad_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
+    size = tl.sum(tl.sum(support.to(COMPUTE), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    total = tl.sum(tl.sum(tl.where(support, g, 0.0), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    out = tl.where(support, g - total / tl.maximum(size, 1.0), 0.0)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=in_bounds)
 
 
 @triton.jit
@@ -179,8 +259,8 @@ def _sparsemax_tiled_forward_kernel(
         in_row = start + cols < n_cols
         x = tl.load(x_ptr + base + start + cols, mask=in_row, other=float("-inf")).to(COMPUTE)
         p = tl.maximum(x - row_max - tau, 0.0)
-        p = tl.where(undefined, float("nan"), p)
         p = tl.where(n_posinf > 0, tl.where(x == float("inf"), 1.0 / tl.maximum(n_posinf, 1.0), 0.0), p)
+        p = tl.where(undefined, float("nan"), p)
         tl.store(p_ptr + base + start + cols, p.to(p_ptr.dtype.element_ty), mask=in_row)
 
 
@@ -207,6 +287,14 @@ def _sparsemax_tiled_backward_kernel(p_ptr, grad_ptr, out_ptr, n_cols, TILE: tl.
         )
 
 
+def _thread_rows_shape(n_rows: int, n_cols: int, element_size: int) -> dict:
+    """``A``, ``ROWS``, ``VEC`` and ``num_warps`` of the one-thread-per-row kernels: ``VEC`` entries per
+    load (16 bytes at most) dividing ``n``."""
+    vec = next(v for v in (4, 2, 1) if v * element_size <= 16 and n_cols % v == 0)
+    rows = max(32, min(THREAD_ROWS_PER_PROGRAM, triton.next_power_of_2(n_rows)))
+    return dict(A=triton.cdiv(triton.next_power_of_2(n_cols), vec), ROWS=rows, VEC=vec, num_warps=rows // 32)
+
+
 def _check_rows(name: str, t: torch.Tensor) -> None:
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D [N, n], got shape {tuple(t.shape)}")
@@ -222,6 +310,12 @@ def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
         return p
     compute = _compute_dtype(x.dtype)
     with on_device(x):
+        if n_cols <= THREAD_MAX_BLOCK:
+            shape = _thread_rows_shape(n_rows, n_cols, x.element_size())
+            _sparsemax_thread_rows_kernel[(triton.cdiv(n_rows, shape["ROWS"]),)](
+                x, p, n_rows, n_cols, COMPUTE=compute, **shape
+            )
+            return p
         if n_cols > MAX_BLOCK:
             _sparsemax_tiled_forward_kernel[(n_rows,)](
                 x, p, n_cols, TILE=TILE, COMPUTE=compute, BISECTION_STEPS=TILE_BISECTION_STEPS
@@ -254,6 +348,12 @@ def sparsemax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         return out
     compute = _compute_dtype(grad.dtype)
     with on_device(grad):
+        if n_cols <= THREAD_MAX_BLOCK:
+            shape = _thread_rows_shape(n_rows, n_cols, grad.element_size())
+            _sparsemax_thread_rows_backward_kernel[(triton.cdiv(n_rows, shape["ROWS"]),)](
+                p, grad, out, n_rows, n_cols, COMPUTE=compute, **shape
+            )
+            return out
         if n_cols > MAX_BLOCK:
             _sparsemax_tiled_backward_kernel[(n_rows,)](p, grad, out, n_cols, TILE=TILE, COMPUTE=compute)
             return out

@@ -1,26 +1,35 @@
 """Triton top-τ: fused blur → softmax → top-k → mask, indices and λ over logit rows ``[N, d]``.
 
-Forward, per row (rows of up to ``MAX_BLOCK`` features in registers, several rows per program):
+Forward, rows of up to ``MAX_BLOCK`` features: **one warp per row** (``ROWS_PER_PROGRAM`` rows and as
+many warps per program), the row held as ``[A, ROWS, LANES, VEC]``: lane ``l`` holds the ``VEC``
+consecutive features ``(a·LANES + l)·VEC + c`` (16-byte loads of fp32 rows whose length ``VEC``
+divides), so every reduction over a row stays inside its warp.  Per row:
 
 1. ``s`` = logits in fp32 (fp64 for fp64), optionally blurred with reflect padding ``ks // 2``
    (2-D separable on the ``(grid_h, grid_w)`` grid — along w, then along h — or 1-D along d);
-   the shifted taps are in-register gathers (``tl.gather``) for rows of up to ``MAX_GATHER_BLOCK``
-   features.  Longer rows are blurred by torch ops before the kernel: ``tl.gather`` is lowered
-   warp-local, thousands of shuffles per thread at BLOCK ≥ 1024 (spills, minutes of compilation);
-2. ``a`` = softmax of ``s`` over the valid keys (invalid → 0; ``+inf`` entries share the mass;
-   NaN, or no finite valid entry, → NaN).  The exp keeps subnormal results as torch's softmax
-   does (:func:`_softmax_exp`, the polynomial of ``csrc/top_tau_row.h``; ``tl.exp`` flushes them);
+   the shifted taps are in-register gathers (``tl.gather``) on the row viewed as ``[ROWS, BLOCK]``,
+   for rows of up to ``MAX_GATHER_BLOCK`` features.  Longer rows are blurred by torch ops before
+   the kernel: ``tl.gather`` is lowered warp-local, thousands of shuffles per thread at BLOCK ≥ 1024;
+2. ``a`` = softmax of ``s`` over the valid keys (invalid → 0; ``+inf`` entries share the mass).
+   The exp keeps subnormal results as torch's softmax does (:func:`_softmax_exp`, the polynomial of
+   ``csrc/top_tau_row.h``; ``tl.exp`` flushes them);
 3. the group = the ``k`` valid keys ranked first.  The score is ``s`` (``ties="logits"``: ties to
    the lower index) or ``a`` (``ties="authors"``: ties to the higher index when ``largest``, the
-   lower otherwise).  Scores map to order-preserving integer keys (every NaN the largest, as
-   ``torch.sort``); the ``k``-th largest key is found by a bitwise search from the top bit that
-   stops as soon as every row of the program has ``#{key ≥ T} = k`` (usually after about
-   ``log2 d`` counting passes); the ties at that key are taken in index order through a
-   cumulative sum;
-4. ``λ = 2 Σ_{group} a − 1``; the group's indices are written ascending, ``-1``-padded.
+   lower otherwise).  Scores map to order-preserving unsigned keys (every NaN the largest, as
+   ``torch.sort``); the ``k``-th largest key is found by a radix search from the top bit,
+   ``RADIX_BITS`` bits per reduction (the counts of the ``2^RADIX_BITS − 1`` candidates packed in one
+   integer, :func:`_radix_counts`), stopping as soon as every row of the program has
+   ``#{key ≥ T} = k``; the ties at that key, when some must be left out, are taken in index order
+   through a prefix count within the warp;
+4. ``λ = 2 Σ_{group} a − 1``; the group's indices are written ascending (int64, or int32 when
+   asked), ``-1``-padded; the attention only when asked.
+
+**Rows without a result** (``sopfast.ops.counts.rows_without_result``: a NaN among the valid logits, or
+none above ``−inf``; with a blur any NaN or infinity in the row) keep no feature: indices ``-1``, mask
+False, NaN ``λ`` and attention — applied in the kernels.
 
 Rows longer than ``MAX_BLOCK`` run :func:`_top_tau_tiled_kernel`, one row per program, ``TILE``
-features at a time.
+features at a time (the same radix search, one pass over the row per ``RADIX_BITS`` bits).
 
 Backward: ``g_j = a_j (∂λ (σ_j − λ) + ∂a_j − Σ_i a_i ∂a_i)`` with ``σ = ±1`` in/out of the
 group, then the adjoint (transpose) of the blur, also as in-register gathers up to
@@ -35,17 +44,22 @@ import triton.language as tl
 
 from ._launch import on_device
 
-# Launch shape (a speed knob; bench/gpu_report.py times alternatives): rows per program =
-# ELEMENTS_PER_PROGRAM // BLOCK (at least 1), one warp per ELEMENTS_PER_WARP elements (1 to 8).
-# 8 elements per thread: at 16 (2048 per program, 512 per warp) some variants spill registers
-# (bench/triton_compile_check.py).
-ELEMENTS_PER_PROGRAM = 1024
-ELEMENTS_PER_WARP = 256
-# Rows of up to MAX_BLOCK features are held in registers; longer ones are processed TILE at a time.
-MAX_BLOCK = 4096
+# Forward launch shape (a speed knob, not yet timed on a GPU): rows per program, one
+# warp each.  Rows of up to MAX_BLOCK features are held in registers (at most MAX_BLOCK // 32 values
+# per thread); longer ones are processed TILE at a time.
+ROWS_PER_PROGRAM = 1
+LANES = 32
+MAX_BLOCK = 1024
 TILE = 1024
+# Bits decided per counting reduction of the threshold search (a speed knob): the counts of the
+# 2^RADIX_BITS - 1 candidate thresholds are packed in one integer; fewer when they do not fit in 63 bits.
+RADIX_BITS = 2
 # The blur runs in the kernel (in-register gathers) up to this block, as torch ops around it above.
 MAX_GATHER_BLOCK = 512
+# Backward launch shape: rows per program = ELEMENTS_PER_PROGRAM // BLOCK (at least 1), one warp per
+# ELEMENTS_PER_WARP elements (1 to 8).
+ELEMENTS_PER_PROGRAM = 1024
+ELEMENTS_PER_WARP = 256
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -53,14 +67,42 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _key_args(compute: torch.dtype) -> dict:
-    """The integer key type (and its width) of the compute dtype."""
+    """The unsigned key type (and its width) of the compute dtype."""
     if compute == torch.float64:
-        return dict(COMPUTE=tl.float64, KEY=tl.int64, KEY_BITS=64)
-    return dict(COMPUTE=tl.float32, KEY=tl.int32, KEY_BITS=32)
+        return dict(COMPUTE=tl.float64, KEY=tl.uint64, KEY_BITS=64)
+    return dict(COMPUTE=tl.float32, KEY=tl.uint32, KEY_BITS=32)
+
+
+def radix_args(d: int, radix_bits: int | None = None) -> dict:
+    """The constexprs of the radix search over rows of ``d``: bits per reduction (``RADIX_BITS`` or
+    fewer, so that ``2^bits − 1`` counts of ``W = bit_length(d)`` bits fit in 63), the field width,
+    the packed integer type and the pattern of one count in every field."""
+    width = max(1, d.bit_length())
+    bits = max(1, min(RADIX_BITS if radix_bits is None else radix_bits, (63 // width + 1).bit_length() - 1))
+    fields = (1 << bits) - 1
+    ones = sum(1 << (width * i) for i in range(fields))
+    return dict(RADIX=bits, FIELD=width, PACK=tl.int32 if width * fields <= 31 else tl.int64, ONES=ones)
+
+
+def _vector_width(d: int, element_size: int) -> int:
+    """Features per lane load: the most (16 bytes at most, up to 4) that divide ``d`` and fill a warp."""
+    block = triton.next_power_of_2(d)
+    for vec in (4, 2):
+        if vec * element_size <= 16 and d % vec == 0 and LANES * vec <= block:
+            return vec
+    return 1
+
+
+def _forward_shape(n_rows: int, d: int, element_size: int) -> dict:
+    """``A``, ``ROWS``, ``VEC`` and ``num_warps`` of :func:`_top_tau_rows_kernel`."""
+    vec = _vector_width(d, element_size)
+    rows = max(1, min(ROWS_PER_PROGRAM, triton.next_power_of_2(n_rows)))
+    return dict(A=max(1, triton.next_power_of_2(d) // (LANES * vec)), ROWS=rows, VEC=vec, num_warps=rows)
 
 
 def _launch_shape(n_rows: int, d: int) -> tuple[int, int, int]:
-    """``(BLOCK, ROWS, num_warps)``: a power-of-two block covering a row, rows per program, warps."""
+    """``(BLOCK, ROWS, num_warps)`` of the backward: a power-of-two block covering a row, rows per
+    program, warps."""
     block = triton.next_power_of_2(d)
     rows = max(1, min(ELEMENTS_PER_PROGRAM // block, triton.next_power_of_2(n_rows)))
     return block, rows, min(8, max(1, rows * block // ELEMENTS_PER_WARP))
@@ -198,94 +240,92 @@ def _softmax_exp(x):
 
 
 @triton.jit
-def _top_tau_softmax(s, eligible):
-    """Softmax of ``s [ROWS, BLOCK]`` over eligible lanes (others 0); ``+inf`` lanes share the mass;
-    rows with NaN, or whose eligible lanes are all ``-inf``, give NaN (as ``torch.softmax``)."""
-    s = tl.where(eligible, s, float("-inf"))
-    posinf = s == float("inf")
-    n_posinf = tl.sum(posinf.to(s.dtype), axis=1)
-    has_nan = tl.sum((s != s).to(tl.int32), axis=1) > 0
-    row_max = tl.max(tl.where(s == s, s, float("-inf")), axis=1)
-    e = tl.where(eligible & (s == s), _softmax_exp(s - row_max[:, None]), 0.0)
-    a = e * (1.0 / tl.sum(e, axis=1))[:, None]
-    a = tl.where((has_nan | (row_max == float("-inf")))[:, None], float("nan"), a)
-    uniform = posinf.to(s.dtype) / tl.maximum(n_posinf, 1.0)[:, None]
-    return tl.where(n_posinf[:, None] > 0, uniform, a)
-
-
-@triton.jit
 def _top_tau_order_key(score, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Signed integer keys ordered like ``score`` as ``torch.sort`` orders it (reversed when not
+    """Unsigned keys ordered like ``score`` as ``torch.sort`` orders it (reversed when not
     ``LARGEST``): ``-0.0`` ties ``+0.0`` and every NaN — whatever its sign bit (x86 makes ``inf − inf``
     with the sign set) — is the largest value."""
     score = tl.where(score != score, float("nan"), tl.where(score == 0, 0.0, score))
     bits = score.to(KEY, bitcast=True)
-    magnitude = (1 << (KEY_BITS - 1)) - 1
-    key = bits ^ ((bits >> (KEY_BITS - 1)) & magnitude)  # negatives: flip the magnitude bits
+    top = tl.full([], 1, KEY) << (KEY_BITS - 1)
+    every = top | (top - 1)  # (``~`` of an unsigned key fails in Triton's interpreter)
+    key = tl.where((bits & top) != 0, bits ^ every, bits | top)  # negatives: flip every bit; others: the sign bit
     if not LARGEST:
-        key = ~key
+        key = key ^ every
     return key
 
 
 @triton.jit
-def _top_tau_kth_largest_key(key, eligible, k, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Per row of ``key [ROWS, BLOCK]``, a threshold ``T`` with ``#{eligible, key > T} < k ≤
-    #{eligible, key ≥ T}``: the sign first, then bit by bit from the top, stopping once every row
-    has ``#{key ≥ T} = k`` (then ``{key ≥ T}`` is exactly its top ``k``)."""
-    n_eligible = tl.sum(eligible.to(tl.int32), axis=1)
-    n_non_negative = tl.sum((eligible & (key >= 0)).to(tl.int32), axis=1)
-    non_negative = n_non_negative >= k
-    kth = tl.where(non_negative, 0, -(1 << (KEY_BITS - 1))).to(KEY)
-    exact = tl.where(non_negative, n_non_negative == k, n_eligible == k)
-    bit = tl.full([], 1, KEY) << (KEY_BITS - 2)
-    running = tl.sum((exact == 0).to(tl.int32), axis=0) > 0
-    while running:
-        candidate = kth | bit
-        count = tl.sum((eligible & (key >= candidate[:, None])).to(tl.int32), axis=1)
-        take = (count >= k) & (exact == 0)
-        kth = tl.where(take, candidate, kth)
-        exact = exact | (take & (count == k))
-        bit = bit >> 1
-        running = (bit != 0) & (tl.sum((exact == 0).to(tl.int32), axis=0) > 0)
-    return kth
+def _radix_digit(key, kth, shift, RADIX: tl.constexpr, PACK: tl.constexpr, FIELD: tl.constexpr, ONES: tl.constexpr):
+    """One key's share of the packed counts of a radix step: field ``i − 1`` counts ``key ≥ kth | i <<
+    shift`` for ``i`` in ``[1, 2^bits)`` (``kth`` has no bit set at or below ``shift + bits``)."""
+    top = (1 << RADIX) - 1
+    key_high = key >> shift
+    base = kth >> shift
+    digit = tl.where(key_high < base, 0, tl.where(key_high > base + top, top, key_high - base)).to(tl.int32)
+    return tl.full([], ONES, PACK) >> (FIELD * (top - digit)).to(PACK)
 
 
 @triton.jit
-def _tie_rank(tied, through, total, HIGHER_FIRST: tl.constexpr):
-    """Rank of each tied lane among the tied lanes of its row: in index order (``through`` = tied
-    lanes at index ≤ j), or from the highest index down when ``HIGHER_FIRST`` (``total`` per row)."""
-    if HIGHER_FIRST:
-        return total - through + tied
-    return through
+def _radix_step(packed, kth, exact, k, shift, RADIX: tl.constexpr, PACK: tl.constexpr, FIELD: tl.constexpr):
+    """From the packed counts of a radix step, the next threshold prefix and whether ``#{key ≥ kth}`` is
+    now exactly ``k``: the largest digit whose count still reaches ``k``."""
+    best = tl.zeros_like(k)
+    best_count = tl.zeros_like(k)
+    for i in tl.static_range(1, 1 << RADIX):
+        count = ((packed >> (FIELD * (i - 1))) & ((1 << FIELD) - 1)).to(tl.int32)
+        take = count >= k
+        best = tl.where(take, i, best)
+        best_count = tl.where(take, count, best_count)
+    moved = (best > 0) & ~exact
+    kth = tl.where(moved, kth | (best.to(kth.dtype) << shift), kth)
+    return kth, exact | (moved & (best_count == k))
+
+
+# ----------------------------------------------------------------------------- the row kernel
 
 
 @triton.jit
-def _top_tau_select(
-    score,
-    eligible,
-    k,
-    LARGEST: tl.constexpr,
-    HIGHER_FIRST: tl.constexpr,
-    KEY: tl.constexpr,
-    KEY_BITS: tl.constexpr,
-):
-    """The ``k [ROWS]`` eligible lanes of ``score [ROWS, BLOCK]`` ranked first; ties at the threshold
-    to the lower index (``HIGHER_FIRST``: the higher)."""
-    key = _top_tau_order_key(score, LARGEST, KEY, KEY_BITS)
-    kth = _top_tau_kth_largest_key(key, eligible, k, KEY, KEY_BITS)
-    above = eligible & (key > kth[:, None])
-    tied = (eligible & (key == kth[:, None])).to(tl.int32)
-    needed = k - tl.sum(above.to(tl.int32), axis=1)
-    rank = _tie_rank(tied, tl.cumsum(tied, axis=1), tl.sum(tied, axis=1)[:, None], HIGHER_FIRST)
-    return above | ((tied != 0) & (rank <= needed[:, None]))
-
-
-# ----------------------------------------------------------------------------- row kernels
+def _row_sum(x):
+    """Sums over each row of ``x [A, ROWS, LANES, VEC]``: ``[1, ROWS, 1, 1]``."""
+    return tl.sum(tl.sum(tl.sum(x, axis=3, keep_dims=True), axis=2, keep_dims=True), axis=0, keep_dims=True)
 
 
 @triton.jit
-def _top_tau_forward_kernel(
+def _row_max(x):
+    return tl.max(tl.max(tl.max(x, axis=3, keep_dims=True), axis=2, keep_dims=True), axis=0, keep_dims=True)
+
+
+@triton.jit
+def _row_prefix(x):
+    """Inclusive prefix sums of ``x [A, ROWS, LANES, VEC]`` in feature order ``(a·LANES + l)·VEC + c``:
+    within the thread, across the warp's lanes, across ``a``."""
+    per_lane = tl.sum(x, axis=3, keep_dims=True)
+    lanes_before = tl.cumsum(per_lane, axis=2) - per_lane
+    per_a = tl.sum(per_lane, axis=2, keep_dims=True)
+    return (tl.cumsum(per_a, axis=0) - per_a) + lanes_before + tl.cumsum(x, axis=3)
+
+
+@triton.jit
+def _any(flag, ROWS: tl.constexpr):
+    """Whether ``flag [1, ROWS, 1, 1]`` holds anywhere (a scalar)."""
+    return tl.max(tl.reshape(flag.to(tl.int32), (ROWS,)), axis=0) > 0
+
+
+@triton.jit
+def _as_lines(x, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """``x [A, ROWS, LANES, VEC]`` as ``[ROWS, BLOCK]`` in feature order."""
+    return tl.reshape(tl.permute(x, (1, 0, 2, 3)), (ROWS, BLOCK))
+
+
+@triton.jit
+def _from_lines(x, A: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr):
+    return tl.permute(tl.reshape(x, (ROWS, A, 32, VEC)), (1, 0, 2, 3))
+
+
+@triton.jit
+def _top_tau_rows_kernel(
     logits_ptr,
+    raw_ptr,
     k_ptr,
     valid_ptr,
     blur_ptr,
@@ -298,50 +338,120 @@ def _top_tau_forward_kernel(
     k_max,
     grid_h,
     grid_w,
+    A: tl.constexpr,
     ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
     COMPUTE: tl.constexpr,
     KEY: tl.constexpr,
     KEY_BITS: tl.constexpr,
+    RADIX: tl.constexpr,
+    FIELD: tl.constexpr,
+    PACK: tl.constexpr,
+    ONES: tl.constexpr,
     LARGEST: tl.constexpr,
     TIES_AUTHORS: tl.constexpr,
     HIGHER_FIRST: tl.constexpr,
+    HAS_K: tl.constexpr,
     HAS_VALID: tl.constexpr,
+    HAS_ATTENTION: tl.constexpr,
     HAS_BLUR: tl.constexpr,
     GRID_2D: tl.constexpr,
     KS: tl.constexpr,
+    RAW_CHECK: tl.constexpr,
 ):
-    """Top-τ forward for ``ROWS`` rows of ``logits [N, d]`` per program (see the module docstring)."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    lanes = tl.arange(0, BLOCK)[None, :]
-    row_ok = rows < n_rows
-    in_bounds = row_ok[:, None] & (lanes < d)
-    offsets = rows[:, None] * d + lanes
+    """Top-τ forward of ``ROWS`` rows of ``logits [N, d]`` per program, one warp per row (see the module
+    docstring); ``VEC`` divides ``d``.  ``RAW_CHECK``: the logits were blurred by torch ops, and a NaN or
+    infinity in the row ``raw [N, d]`` before the blur leaves it without a result."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :, None, None]
+    lane_vector = tl.arange(0, A)[:, None, None, None] * 32 + tl.arange(0, 32)[None, None, :, None]
+    position = lane_vector * VEC + tl.arange(0, VEC)[None, None, None, :]
+    row_ok = row < n_rows
+    in_bounds = tl.broadcast_to(row_ok & (lane_vector * VEC < d), (A, ROWS, 32, VEC))
+    offsets = tl.multiple_of(row * d + position, [1, 1, 1, VEC])  # rows start at multiples of VEC
     s = tl.load(logits_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
-    if HAS_BLUR:
-        s = _top_tau_blur(s, blur_ptr, lanes, d, grid_w, grid_h, KS, GRID_2D)
     eligible = in_bounds
     if HAS_VALID:
         eligible = eligible & (tl.load(valid_ptr + offsets, mask=in_bounds, other=0) != 0)
-    k = tl.load(k_ptr + rows, mask=row_ok, other=0).to(tl.int32)
-
-    a = _top_tau_softmax(s, eligible)
-    if TIES_AUTHORS:
-        selected = _top_tau_select(a, eligible, k, LARGEST, HIGHER_FIRST, KEY, KEY_BITS)
+    if HAS_K:
+        k = tl.load(k_ptr + row, mask=row_ok, other=0).to(tl.int32)
     else:
-        selected = _top_tau_select(s, eligible, k, LARGEST, HIGHER_FIRST, KEY, KEY_BITS)
-    lam = 2.0 * tl.sum(tl.where(selected, a, 0.0), axis=1) - 1.0
-    tl.store(attention_ptr + offsets, a, mask=in_bounds)
-    tl.store(mask_ptr + offsets, selected, mask=in_bounds)
-    tl.store(lam_ptr + rows, lam, mask=row_ok)
+        k = tl.full(row.shape, k_max, tl.int32)
 
-    n_selected = tl.sum(selected.to(tl.int32), axis=1)
-    slot = tl.cumsum(selected.to(tl.int32), axis=1) - 1
-    index_row = indices_ptr + rows[:, None] * k_max
-    feature = tl.broadcast_to(lanes, selected.shape).to(tl.int64)
-    tl.store(index_row + slot, feature, mask=selected & (slot < k_max))
-    padding = row_ok[:, None] & (lanes >= n_selected[:, None]) & (lanes < k_max)
-    tl.store(index_row + lanes, tl.full(selected.shape, -1, tl.int64), mask=padding)
+    undefined = tl.zeros(row.shape, tl.int1)
+    if HAS_BLUR:
+        # a blur mixes every entry with its neighbours: any NaN or infinity leaves the row without a result
+        undefined = _row_sum((in_bounds & (s - s != 0)).to(tl.int32)) > 0
+        lines = _top_tau_blur(
+            _as_lines(s, ROWS, A * 32 * VEC),
+            blur_ptr,
+            tl.arange(0, A * 32 * VEC)[None, :],
+            d,
+            grid_w,
+            grid_h,
+            KS,
+            GRID_2D,
+        )
+        s = _from_lines(lines, A, ROWS, VEC)
+    if RAW_CHECK:
+        raw = tl.load(raw_ptr + offsets, mask=in_bounds, other=0).to(COMPUTE)
+        undefined = undefined | (_row_sum((raw - raw != 0).to(tl.int32)) > 0)
+
+    # softmax over the eligible lanes; the three counts in one reduction (each at most d <= 1024)
+    s = tl.where(eligible, s, float("-inf"))
+    posinf = s == float("inf")
+    counts = _row_sum(posinf.to(tl.int32) + ((s != s).to(tl.int32) << 11) + (eligible.to(tl.int32) << 22))
+    n_posinf = (counts & 2047).to(COMPUTE)
+    n_eligible = counts >> 22
+    row_max = _row_max(tl.where(s == s, s, float("-inf")))
+    undefined = undefined | (((counts >> 11) & 2047) > 0) | (row_max == float("-inf"))
+    e = tl.where(eligible & (s == s), _softmax_exp(s - row_max), 0.0)
+    a = e * (1.0 / _row_sum(e))
+    a = tl.where(n_posinf > 0, posinf.to(COMPUTE) / tl.maximum(n_posinf, 1.0), a)
+    a = tl.where(undefined, float("nan"), a)
+
+    # the threshold: the k-th largest key, RADIX bits per reduction from the top
+    if TIES_AUTHORS:
+        key = _top_tau_order_key(a, LARGEST, KEY, KEY_BITS)
+    else:
+        key = _top_tau_order_key(s, LARGEST, KEY, KEY_BITS)
+    kth = tl.zeros(row.shape, KEY)
+    exact = n_eligible == k
+    position_bits = KEY_BITS
+    running = _any(~exact, ROWS)
+    while running:
+        step = tl.minimum(position_bits, RADIX)
+        shift = (position_bits - step).to(KEY)
+        packed = _row_sum(tl.where(eligible, _radix_digit(key, kth, shift, RADIX, PACK, FIELD, ONES), 0))
+        kth, exact = _radix_step(packed, kth, exact, k, shift, RADIX, PACK, FIELD)
+        position_bits -= step
+        running = (position_bits > 0) & _any(~exact, ROWS)
+
+    selected = eligible & (key >= kth)
+    if _any(~exact, ROWS):
+        # keep the first `needed` ties at the threshold (from the highest index when HIGHER_FIRST)
+        above = eligible & (key > kth)
+        tied = (eligible & (key == kth)).to(tl.int32)
+        needed = k - _row_sum(above.to(tl.int32))
+        through = _row_prefix(tied)
+        if HIGHER_FIRST:
+            rank = _row_sum(tied) - through + tied
+        else:
+            rank = through
+        selected = above | ((tied != 0) & (rank <= needed))
+    selected = selected & ~undefined
+
+    lam = tl.where(undefined, float("nan"), 2.0 * _row_sum(tl.where(selected, a, 0.0)) - 1.0)
+    tl.store(lam_ptr + row, lam, mask=row_ok)
+    tl.store(mask_ptr + offsets, selected, mask=in_bounds)
+    if HAS_ATTENTION:
+        tl.store(attention_ptr + offsets, a, mask=in_bounds)
+    chosen = selected.to(tl.int32)
+    slot = _row_prefix(chosen) - 1
+    index_row = indices_ptr + row * k_max
+    index_type = indices_ptr.dtype.element_ty
+    tl.store(index_row + slot, position.to(index_type), mask=selected & (slot < k_max))
+    padding = row_ok & (position >= _row_sum(chosen)) & (position < k_max)
+    tl.store(index_row + position, tl.full(position.shape, -1, index_type), mask=padding)
 
 
 @triton.jit
@@ -401,11 +511,11 @@ def _tiled_load(s_ptr, valid_ptr, base, j, d, COMPUTE: tl.constexpr, HAS_VALID: 
 
 @triton.jit
 def _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined):
-    """The softmax of one tile given the row's statistics (see :func:`_top_tau_softmax`)."""
+    """The softmax of one tile given the row's statistics (NaN for a row without a result)."""
     a = tl.where(ok & (s == s), _softmax_exp(s - row_max), 0.0) * inv_sum
     uniform = tl.where(s == float("inf"), 1.0 / tl.maximum(n_posinf, 1.0), 0.0)
-    a = tl.where(undefined, float("nan"), a)
-    return tl.where(n_posinf > 0, uniform, a)
+    a = tl.where(n_posinf > 0, uniform, a)
+    return tl.where(undefined, float("nan"), a)
 
 
 @triton.jit
@@ -431,6 +541,7 @@ def _tiled_key(
 @triton.jit
 def _top_tau_tiled_kernel(
     s_ptr,
+    raw_ptr,
     k_ptr,
     valid_ptr,
     indices_ptr,
@@ -443,18 +554,29 @@ def _top_tau_tiled_kernel(
     COMPUTE: tl.constexpr,
     KEY: tl.constexpr,
     KEY_BITS: tl.constexpr,
+    RADIX: tl.constexpr,
+    FIELD: tl.constexpr,
+    PACK: tl.constexpr,
+    ONES: tl.constexpr,
     LARGEST: tl.constexpr,
     TIES_AUTHORS: tl.constexpr,
     HIGHER_FIRST: tl.constexpr,
+    HAS_K: tl.constexpr,
     HAS_VALID: tl.constexpr,
+    HAS_ATTENTION: tl.constexpr,
+    RAW_CHECK: tl.constexpr,
 ):
     """Top-τ forward of one long row per program, ``TILE`` features per pass over ``s [N, d]`` (already
-    blurred): statistics, the softmax sum, the threshold search's counting passes, then one pass
-    writing attention, mask, λ and the indices."""
+    blurred by torch ops when ``RAW_CHECK``: a NaN or infinity in the row ``raw [N, d]`` before the blur
+    leaves it without a result): statistics, the softmax sum, the radix search's counting passes, then
+    one pass writing attention, mask, λ and the indices."""
     row = tl.program_id(0).to(tl.int64)
     base = row * d
     lanes = tl.arange(0, TILE)
-    k = tl.load(k_ptr + row).to(tl.int32)
+    if HAS_K:
+        k = tl.load(k_ptr + row).to(tl.int32)
+    else:
+        k = k_max
 
     row_max = tl.full([], float("-inf"), COMPUTE)
     n_posinf = tl.zeros([], COMPUTE)
@@ -467,33 +589,31 @@ def _top_tau_tiled_kernel(
         n_nan += tl.sum((s != s).to(tl.int32), axis=0)
         n_eligible += tl.sum(ok.to(tl.int32), axis=0)
     undefined = (n_nan > 0) | (row_max == float("-inf"))
+    if RAW_CHECK:
+        for start in range(0, d, TILE):
+            raw = tl.load(raw_ptr + base + start + lanes, mask=start + lanes < d, other=0).to(COMPUTE)
+            undefined = undefined | (tl.sum((raw - raw != 0).to(tl.int32), axis=0) > 0)
     total = tl.zeros([], COMPUTE)
     for start in range(0, d, TILE):
         s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
         total += tl.sum(tl.where(ok & (s == s), _softmax_exp(s - row_max), 0.0), axis=0)
     inv_sum = 1.0 / total
 
-    n_non_negative = tl.zeros([], tl.int32)
-    for start in range(0, d, TILE):
-        s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
-        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
-        n_non_negative += tl.sum((ok & (key >= 0)).to(tl.int32), axis=0)
-    non_negative = n_non_negative >= k
-    kth = tl.where(non_negative, 0, -(1 << (KEY_BITS - 1))).to(KEY)
-    exact = tl.where(non_negative, n_non_negative == k, n_eligible == k)
-    bit = tl.full([], 1, KEY) << (KEY_BITS - 2)
+    kth = tl.zeros([], KEY)
+    exact = n_eligible == k
+    position_bits = KEY_BITS
     running = exact == 0
     while running:
-        candidate = kth | bit
-        count = tl.zeros([], tl.int32)
+        step = tl.minimum(position_bits, RADIX)
+        shift = (position_bits - step).to(KEY)
+        packed = tl.zeros([], PACK)
         for start in range(0, d, TILE):
             s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
             key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
-            count += tl.sum((ok & (key >= candidate)).to(tl.int32), axis=0)
-        kth = tl.where(count >= k, candidate, kth)
-        exact = (count >= k) & (count == k)
-        bit = bit >> 1
-        running = (bit != 0) & (exact == 0)
+            packed += tl.sum(tl.where(ok, _radix_digit(key, kth, shift, RADIX, PACK, FIELD, ONES), 0), axis=0)
+        kth, exact = _radix_step(packed, kth, exact, k, shift, RADIX, PACK, FIELD)
+        position_bits -= step
+        running = (position_bits > 0) & (exact == 0)
 
     above = tl.zeros([], tl.int32)
     n_tied = tl.zeros([], tl.int32)
@@ -507,26 +627,32 @@ def _top_tau_tiled_kernel(
     tied_before = tl.zeros([], tl.int32)
     n_selected = tl.zeros([], tl.int32)
     kept = tl.zeros([], COMPUTE)
+    index_type = indices_ptr.dtype.element_ty
     for start in range(0, d, TILE):
         j = start + lanes
         s, ok = _tiled_load(s_ptr, valid_ptr, base, j, d, COMPUTE, HAS_VALID)
         a = _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined)
         key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
         tied = (ok & (key == kth)).to(tl.int32)
-        rank = _tie_rank(tied, tied_before + tl.cumsum(tied, axis=0), n_tied, HIGHER_FIRST)
-        selected = (ok & (key > kth)) | ((tied != 0) & (rank <= needed))
-        tl.store(attention_ptr + base + j, a, mask=j < d)
+        through = tied_before + tl.cumsum(tied, axis=0)
+        if HIGHER_FIRST:
+            rank = n_tied - through + tied
+        else:
+            rank = through
+        selected = ((ok & (key > kth)) | ((tied != 0) & (rank <= needed))) & ~undefined
+        if HAS_ATTENTION:
+            tl.store(attention_ptr + base + j, a, mask=j < d)
         tl.store(mask_ptr + base + j, selected, mask=j < d)
         kept += tl.sum(tl.where(selected, a, 0.0), axis=0)
         slot = n_selected + tl.cumsum(selected.to(tl.int32), axis=0) - 1
-        tl.store(indices_ptr + row * k_max + slot, j.to(tl.int64), mask=selected & (slot < k_max))
+        tl.store(indices_ptr + row * k_max + slot, j.to(index_type), mask=selected & (slot < k_max))
         tied_before += tl.sum(tied, axis=0)
         n_selected += tl.sum(selected.to(tl.int32), axis=0)
-    tl.store(lam_ptr + row, 2.0 * kept - 1.0)
+    tl.store(lam_ptr + row, tl.where(undefined, float("nan"), 2.0 * kept - 1.0))
     for start in range(0, k_max, TILE):
         position = start + lanes
         padding = (position >= n_selected) & (position < k_max)
-        tl.store(indices_ptr + row * k_max + position, tl.full([TILE], -1, tl.int64), mask=padding)
+        tl.store(indices_ptr + row * k_max + position, tl.full([TILE], -1, index_type), mask=padding)
 
 
 @triton.jit
@@ -577,70 +703,69 @@ def top_tau_forward(
     blur_kernel: torch.Tensor | None,
     grid_h: int,
     grid_w: int,
+    need_attention: bool = True,
+    int32_indices: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64, at most the row's valid count; ``None``:
     ``k_max`` in every row) features.
 
     ``ties_authors`` ranks the attention (equal values: higher index first when ``largest``), else
-    the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` int64
-    ascending (``-1`` after a row's ``k``), ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]``
-    (fp32; fp64 for fp64 logits).
+    the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` (int64, int32
+    with ``int32_indices``) ascending (``-1`` after a row's ``k``), ``mask [N, d]`` bool, ``lam [N]`` and
+    ``attention [N, d]`` (fp32; fp64 for fp64 logits; ``[N, 0]`` without ``need_attention``).  Rows
+    without a result keep no feature and get NaN ``lam`` and attention.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [N, d], got shape {tuple(logits.shape)}")
     n_rows, d = logits.shape
     if not 0 <= k_max <= d:
         raise ValueError(f"k_max must lie in [0, d={d}], got {k_max}")
-    if k is None:
-        k = torch.full((n_rows,), k_max, dtype=torch.int64, device=logits.device)
-    if k.shape != (n_rows,):
+    if k is not None and k.shape != (n_rows,):
         raise ValueError(f"k must have shape ({n_rows},), got {tuple(k.shape)}")
     if valid is not None and (valid.shape != logits.shape or valid.dtype != torch.bool):
         raise ValueError(f"valid must be bool {tuple(logits.shape)}, got {valid.dtype} {tuple(valid.shape)}")
     logits = logits.contiguous()
     compute = _compute_dtype(logits.dtype)
-    indices = logits.new_empty(n_rows, k_max, dtype=torch.int64)
+    indices = logits.new_empty(n_rows, k_max, dtype=torch.int32 if int32_indices else torch.int64)
     mask = logits.new_empty(n_rows, d, dtype=torch.bool)
     lam = logits.new_empty(n_rows, dtype=compute)
-    attention = logits.new_empty(n_rows, d, dtype=compute)
+    attention = logits.new_empty(n_rows, d if need_attention else 0, dtype=compute)
     if n_rows == 0 or d == 0:
         return indices, mask, lam, attention
-    blur = _blur_args(blur_kernel, logits, grid_h, grid_w)
     rule = dict(LARGEST=bool(largest), TIES_AUTHORS=bool(ties_authors), HIGHER_FIRST=bool(ties_authors and largest))
-    outputs = dict(indices_ptr=indices, mask_ptr=mask, lam_ptr=lam, attention_ptr=attention)
-    valid_args = dict(valid_ptr=logits if valid is None else valid.contiguous(), HAS_VALID=valid is not None)
+    common = dict(
+        raw_ptr=logits,
+        k_ptr=logits if k is None else k.contiguous(),
+        valid_ptr=logits if valid is None else valid.contiguous(),
+        indices_ptr=indices,
+        mask_ptr=mask,
+        lam_ptr=lam,
+        attention_ptr=attention if need_attention else lam,
+        k_max=k_max,
+        HAS_K=k is not None,
+        HAS_VALID=valid is not None,
+        HAS_ATTENTION=bool(need_attention),
+        **_key_args(compute),
+        **radix_args(d),
+        **rule,
+    )
     with on_device(logits):
-        if blur_kernel is not None and not _blur_in_kernel(blur_kernel, d):
-            logits = _torch_blur(logits.to(compute), blur_kernel, grid_h, grid_w, adjoint=False)
-            blur = _blur_args(None, logits, grid_h, grid_w)
+        s = logits
+        torch_blur = blur_kernel is not None and not _blur_in_kernel(blur_kernel, d)
+        if torch_blur:
+            s = _torch_blur(logits.to(compute), blur_kernel, grid_h, grid_w, adjoint=False)
         if d > MAX_BLOCK:
-            _top_tau_tiled_kernel[(n_rows,)](
-                s_ptr=logits.to(compute),
-                k_ptr=k.contiguous(),
-                d=d,
-                k_max=k_max,
-                TILE=TILE,
-                **_key_args(compute),
-                **rule,
-                **valid_args,
-                **outputs,
-            )
+            _top_tau_tiled_kernel[(n_rows,)](s_ptr=s.to(compute), d=d, TILE=TILE, RAW_CHECK=torch_blur, **common)
             return indices, mask, lam, attention
-        block, rows, num_warps = _launch_shape(n_rows, d)
-        _top_tau_forward_kernel[(triton.cdiv(n_rows, rows),)](
-            logits_ptr=logits,
-            k_ptr=k.contiguous(),
+        shape = _forward_shape(n_rows, d, s.element_size())
+        _top_tau_rows_kernel[(triton.cdiv(n_rows, shape["ROWS"]),)](
+            logits_ptr=s,
             n_rows=n_rows,
             d=d,
-            k_max=k_max,
-            ROWS=rows,
-            BLOCK=block,
-            **_key_args(compute),
-            **rule,
-            **valid_args,
-            **blur,
-            **outputs,
-            num_warps=num_warps,
+            RAW_CHECK=torch_blur,
+            **_blur_args(None if torch_blur else blur_kernel, s, grid_h, grid_w),
+            **shape,
+            **common,
         )
     return indices, mask, lam, attention
 

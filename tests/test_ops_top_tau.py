@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import NATIVE, native, needs_cpp
+from op_testing import NATIVE, TRITON_DEVICE, native, needs_cpp, needs_triton
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
 from sopfast.ops.counts import num_kept
 
@@ -525,6 +525,52 @@ def test_backward_kernel_matches_reference(backend, device, dtype, with_grad_att
     torch.testing.assert_close(grad.cpu(), top_tau_backward_reference(*args).cpu(), atol=atol, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("backend", "device"), [("torch", "cpu"), *NATIVE])
+@pytest.mark.parametrize("shape", ["grid14_blur3", "grid14_noblur", "line512_noblur"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_outputs_keep_the_groups(backend, device, shape, dtype, use_backend):
+    """attention=False and int32 indices: the same groups and λ, no attention (the kernels write none),
+    int32 indices; rows without a result stay empty; λ's gradient is the full call's."""
+    d, grid, blur = SHAPES[shape]
+    logits = (torch.randn(5, d) * 3).to(dtype)
+    logits[1, 4] = float("nan")
+    logits = logits.to(device).requires_grad_()
+    kwargs = dict(tau=0.2, grid=grid, blur_kernel_size=blur, ties="authors")
+    full = run_top_tau(use_backend, backend, logits, **kwargs)
+    lean = run_top_tau(use_backend, backend, logits, attention=False, index_dtype=torch.int32, **kwargs)
+    assert lean.attention is None and lean.indices.dtype == torch.int32
+    assert torch.equal(lean.indices.long(), full.indices) and torch.equal(lean.mask, full.mask)
+    torch.testing.assert_close(lean.lam, full.lam, atol=0, rtol=0, equal_nan=True)
+    assert not lean.mask[1].any() and (lean.indices[1] == -1).all()
+    weights = torch.randn(5, device=device).masked_fill(full.lam.isnan(), 0)
+    (grad_full,) = torch.autograd.grad(full.lam.nan_to_num().mul(weights).sum(), logits)
+    (grad_lean,) = torch.autograd.grad(lean.lam.nan_to_num().mul(weights).sum(), logits)
+    torch.testing.assert_close(grad_lean, grad_full, atol=0, rtol=0, equal_nan=True)
+    with torch.no_grad():
+        raw = torch.ops.sopfast.top_tau(logits, None, full.indices.shape[1], None, True, True, None, 0, 0, False, True)
+    assert raw[3].shape == (5, 0) and raw[0].dtype == torch.int32
+
+
+@needs_triton
+def test_triton_radix_search_takes_one_to_three_bits_per_reduction(monkeypatch, use_backend):
+    """The threshold search decides RADIX_BITS bits per counting reduction (fewer when the packed counts
+    would not fit): every width finds the same groups, ties, special rows and long (tiled) rows too."""
+    kernels = importlib.import_module("sop_kernels.top_tau")
+    logits = torch.randn(6, 196) * 4
+    logits[0, :50] = logits[0, 50]  # ties at the threshold
+    logits[1, 7] = INF
+    logits[2] = torch.randn(196).round()  # many ties
+    logits = logits.to(TRITON_DEVICE)
+    expected = run_top_tau(use_backend, "torch", logits, tau=0.2, ties="authors")
+    # 2^bits - 1 counts of bit_length(d) bits in 63: 7 x 8 at d = 196, 3 x 20 at 10^6, 1 x 24 at 10^7
+    assert [kernels.radix_args(d, 3)["RADIX"] for d in (196, 10**6, 10**7)] == [3, 2, 1]
+    for bits in (1, 2, 3):
+        monkeypatch.setattr(kernels, "RADIX_BITS", bits)
+        for max_block in (1024, 64):  # the row kernel, then the tiled one
+            monkeypatch.setattr(kernels, "MAX_BLOCK", max_block)
+            assert_same_result(run_top_tau(use_backend, "triton", logits, tau=0.2, ties="authors"), expected, 1e-6)
+
+
 @pytest.mark.parametrize(("backend", "device"), NATIVE)
 def test_non_contiguous_and_expanded_logits(backend, device, use_backend):
     base = torch.randn(20, 8, device=device)
@@ -592,6 +638,8 @@ def test_property_lam_is_kept_minus_dropped_mass(data):
         (dict(logits=torch.randn(2, 16), tau=0.5, ties="index"), ValueError, "ties must be one of"),
         (dict(logits=torch.randn(2, 5), tau=0.5, valid=torch.zeros(2, 5, dtype=torch.bool)), ValueError, "every row"),
         (dict(logits=torch.randn(2, 5), k=torch.tensor([1, 0])), ValueError, "k must lie in"),
+        (dict(logits=torch.randn(2, 5), tau=0.5, index_dtype=torch.int16), ValueError, "index_dtype must be one of"),
+        (dict(logits=torch.randn(2, 5), tau=0.5, attention=1), TypeError, "attention must be True or False"),
     ],
 )
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])

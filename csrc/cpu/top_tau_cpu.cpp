@@ -40,8 +40,10 @@ cpu::TopTauProblem<acc_t> top_tau_problem(int64_t d, int64_t k_max, bool largest
 
 template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCPU>(
-    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
-    bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max,
+    const std::optional<at::Tensor>& valid_in, bool largest, bool ties_authors,
+    const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
+    bool int32_indices) {
   constexpr const char* op = "top_tau_forward";
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
@@ -51,10 +53,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const at::Tensor kernel = top_tau_blur_kernel(blur_kernel, acc_dtype);
   const auto opts = logits.options();
-  at::Tensor indices = at::empty({n, k_max}, opts.dtype(at::kLong));
+  at::Tensor indices = at::empty({n, k_max}, opts.dtype(int32_indices ? at::kInt : at::kLong));
   at::Tensor mask = at::empty({n, d}, opts.dtype(at::kBool));
   at::Tensor lam = at::empty({n}, opts.dtype(acc_dtype));
-  at::Tensor attention = at::empty({n, d}, opts.dtype(acc_dtype));
+  at::Tensor attention = at::empty({n, need_attention ? d : 0}, opts.dtype(acc_dtype));
   if (n == 0) return {indices, mask, lam, attention};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -62,14 +64,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
     const scalar_t* logits_ptr = logits.const_data_ptr<scalar_t>();
     const bool* valid_ptr = valid.defined() ? valid.const_data_ptr<bool>() : nullptr;
     const int64_t* k_ptr = k.defined() ? k.const_data_ptr<int64_t>() : nullptr;
-    int64_t* indices_ptr = indices.mutable_data_ptr<int64_t>();
     bool* mask_ptr = mask.mutable_data_ptr<bool>();
     acc_t* lam_ptr = lam.mutable_data_ptr<acc_t>();
-    acc_t* attention_ptr = attention.mutable_data_ptr<acc_t>();
-    at::parallel_for(0, n, top_tau_grain(d), [&](int64_t begin, int64_t end) {
-      cpu::top_tau_forward_rows<scalar_t, acc_t>(pb, logits_ptr, valid_ptr, k_ptr, indices_ptr, mask_ptr, lam_ptr,
-                                                 attention_ptr, begin, end);
-    });
+    acc_t* attention_ptr = need_attention ? attention.mutable_data_ptr<acc_t>() : nullptr;
+    auto rows = [&](auto* indices_ptr) {
+      at::parallel_for(0, n, top_tau_grain(d), [&](int64_t begin, int64_t end) {
+        cpu::top_tau_forward_rows<scalar_t, acc_t>(pb, logits_ptr, valid_ptr, k_ptr, indices_ptr, mask_ptr, lam_ptr,
+                                                   attention_ptr, begin, end);
+      });
+    };
+    if (int32_indices) {
+      rows(indices.mutable_data_ptr<int32_t>());
+    } else {
+      rows(indices.mutable_data_ptr<int64_t>());
+    }
   });
   return {indices, mask, lam, attention};
 }

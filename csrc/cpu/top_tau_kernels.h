@@ -35,14 +35,15 @@ struct TopTauProblem {
   bool blurs_2d() const { return grid_h > 0 && grid_w > 0; }
 };
 
-// Per-thread scratch of the row kernels.
+// Per-thread scratch of the row kernels (`attention`: the row's attention when the caller keeps none).
 template <typename acc_t>
 struct TopTauWorkspace {
-  std::vector<acc_t> s, tmp;                              // [d] each
+  std::vector<acc_t> s, tmp, attention;                       // [d] each
   std::vector<typename TopTauKeyType<acc_t>::type> keys;       // [d]
   std::vector<typename RankPriorityType<acc_t>::type> ranks;  // [d]
-  std::vector<int64_t> positions;                         // [d]
-  explicit TopTauWorkspace(int64_t d) : s(d), tmp(d), keys(d), ranks(d), positions(d) {}
+  std::vector<int64_t> positions;                             // [d]
+  explicit TopTauWorkspace(int64_t d, bool attention_rows = false)
+      : s(d), tmp(d), attention(attention_rows ? d : 0), keys(d), ranks(d), positions(d) {}
 };
 
 // dst[l, j] = sum_t kernel[t] * src[l, reflect(j + t - pad)] for `lines` contiguous lines of `len`.
@@ -224,9 +225,10 @@ void top_tau_select(const TopTauProblem<acc_t>& pb, const acc_t* score, const bo
   for (int64_t j = 0; j < d; ++j) mask[j] = key(j) >= threshold;
 }
 
-// indices[k_max] = the positions of mask[d] in ascending order, -1 padded at the end;
+// indices[k_max] (int64 or int32) = the positions of mask[d] in ascending order, -1 padded at the end;
 // positions[d] is scratch (the loop stores every j and advances on kept ones: no branches).
-inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, int64_t* indices, int64_t* positions) {
+template <typename index_t>
+void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, index_t* indices, int64_t* positions) {
   int64_t count = 0;
   for (int64_t j = 0; j < d; ++j) {
     positions[count] = j;
@@ -234,20 +236,21 @@ inline void top_tau_write_indices(const bool* mask, int64_t d, int64_t k_max, in
   }
   count = std::min(count, k_max);
   std::copy(positions, positions + count, indices);
-  std::fill(indices + count, indices + k_max, int64_t{-1});
+  std::fill(indices + count, indices + k_max, index_t{-1});
 }
 
 // One row of the forward: logits[d] (+ valid[d] or nullptr) and its count k ->
-// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d].  A row without a
-// result (python/sopfast/ops/counts.py: NaN among its valid logits or none above -inf; with a blur any
-// NaN or infinity) keeps no feature (indices -1, mask false) and gets NaN lam and attention.
-template <typename scalar_t, typename acc_t>
+// indices[k_max], mask[d], lam (= 2 * sum_{mask} attention - 1), attention[d] (the row of
+// ws.attention when the caller keeps none).  A row without a result (python/sopfast/ops/counts.py: NaN
+// among its valid logits or none above -inf; with a blur any NaN or infinity) keeps no feature
+// (indices -1, mask false) and gets NaN lam and attention.
+template <typename scalar_t, typename acc_t, typename index_t>
 void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, int64_t k,
-                         int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
+                         index_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
   bool finite = true;
   const acc_t* s = top_tau_blurred_logits(pb, logits, ws, finite);
   if (!top_tau_softmax(s, valid, pb.d, attention) || !finite) {
-    std::fill(indices, indices + pb.k_max, int64_t{-1});
+    std::fill(indices, indices + pb.k_max, index_t{-1});
     std::fill(mask, mask + pb.d, false);
     *lam = std::numeric_limits<acc_t>::quiet_NaN();
     std::fill(attention, attention + pb.d, std::numeric_limits<acc_t>::quiet_NaN());
@@ -281,15 +284,16 @@ void top_tau_backward_row(const TopTauProblem<acc_t>& pb, const acc_t* attention
 }
 
 // Rows [begin, end) of the forward over logits[N, d], valid[N, d] (or nullptr), k[N] (or nullptr:
-// every row keeps k_max).
-template <typename scalar_t, typename acc_t>
+// every row keeps k_max); attention[N, d] may be nullptr (not kept).
+template <typename scalar_t, typename acc_t, typename index_t>
 void top_tau_forward_rows(const TopTauProblem<acc_t>& pb, const scalar_t* logits, const bool* valid, const int64_t* k,
-                          int64_t* indices, bool* mask, acc_t* lam, acc_t* attention, int64_t begin, int64_t end) {
-  TopTauWorkspace<acc_t> ws(pb.d);
+                          index_t* indices, bool* mask, acc_t* lam, acc_t* attention, int64_t begin, int64_t end) {
+  TopTauWorkspace<acc_t> ws(pb.d, attention == nullptr);
   const int64_t d = pb.d;
   for (int64_t r = begin; r < end; ++r) {
-    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d, k == nullptr ? pb.k_max : k[r], indices + r * pb.k_max,
-                        mask + r * d, lam + r, attention + r * d, ws);
+    top_tau_forward_row(pb, logits + r * d, valid == nullptr ? nullptr : valid + r * d,
+                        k == nullptr ? pb.k_max : k[r], indices + r * pb.k_max, mask + r * d, lam + r,
+                        attention == nullptr ? ws.attention.data() : attention + r * d, ws);
   }
 }
 
@@ -298,7 +302,7 @@ template <typename acc_t>
 void top_tau_backward_rows(const TopTauProblem<acc_t>& pb, const acc_t* attention, const bool* mask, const acc_t* lam,
                            const acc_t* grad_lam, const acc_t* grad_attention, acc_t* grad_logits, int64_t begin,
                            int64_t end) {
-  TopTauWorkspace<acc_t> ws(pb.d);
+  TopTauWorkspace<acc_t> ws(pb.d, false);
   const int64_t d = pb.d;
   for (int64_t r = begin; r < end; ++r) {
     top_tau_backward_row(pb, attention + r * d, mask + r * d, lam[r], grad_lam[r],

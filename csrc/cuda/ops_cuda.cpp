@@ -1,11 +1,9 @@
 // Torch binding of the CUDA kernels (compiled only in CUDA builds): the kCUDA entry points of
 // csrc/ops.h -- checks, output allocation, the current stream, the raw-pointer launchers of
-// csrc/cuda/*.cu, and the rule for rows without a result (applied on the device, no host sync).
+// csrc/cuda/*.cu (which apply the rule for rows without a result themselves).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-
-#include <limits>
 
 #include "cuda/sopfast_cuda.h"
 #include "op_checks.h"
@@ -41,20 +39,6 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->contiguous() : at::Tensor();
 }
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// [N] bool: the rows of logits [N, d] without a result (csrc/ops.h; python/sopfast/ops/counts.py).
-at::Tensor rows_without_result(const at::Tensor& logits, const at::Tensor& valid, bool blurred) {
-  if (blurred) return at::isfinite(logits).logical_not().any(1);
-  at::Tensor nan = at::isnan(logits);
-  at::Tensor above = logits > -std::numeric_limits<double>::infinity();
-  if (valid.defined()) {
-    nan = nan.logical_and(valid);
-    above = above.logical_and(valid);
-  }
-  return nan.any(1).logical_or(above.any(1).logical_not());
-}
-
 }  // namespace
 
 template <>
@@ -66,7 +50,6 @@ at::Tensor sparsemax_forward<c10::kCUDA>(const at::Tensor& x_in) {
   check_launch("sparsemax_forward",
                cuda::sparsemax_forward_launch(x.const_data_ptr(), p.mutable_data_ptr(), x.size(0), x.size(1),
                                               float_type(x.scalar_type()), current_stream()));
-  if (x.numel() > 0) p.masked_fill_(rows_without_result(x, at::Tensor(), false).unsqueeze(1), kNaN);
   return p;
 }
 
@@ -84,8 +67,10 @@ at::Tensor sparsemax_backward<c10::kCUDA>(const at::Tensor& p_in, const at::Tens
 
 template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::kCUDA>(
-    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max, const std::optional<at::Tensor>& valid_in,
-    bool largest, bool ties_authors, const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w) {
+    const at::Tensor& logits_in, const std::optional<at::Tensor>& k_in, int64_t k_max,
+    const std::optional<at::Tensor>& valid_in, bool largest, bool ties_authors,
+    const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
+    bool int32_indices) {
   check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA);
   TORCH_CHECK(logits_in.size(1) <= cuda::kTopTauCudaMaxFeatures, "top_tau_forward: the CUDA kernel takes at most ",
               cuda::kTopTauCudaMaxFeatures, " features per row, got d=", logits_in.size(1),
@@ -94,21 +79,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   const at::Tensor logits = logits_in.contiguous();
   const at::Tensor valid = contiguous_or_undefined(valid_in);
   const int64_t n = logits.size(0), d = logits.size(1);
-  const at::Tensor k = k_in.has_value() ? k_in->contiguous() : at::full({n}, k_max, logits.options().dtype(at::kLong));
+  const at::Tensor k = k_in.has_value() ? k_in->contiguous() : at::Tensor();
   const at::ScalarType acc_dtype = compute_dtype(logits.scalar_type());
   const auto opts = logits.options();
   const at::Tensor kernel = blur_kernel.has_value() ? blur_kernel->to(acc_dtype).contiguous() : at::Tensor();
   const bool needs_scratch = kernel.defined() && d > cuda::kTopTauSharedFeatures;
   const at::Tensor scratch = needs_scratch ? at::empty({n, d}, opts.dtype(acc_dtype)) : at::Tensor();
-  at::Tensor indices = at::empty({n, k_max}, opts.dtype(at::kLong));
+  at::Tensor indices = at::empty({n, k_max}, opts.dtype(int32_indices ? at::kInt : at::kLong));
   at::Tensor mask = at::empty({n, d}, opts.dtype(at::kBool));
   at::Tensor lam = at::empty({n}, opts.dtype(acc_dtype));
-  at::Tensor attention = at::empty({n, d}, opts.dtype(acc_dtype));
+  // a blur passes through the attention rows: they are kept as scratch when not asked for
+  const bool attention_rows = need_attention || kernel.defined();
+  at::Tensor attention = at::empty({n, attention_rows ? d : 0}, opts.dtype(acc_dtype));
   cuda::TopTauForwardArgs args;
   args.logits = logits.const_data_ptr();
   args.logits_type = float_type(logits.scalar_type());
   args.valid = valid.defined() ? valid.const_data_ptr<bool>() : nullptr;
-  args.k = k.const_data_ptr<int64_t>();
+  args.k = k.defined() ? k.const_data_ptr<int64_t>() : nullptr;
   args.rows = n;
   args.d = d;
   args.k_max = k_max;
@@ -119,20 +106,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
   args.grid_h = grid_h;
   args.grid_w = grid_w;
   args.scratch = scratch.defined() ? scratch.mutable_data_ptr() : nullptr;
-  args.indices = indices.mutable_data_ptr<int64_t>();
+  args.indices = indices.mutable_data_ptr();
+  args.int32_indices = int32_indices;
   args.mask = mask.mutable_data_ptr<bool>();
   args.lam = lam.mutable_data_ptr();
-  args.attention = attention.mutable_data_ptr();
+  args.attention = attention_rows ? attention.mutable_data_ptr() : nullptr;
   check_launch("top_tau_forward", cuda::top_tau_forward_launch(args, current_stream()));
-  if (n > 0) {
-    const at::Tensor undefined = rows_without_result(logits, valid, kernel.defined());
-    const at::Tensor row = undefined.unsqueeze(1);
-    indices.masked_fill_(row, -1);
-    mask.masked_fill_(row, false);
-    lam.masked_fill_(undefined, kNaN);
-    attention.masked_fill_(row, kNaN);
-  }
-  return {indices, mask, lam, attention};
+  return {indices, mask, lam, need_attention ? attention : attention.narrow(1, 0, 0)};
 }
 
 template <>

@@ -16,7 +16,7 @@ enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64
 
 const char* error_string(int code);
 
-// x [rows, n] -> p [rows, n] in `dtype`.
+// x [rows, n] -> p [rows, n] in `dtype`; a row holding NaN, or only -inf, gives NaN.
 int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, void* stream);
 // p, grad [rows, n] -> grad_x [rows, n], all in `dtype`.
 int sparsemax_backward_launch(const void* p, const void* grad, void* grad_x, int64_t rows, int64_t n, FloatType dtype,
@@ -29,22 +29,25 @@ constexpr int64_t kTopTauSharedFeatures = 1024;
 
 // top_tau forward.  lam, attention, blur_kernel and scratch are in the math type (float64 for
 // kFloat64 logits, else float32).  scratch [rows, d] is needed only when blur_kernel is set and
-// d > kTopTauSharedFeatures.  d <= kTopTauCudaMaxFeatures.
+// d > kTopTauSharedFeatures; attention (nullptr: not written) is needed with a blur.  A row without a
+// result (python/sopfast/ops/counts.py) keeps no feature: indices -1, mask false, NaN lam and attention.
+// d <= kTopTauCudaMaxFeatures.
 struct TopTauForwardArgs {
   const void* logits = nullptr;  // [rows, d] in logits_type
   FloatType logits_type = FloatType::kFloat32;
   const bool* valid = nullptr;  // [rows, d] or nullptr (all valid)
-  const int64_t* k = nullptr;   // [rows]; clamped to [0, number of valid features]
+  const int64_t* k = nullptr;   // [rows] or nullptr (k_max in every row); clamped to [0, number of valid features]
   int64_t rows = 0, d = 0, k_max = 0;
   bool largest = true;
   bool ties_authors = false;  // rank the attention, equal values higher index first when largest
   const void* blur_kernel = nullptr;  // [blur_size] or nullptr
   int64_t blur_size = 0, grid_h = 0, grid_w = 0;
   void* scratch = nullptr;     // [rows, d]
-  int64_t* indices = nullptr;  // [rows, k_max] out
+  void* indices = nullptr;     // [rows, k_max] out: int64, or int32 when int32_indices
+  bool int32_indices = false;
   bool* mask = nullptr;        // [rows, d] out
   void* lam = nullptr;         // [rows] out
-  void* attention = nullptr;   // [rows, d] out
+  void* attention = nullptr;   // [rows, d] out, or nullptr
 };
 int top_tau_forward_launch(const TopTauForwardArgs& args, void* stream);
 

@@ -1,9 +1,11 @@
 // CUDA sparsemax over rows x[rows, n]: one team of threads per row with the row in registers --
-// 4 lanes for n <= 32 (8 rows per warp), a warp for n <= 1024, a block of 256 or 512 threads up to
-// kSparsemaxRegisterEntries -- running the per-row algorithm of csrc/team_rows.h (Michelot's exact
-// iteration, sort-free: one read of the row from memory).  Longer rows: a block per row that
-// re-reads the row (from L2) per iteration.  Backward: (g - mean_S g) on S = {p > 0} by the same
-// teams.  Math in float32 (float64 for double).
+// one thread for n <= 32 (SOP's groups: the block's rows staged through shared memory so that global
+// memory is read and written in coalesced runs, each thread then reads its own row from there), a
+// warp for n <= 1024, a block of 256 or 512 threads up to kSparsemaxRegisterEntries -- running the
+// per-row algorithm of csrc/team_rows.h (Michelot's exact iteration, sort-free: one read of the row
+// from memory).  Longer rows: a block per row that re-reads the row (from L2) per iteration.
+// Backward: (g - mean_S g) on S = {p > 0} by teams of 4 lanes, a warp or a block.  Math in float32
+// (float64 for double).
 #include <type_traits>
 
 #include "cuda/cuda_common.cuh"
@@ -32,6 +34,38 @@ __global__ void __launch_bounds__(TeamBlock<Team>::threads)
   }
 }
 
+// Rows of n <= kThreadRowEntries, one per thread: the block's kThreadRows rows are copied into
+// shared memory (as acc_t, rows kThreadRowStride(n) apart so that the threads' rows fall in distinct
+// banks) with coalesced loads, each thread runs its row there, and the results go back coalesced.
+constexpr int kThreadRows = kWarpTeamBlock;
+constexpr int kThreadRowEntries = 32;
+__host__ __device__ constexpr int thread_row_stride(int64_t n) { return static_cast<int>(n) | 1; }
+
+template <int VPT, typename scalar_t>
+__global__ void __launch_bounds__(kThreadRows)
+    sparsemax_thread_rows_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ p, int64_t rows, int64_t n) {
+  using acc_t = typename AccType<scalar_t>::type;
+  extern __shared__ __align__(16) unsigned char staged_rows[];
+  acc_t* tile = reinterpret_cast<acc_t*>(staged_rows);
+  const int stride = thread_row_stride(n);
+  const ThreadTeam team;
+  for (int64_t first = int64_t(blockIdx.x) * kThreadRows; first < rows; first += int64_t(gridDim.x) * kThreadRows) {
+    const int64_t count = (rows - first < kThreadRows ? rows - first : kThreadRows) * n;
+    const scalar_t* in = x + first * n;
+    for (int64_t e = threadIdx.x; e < count; e += kThreadRows) tile[(e / n) * stride + e % n] = load_as<acc_t>(in + e);
+    __syncthreads();
+    acc_t* mine = tile + threadIdx.x * stride;
+    if (first + threadIdx.x < rows) {
+      sparsemax_team_row<VPT, acc_t>(
+          team, n, [mine](int64_t i) { return mine[i]; }, [mine](int64_t i, acc_t value) { mine[i] = value; });
+    }
+    __syncthreads();
+    scalar_t* out = p + first * n;
+    for (int64_t e = threadIdx.x; e < count; e += kThreadRows) out[e] = cast_to<scalar_t>(tile[(e / n) * stride + e % n]);
+    __syncthreads();
+  }
+}
+
 // Rows longer than kSparsemaxRegisterEntries: a block per row, the row re-read per Michelot step.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kLongRowThreads)
@@ -53,7 +87,8 @@ __global__ void __launch_bounds__(kLongRowThreads)
     row_max = team.max(row_max);
     n_posinf = team.sum(n_posinf);
     n_nan = team.sum(n_nan);
-    const bool special = n_posinf > 0 || n_nan > 0 || row_max == -inf;
+    const bool undefined = n_nan > 0 || row_max == -inf;
+    const bool special = n_posinf > 0 || undefined;
     acc_t tau = -1;
     int support = -1;
     while (!special) {
@@ -74,7 +109,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
     for (int64_t i = threadIdx.x; i < n; i += kLongRowThreads) {
       const acc_t v = load_as<acc_t>(xr + i);
       acc_t out = v - row_max - tau > acc_t(0) ? v - row_max - tau : acc_t(0);
-      if (special) out = n_posinf > 0 ? (v == inf ? acc_t(1) / acc_t(n_posinf) : acc_t(0)) : quiet_nan<acc_t>();
+      if (special) out = undefined ? quiet_nan<acc_t>() : (v == inf ? acc_t(1) / acc_t(n_posinf) : acc_t(0));
       pr[i] = cast_to<scalar_t>(out);
     }
   }
@@ -105,14 +140,21 @@ int launch_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cuda
   return static_cast<int>(cudaGetLastError());
 }
 
+template <int VPT, typename scalar_t>
+int launch_thread_rows(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
+  using acc_t = typename AccType<scalar_t>::type;
+  const size_t shared = static_cast<size_t>(kThreadRows) * thread_row_stride(n) * sizeof(acc_t);
+  sparsemax_thread_rows_kernel<VPT, scalar_t>
+      <<<grid_for(rows, kThreadRows), kThreadRows, shared, stream>>>(x, p, rows, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename scalar_t>
 int launch_sparsemax_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
-  using W4 = WarpTeam<4>;
   using W32 = WarpTeam<32>;
-  if (n <= 4) return launch_forward<W4, 1>(x, p, rows, n, stream);
-  if (n <= 8) return launch_forward<W4, 2>(x, p, rows, n, stream);
-  if (n <= 16) return launch_forward<W4, 4>(x, p, rows, n, stream);
-  if (n <= 32) return launch_forward<W4, 8>(x, p, rows, n, stream);
+  if (n <= 8) return launch_thread_rows<8>(x, p, rows, n, stream);
+  if (n <= 16) return launch_thread_rows<16>(x, p, rows, n, stream);
+  if (n <= kThreadRowEntries) return launch_thread_rows<kThreadRowEntries>(x, p, rows, n, stream);
   if (n <= 64) return launch_forward<W32, 2>(x, p, rows, n, stream);
   if (n <= 128) return launch_forward<W32, 4>(x, p, rows, n, stream);
   if (n <= 256) return launch_forward<W32, 8>(x, p, rows, n, stream);

@@ -76,7 +76,32 @@ struct BlockTeam {
   __device__ void sync() const { __syncthreads(); }
 };
 
-// Threads per block of a team kind: BlockTeam<N> -> N; WarpTeam -> kWarpTeamBlock.
+// One thread (a row per thread, for rows of a few entries): every collective is the thread's own value.
+struct ThreadTeam {
+  static constexpr int kTeamsPerWarp = kWarp;
+  __device__ static int index_in_block() { return static_cast<int>(threadIdx.x); }
+  __device__ int rank() const { return 0; }
+  __device__ int size() const { return 1; }
+  __device__ int lanes() const { return 1; }
+  __device__ int group() const { return 0; }
+  __device__ int lane() const { return 0; }
+  template <typename T>
+  __device__ T sum(T v) const {
+    return v;
+  }
+  template <typename T>
+  __device__ T max(T v) const {
+    return v;
+  }
+  __device__ uint32_t ballot(bool flag) const { return flag ? 1u : 0u; }
+  __device__ int groups_before(int count, int* total) const {
+    *total = count;
+    return 0;
+  }
+  __device__ void sync() const {}
+};
+
+// Threads per block of a team kind: BlockTeam<N> -> N; WarpTeam and ThreadTeam -> kWarpTeamBlock.
 constexpr int kWarpTeamBlock = 128;
 template <typename Team>
 struct TeamBlock {

@@ -1,8 +1,9 @@
 // The team shapes and launch helpers of the CUDA top_tau kernels (top_tau_forward.cu,
 // top_tau_backward.cu: one team of threads per row -- 8 lanes for d <= 32, a warp for d <= 1024, a
 // block of 512 threads up to kTopTauCudaMaxFeatures -- several rows per block, the row in
-// registers).  Four team shapes per kernel: the values per thread are a runtime count under a
-// compile-time bound, so one instantiation serves every row length up to its bound.  The blur, a
+// registers).  Five team shapes per kernel: the values per thread are a runtime count under a
+// compile-time bound (a multiple of kRun), so one instantiation serves every row length up to its
+// bound; a warp holds rows of up to 256 / 512 / 1,024 features in 8 / 16 / 32 values per thread.  The blur, a
 // compile-time flag, stages the row in shared memory (global scratch for rows longer than
 // kTopTauSharedFeatures) and passes through the output row.
 #pragma once
@@ -28,6 +29,7 @@ template <typename F>
 int dispatch_team(int64_t d, F&& f) {
   if (d <= 32) return f(TeamShape<WarpTeam<8>, 4>{});
   if (d <= 256) return f(TeamShape<WarpTeam<kWarp>, 8>{});
+  if (d <= 512) return f(TeamShape<WarpTeam<kWarp>, 16>{});
   if (d <= 1024) return f(TeamShape<WarpTeam<kWarp>, 32>{});
   if (d <= kTopTauCudaMaxFeatures) return f(TeamShape<BlockTeam<512>, 32>{});
   return static_cast<int>(cudaErrorInvalidValue);

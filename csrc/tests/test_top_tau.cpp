@@ -240,14 +240,14 @@ TEST_CASE(torch_entry_points) {
   const at::Tensor k = at::full({50}, 39, at::kLong);
   const at::Tensor kernel = at::ones({3}) / 3;
   auto [indices, mask, lam, attention] =
-      sopfast::top_tau_forward<c10::kCPU>(logits, k, 39, std::nullopt, true, false, kernel, 14, 14);
+      sopfast::top_tau_forward<c10::kCPU>(logits, k, 39, std::nullopt, true, false, kernel, 14, 14, true, false);
   EXPECT(indices.sizes() == at::IntArrayRef({50, 39}) && mask.sum().item<int64_t>() == 50 * 39);
   EXPECT(lam.scalar_type() == at::kFloat && (lam.abs() <= 1).all().item<bool>());
   const at::Tensor grad =
       sopfast::top_tau_backward<c10::kCPU>(attention, mask, lam, at::ones({50}), std::nullopt, kernel, 14, 14);
   EXPECT(grad.sizes() == logits.sizes());
   auto half =
-      sopfast::top_tau_forward<c10::kCPU>(logits.to(at::kHalf), k, 39, std::nullopt, false, false, std::nullopt, 0, 0);
+      sopfast::top_tau_forward<c10::kCPU>(logits.to(at::kHalf), k, 39, std::nullopt, false, false, std::nullopt, 0, 0, true, false);
   EXPECT(std::get<2>(half).scalar_type() == at::kFloat);
 }
 
@@ -255,7 +255,7 @@ TEST_CASE(torch_entry_points_reject_bad_inputs) {
   const at::Tensor logits = at::randn({4, 6});
   const at::Tensor k = at::full({4}, 2, at::kLong);
   auto forward = [&](const at::Tensor& counts, int64_t k_max, const std::optional<at::Tensor>& kernel, int64_t grid) {
-    return sopfast::top_tau_forward<c10::kCPU>(logits, counts, k_max, std::nullopt, true, false, kernel, grid, grid);
+    return sopfast::top_tau_forward<c10::kCPU>(logits, counts, k_max, std::nullopt, true, false, kernel, grid, grid, true, false);
   };
   EXPECT_THROWS(forward(k.to(at::kInt), 2, std::nullopt, 0));
   EXPECT_THROWS(forward(k, 7, std::nullopt, 0));

@@ -215,11 +215,13 @@ class GroupGenerator(nn.Module):
             blur_sigma=self.blur_sigma,
             grid=grid,
         )
+        attention = result.attention
+        assert attention is not None  # top_tau returns it by default (attention=True)
         return Groups(
             mask=result.mask.view(b, m, d),
             indices=result.indices.view(b, m, -1),
             lam=result.lam.view(b, m),
-            attention=result.attention.view(b, m, d),
+            attention=attention.view(b, m, d),
         )
 
     def forward(

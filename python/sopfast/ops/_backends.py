@@ -126,9 +126,8 @@ class Op:
     """One op of ``torch.ops.sopfast``: declares ``name`` + ``schema`` and registers its kernels.
 
     ``reference`` is the pure-PyTorch implementation (the oracle and the ``torch`` backend), ``fake``
-    gives the output shapes, ``finish(args, outputs)`` (optional) applies the rows-without-a-result
-    rule to the Triton kernels' outputs (the C++ kernels apply it themselves), ``kernel`` names the
-    native implementations."""
+    gives the output shapes, ``kernel`` names the native implementations (which apply the rule for rows
+    without a result themselves)."""
 
     def __init__(
         self,
@@ -137,11 +136,10 @@ class Op:
         kernel: str,
         reference: Callable[..., Any],
         fake: Callable[..., Any],
-        finish: Callable[[tuple, Any], Any] | None = None,
     ) -> None:
         if kernel in OPS:
             raise ValueError(f"op {kernel!r} is already registered")
-        self.name, self.kernel, self.reference, self.finish = name, kernel, reference, finish
+        self.name, self.kernel, self.reference = name, kernel, reference
         LIBRARY.define(name + schema)
         if has_cpp():
             # the fake first: it also becomes the Meta kernel, which the reference would otherwise fill
@@ -164,8 +162,7 @@ class Op:
             kernels = triton_kernels()
             if kernels is None:
                 raise RuntimeError("backend 'triton' is not available here (it needs a GPU or TRITON_INTERPRET=1)")
-            kernel, finish = getattr(kernels, self.kernel), self.finish
-            return kernel if finish is None else lambda *args: finish(args, kernel(*args))
+            return getattr(kernels, self.kernel)
         if _EXTENSION is None or (backend == "cuda" and not has_cuda_kernels()):
             raise RuntimeError(f"backend {backend!r} is not available here (sopfast._C is not built with it)")
         return getattr(_EXTENSION, f"{self.kernel}_{'cpu' if backend == 'cpp' else 'cuda'}")

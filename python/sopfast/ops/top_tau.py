@@ -16,6 +16,10 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
      ties to the lower feature index: the paper's math at infinite precision;
 4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
 
+A caller that needs only the groups asks for less: ``attention=False`` writes no attention (λ's
+gradient still works: the autograd keeps what its backward needs) and ``index_dtype=torch.int32`` halves
+the indices — the kernels' traffic at SOP's shapes is then mostly the logits read once.
+
 ``k = max(1, floor(τ · d))`` is computed exactly, ``τ`` read as the decimal it prints as.  Every
 argument is validated here, before dispatch, so all backends accept and reject alike.
 
@@ -60,14 +64,15 @@ from .counts import canonical_for_sort, num_kept, num_kept_table, rows_without_r
 
 
 class TopTauResult(NamedTuple):
-    """``indices [N, k_max]`` int64 ascending (``-1``-padded when rows keep fewer; ``k_max`` is
-    ``num_kept(tau, d)`` or ``k``, or a tensor ``k``'s maximum),
-    ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 input)."""
+    """``indices [N, k_max]`` int64 (or the ``index_dtype`` asked) ascending (``-1``-padded when rows
+    keep fewer; ``k_max`` is ``num_kept(tau, d)`` or ``k``, or a tensor ``k``'s maximum),
+    ``mask [N, d]`` bool, ``lam [N]`` and ``attention [N, d]`` (fp32; fp64 for fp64 input; ``None``
+    when not asked)."""
 
     indices: torch.Tensor
     mask: torch.Tensor
     lam: torch.Tensor
-    attention: torch.Tensor
+    attention: torch.Tensor | None
 
 
 def _grid_or_none(grid_h: int, grid_w: int) -> tuple[int, int] | None:
@@ -83,6 +88,7 @@ def _softmax_with_inf(s: torch.Tensor) -> torch.Tensor:
 
 
 TIES = ("authors", "logits")
+INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool, higher_first: bool) -> torch.Tensor:
@@ -108,13 +114,16 @@ def top_tau_reference(
     grid_h: int = 0,
     grid_w: int = 0,
     ties_authors: bool = False,
+    need_attention: bool = True,
+    int32_indices: bool = False,
 ) -> TopTauResult:
     """Pure-PyTorch top-τ on ``logits [N, d]`` with per-row ``k [N]`` (``None``: ``k_max`` in every
     row); differentiable in ``lam`` and ``attention`` through autograd (the oracle for the kernels'
     backward).  Rows without a result keep no feature and get NaN ``lam`` and attention.
 
     ``ties_authors`` ranks the attention with the authors' tie rule (higher index first for
-    ``largest``), else the blurred logits with ties to the lower index (see the module docstring)."""
+    ``largest``), else the blurred logits with ties to the lower index (see the module docstring).
+    Without ``need_attention`` the attention is ``[N, 0]``; ``int32_indices`` gives int32 indices."""
     n, d = logits.shape
     if k is None:
         k = torch.full((n,), k_max, dtype=torch.int64, device=logits.device)
@@ -139,7 +148,13 @@ def top_tau_reference(
     row = undefined.view(-1, 1)
     indices = torch.where((indices < d) & ~row, indices, torch.full_like(indices, -1))
     lam = lam.masked_fill(undefined, float("nan"))
-    return TopTauResult(indices, mask & ~row, lam, a.masked_fill(row, float("nan")))
+    attention = a.masked_fill(row, float("nan"))
+    return TopTauResult(
+        indices.int() if int32_indices else indices,
+        mask & ~row,
+        lam,
+        attention if need_attention else attention[:, :0],
+    )
 
 
 def top_tau_backward_reference(
@@ -164,29 +179,21 @@ def top_tau_backward_reference(
     return g
 
 
-def _blank_rows_without_result(args: tuple, outputs: tuple) -> tuple:
-    """The rule for rows without a result on a kernel's outputs, for the ``torch.ops.sopfast.top_tau``
-    arguments ``args``."""
-    logits, valid, blur_kernel = args[0], args[3], args[6]
-    undefined = rows_without_result(logits, valid, blurred=blur_kernel is not None)
-    row = undefined.view(-1, 1)
-    indices, mask, lam, attention = outputs
-    return (
-        indices.masked_fill(row, -1),
-        mask & ~row,
-        lam.masked_fill(undefined, float("nan")),
-        attention.masked_fill(row, float("nan")),
-    )
-
-
-def _fake(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w):
+def _fake(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w, attention=True, int32=False):
     n, d = logits.shape
     compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return (
-        logits.new_empty(n, k_max, dtype=torch.int64),
+        logits.new_empty(n, k_max, dtype=torch.int32 if int32 else torch.int64),
         logits.new_empty(n, d, dtype=torch.bool),
         logits.new_empty(n, dtype=compute),
-        logits.new_empty(n, d, dtype=compute),
+        logits.new_empty(n, d if attention else 0, dtype=compute),
+    )
+
+
+def _reference_op(logits, k, k_max, valid, largest, ties_authors, blur, grid_h, grid_w, attention=True, int32=False):
+    """:func:`top_tau_reference` with the op's argument order."""
+    return tuple(
+        top_tau_reference(logits, k, k_max, valid, largest, blur, grid_h, grid_w, ties_authors, attention, int32)
     )
 
 
@@ -195,13 +202,10 @@ def _fake(logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, g
 _forward = _backends.Op(
     "top_tau",
     "(Tensor logits, Tensor? k, int k_max, Tensor? valid, bool largest, bool ties_authors, Tensor? blur_kernel, "
-    "int grid_h, int grid_w) -> (Tensor, Tensor, Tensor, Tensor)",
+    "int grid_h, int grid_w, bool need_attention=True, bool int32_indices=False) -> (Tensor, Tensor, Tensor, Tensor)",
     "top_tau_forward",
-    lambda logits, k, k_max, valid, largest, ties_authors, blur_kernel, grid_h, grid_w: tuple(
-        top_tau_reference(logits, k, k_max, valid, largest, blur_kernel, grid_h, grid_w, ties_authors)
-    ),
+    _reference_op,
     _fake,
-    _blank_rows_without_result,
 ).overload
 _backends.Op(
     "top_tau_backward",
@@ -286,6 +290,8 @@ def top_tau(
     blur_kernel_size: int = 0,
     blur_sigma: float = 1.0,
     grid: tuple[int, int] | None = None,
+    attention: bool = True,
+    index_dtype: torch.dtype = torch.int64,
 ) -> TopTauResult:
     """Binarise attention rows into groups (``torch.ops.sopfast.top_tau`` after the checks).
 
@@ -300,6 +306,8 @@ def top_tau(
         blur_kernel_size, blur_sigma: Gaussian blur of each row before the softmax
             (``kernel_size <= 1`` disables it).
         grid: ``(h, w)`` with ``h · w = d`` to blur on a 2-D grid; ``None`` blurs along ``d``.
+        attention: return the attention rows (``False``: ``None``, and the kernels write none).
+        index_dtype: ``torch.int64`` or ``torch.int32``, the indices' dtype.
     """
     _backends.check_extension()
     if not (type(logits) is torch.Tensor and logits.dtype in FLOAT_DTYPES and logits.dim() == 2):
@@ -309,6 +317,10 @@ def top_tau(
         raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
     if largest is not True and largest is not False:
         raise TypeError(f"largest must be True or False, got {largest!r}")
+    if attention is not True and attention is not False:
+        raise TypeError(f"attention must be True or False, got {attention!r}")
+    if index_dtype not in INDEX_DTYPES:
+        raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {index_dtype!r}")
     n, d = logits.shape
     if d == 0:
         raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
@@ -330,9 +342,24 @@ def top_tau(
             blur = _blur_kernel.__wrapped__ if torch.compiler.is_compiling() else _blur_kernel
             blur_kernel = blur(blur_kernel_size, blur_sigma, logits.device, logits.dtype == torch.float64)
     k_rows, k_max = _resolve_k(tau, k, n, d, valid, logits.device)
-    return TopTauResult._make(
-        _forward(logits, k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w)
+    if attention and index_dtype is torch.int64:
+        return TopTauResult._make(
+            _forward(logits, k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w)
+        )
+    indices, mask, lam, rows = _forward(
+        logits,
+        k_rows,
+        k_max,
+        valid,
+        largest,
+        ties == "authors",
+        blur_kernel,
+        grid_h,
+        grid_w,
+        attention,
+        index_dtype is torch.int32,
     )
+    return TopTauResult(indices, mask, lam, rows if attention else None)
 
 
 _num_kept_cached = lru_cache(maxsize=256)(num_kept)  # eager calls: the Fraction arithmetic once per (tau, d)
