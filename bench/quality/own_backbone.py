@@ -131,7 +131,8 @@ def write(results: dict) -> None:
     lines = [
         "# SOP on a backbone trained the ordinary way",
         "",
-        f"`python bench/quality/own_backbone.py` — {platform.processor() or platform.machine()}, "
+        f"`{' '.join(['python bench/quality/own_backbone.py', *sys.argv[1:]])}` — "
+        f"{platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; {time.strftime('%Y-%m-%d')}.",
     ]
     if "diagnose" in results:
