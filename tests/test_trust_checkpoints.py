@@ -145,7 +145,9 @@ def test_a_newer_patch_version_loads(tmp_path):
     major, minor, patch = map(int, sopfast.__version__.split(".")[:3])
     meta["sopfast_version"] = f"{major}.{minor}.{patch + 1}"
     write_config(tmp_path, meta)
-    SOP.from_pretrained(tmp_path, model.backbone)
+    loaded = SOP.from_pretrained(tmp_path, model.backbone).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(X).logits, model.eval()(X).logits)
 
 
 def test_checkpoints_of_0_3_0_without_checksums_load(tmp_path):
