@@ -311,12 +311,15 @@ class SOP(HubMixin, nn.Module):
         valid = self.adapter.candidates(inputs)
         if valid is not None:
             check_candidates(valid)
+        widths = self.adapter.drop_widths(inputs, tau)  # before the projection pass: no GPU sync later
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
         grid = self.adapter.feature_grid(inputs)
-        return self.generator(
+        groups = self.generator(
             emb, valid, m, tau, head=head, deletion=self.deletion, grid=grid, demote=self.demoted(inputs)
         )
+        groups.drop_widths = widths
+        return groups
 
     def demoted(self, inputs: FeatureInputs) -> torch.Tensor | None:
         """``[B, d]`` bool: the features the generator ranks last (``demote_blank``: the adapter's

@@ -24,8 +24,9 @@ class Optimization:
 
 
 def build_optimization(model: SOP, cfg: TrainConfig, total_steps: int) -> Optimization:
-    """AdamW (fused when every trainable parameter is on a CUDA device) over ``model.trainable_parameters()`` and its schedule for a run of ``total_steps`` steps
-    (``cfg`` resolved: its ``lr`` and ``warmup_ratio`` filled in from the recipe)."""
+    """AdamW over ``model.trainable_parameters()`` (fused when all are on a CUDA device:
+    :func:`sopfast.devices.adamw`) and its schedule for a run of ``total_steps`` steps (``cfg`` resolved:
+    its ``lr`` and ``warmup_ratio`` filled in from the recipe)."""
     heads = model.generator.num_heads
     phases = cfg.head_schedule == "phases" and heads > 1
     head_phase = max(1, total_steps // heads) if phases else None
