@@ -440,7 +440,7 @@ class HFTextFamily(BackboneAdapter):
         emb = self.backbone.get_input_embeddings()
         ids = inputs.require_input_ids()
         z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
-        x = emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)
+        x = (emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)).to(emb.weight.dtype)
         mask = self._model_attention_mask(inputs.attention_mask)
         with self.positions_at(self.backbone, self.positions(ids)):
             return self.backbone(inputs_embeds=x, attention_mask=mask, **self._types(inputs.token_type_ids)).logits
