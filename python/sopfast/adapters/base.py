@@ -230,6 +230,11 @@ class BackboneAdapter(ABC):
             return groups.mask.shape[-1] + 1
         return groups.indices.shape[-1] + 1
 
+    def compile_units(self, projection: nn.Module) -> list[nn.Module]:
+        """The modules ``SOP(compile=...)`` compiles with ``torch.compile``: the transformer blocks of the frozen
+        backbone and of ``projection`` (each called with static shapes); ``[]`` (the default): none."""
+        return []
+
     def drop_widths(self, inputs: FeatureInputs, tau: float) -> HostValues | None:
         """What bounds the width of each example's ``drop`` passes for groups of ``tau``, from ``inputs`` alone
         and started on its way to the host (:class:`~sopfast.types.HostValues`), for an adapter whose ``drop``

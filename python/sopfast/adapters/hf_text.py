@@ -231,6 +231,9 @@ class HFTextFamily(BackboneAdapter):
             return groups.mask.shape[-1]
         return max(self._drop_pass_widths(inputs, groups))
 
+    def compile_units(self, projection: nn.Module) -> list[nn.Module]:
+        return [*self.layers(self.encoder_model), *self.layers(projection)]
+
     def drop_widths(self, inputs: FeatureInputs, tau: float) -> HostValues:
         """Per example ``[floor(τ·d) + 1, a]``: ``d`` its candidates (a group keeps at most
         ``max(1, floor(τ·d))`` of them; the ``+ 1`` also covers floating point's floor), ``a`` the tokens

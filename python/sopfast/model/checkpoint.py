@@ -75,7 +75,7 @@ REQUIRED_OPTIONS = (
 _REQUIRED_FROM = (0, 3)
 #: Constructor options saved too, but newer than sopfast 0.4's checkpoints, which lack them: absent, the
 #: default (what those checkpoints ran with).
-LATER_OPTIONS = ("backbone_dtype",)
+LATER_OPTIONS = ("backbone_dtype", "compile")
 _META = ("config", "adapter", "backbone_sha256", "sopfast_version")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.

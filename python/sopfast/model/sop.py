@@ -35,7 +35,7 @@ from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
 from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, get_recipe, resolve_options
-from .runtime import cast_backbone
+from .runtime import COMPILE_CHOICES, cast_backbone, compile_blocks, compiles_on
 from .selector import GroupSelector, check_class_weights
 
 TASKS = ("classification", "regression")
@@ -130,6 +130,11 @@ class SOP(HubMixin, nn.Module):
             (projection, selector: they stay fp32).  Under autocast in that dtype (a GPU's mixed precision)
             the group passes then cast no weights per call; without autocast the backbone computes in it.
             Checkpoints record the backbone as given (its hash before the cast), so they load over it.
+        compile: ``torch.compile`` the transformer blocks of the frozen backbone and the projection (static
+            shapes; the adapter's ``compile_units``) on the first forward: ``False`` (the default), ``True``,
+            or ``"auto"`` (on a CUDA device only).  Same logits as eager (tested on the CPU); the first call
+            of each shape compiles.  Whether it is faster on a GPU is unmeasured until ``bench/gpu_script.py``'s
+            compile step runs on a card.
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
         adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone, or the name of
@@ -168,6 +173,7 @@ class SOP(HubMixin, nn.Module):
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
         backbone_dtype: torch.dtype | str | None = None,
+        compile: bool | Literal["auto"] = False,
         task: Literal["classification", "regression"] = "classification",
         class_weights: torch.Tensor | None = None,
         adapter: BackboneAdapter | str | None = None,
@@ -221,6 +227,10 @@ class SOP(HubMixin, nn.Module):
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
         self.backbone_dtype = check_dtype("backbone_dtype", backbone_dtype, BACKBONE_DTYPES, optional=True)
         self._given_backbone_sha256 = cast_backbone(self.backbone, self.backbone_dtype)
+        self.compile_option = check_choice("compile", compile, COMPILE_CHOICES)
+        if compile is True and not self.adapter.compile_units(self.projection):
+            raise ValueError(f"compile=True: {type(self.adapter).__name__} names no blocks to compile; use False")
+        self._compiled = False
         self.epoch = 0
         self.config = SOPConfig(
             {
@@ -239,11 +249,18 @@ class SOP(HubMixin, nn.Module):
                 "group_batch_size": group_batch_size,
                 "checkpoint_projection": checkpoint_projection,
                 "backbone_dtype": self.backbone_dtype,
+                "compile": compile,
                 "task": task,
                 **({"adapter": adapter} if isinstance(adapter, str) else {}),
                 **adapter_kwargs,
             }
         )
+
+    def _compile_for(self, device: torch.device) -> None:
+        """Compile the adapter's blocks once, the first time ``compile`` says so for inputs on ``device``."""
+        if not self._compiled and compiles_on(self.compile_option, device):
+            compile_blocks(self.adapter.compile_units(self.projection))
+            self._compiled = True
 
     def backbone_sha256(self) -> str:
         """SHA-256 of the frozen backbone as it was given (before a ``backbone_dtype`` cast): what a saved
@@ -322,6 +339,7 @@ class SOP(HubMixin, nn.Module):
         valid = self.adapter.candidates(inputs)
         if valid is not None:
             check_candidates(valid)
+        self._compile_for(inputs.device)
         widths = self.adapter.drop_widths(inputs, tau)  # before the projection pass: no GPU sync later
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
@@ -401,6 +419,7 @@ class SOP(HubMixin, nn.Module):
             )
         else:
             check_finite_lam(groups.lam)
+            self._compile_for(inputs.device)
             with torch.no_grad():
                 preds = self.adapter.run_groups_sized(
                     inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device)
