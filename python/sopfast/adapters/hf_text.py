@@ -249,11 +249,12 @@ class HFTextFamily(BackboneAdapter):
         carry them (``min(T, min(k_max, floor(τ·d) + 1) + a)``, an upper bound: the passes are padded with
         masked slots, which leave [CLS]'s result unchanged since masked keys get zero attention), else the
         exact counts (:func:`_drop_lengths`, a GPU sync)."""
-        m, t = groups.mask.shape[1:]
-        if groups.drop_widths is None:
+        b, m, t = groups.mask.shape
+        bounds = None if groups.drop_widths is None else groups.drop_widths.values()
+        if bounds is None or len(bounds) != b:  # groups made elsewhere, or of other rows
             return _drop_lengths(_runs(self._keep(inputs, groups)))
         k_max = groups.indices.shape[-1]
-        return [min(t, min(k_max, kept) + always) for kept, always in groups.drop_widths.values() for _ in range(m)]
+        return [min(t, min(k_max, kept) + always) for kept, always in bounds for _ in range(m)]
 
     def drop_tokens(self, inputs: FeatureInputs, kept: int) -> int:
         """The kept features, the tokens that are no candidates and position 0 ([CLS]), which always runs."""
