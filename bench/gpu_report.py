@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import copy
 import importlib.metadata
+import itertools
 import math
 import os
 import platform
@@ -54,9 +55,10 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,10 +84,13 @@ from sopfast.ops.top_tau import _ranking as top_tau_ranking  # noqa: E402
 
 PEAK_GBPS_BY_NAME = {"H200": 4800.0, "H100": 3350.0}
 TOP_TAU_CHECK_ROWS = 129
-# the Triton launch-shape sweep: elements per program x elements per warp (top_tau), per program
-# (sparsemax); at most 16 elements per thread (32 spill registers: bench/triton_compile_check.py)
-SWEEP_ELEMENTS_PER_PROGRAM = (256, 512, 1024, 2048, 4096)
-SWEEP_ELEMENTS_PER_WARP = (128, 256, 512)
+# the Triton launch-shape sweep: the module constants the kernels' launch code reads now, per swept op —
+# top_tau forward (rows of <= 1,024): rows (= warps) per program x bits per radix reduction (at most 3 fit
+# rows of 196); sparsemax over <= 32 columns (one thread per row): rows per program (32 per warp)
+SWEEP_KNOBS: dict[str, dict[str, tuple[int, ...]]] = {
+    "top_tau": {"ROWS_PER_PROGRAM": (1, 2, 4, 8), "RADIX_BITS": (1, 2, 3)},
+    "sparsemax": {"THREAD_ROWS_PER_PROGRAM": (32, 64, 128, 256)},
+}
 TIME_BUDGET_S = 7 * 60  # stop starting checks after this: the run must fit in 8 minutes
 # seconds each section may start checks for, in the order they run (end to end first)
 SECTION_BUDGET_S = {"e2e": 200.0, "gates": 40.0, "agreement": 25.0, "ops": 80.0, "timings": 100.0}
@@ -608,6 +613,29 @@ def timing_cases(device: torch.device, dry: bool) -> list[TimingCase]:
     return [case for build, args in timing_specs(dry) for case in build(*args, device)]
 
 
+def sweep_points() -> list[tuple[str, dict[str, int]]]:
+    """Every point of the launch-shape sweep: ``(op, {knob: value})``, each op's knobs crossed."""
+    points = []
+    for op, knobs in SWEEP_KNOBS.items():
+        for values in itertools.product(*knobs.values()):
+            points.append((op, dict(zip(knobs, values))))
+    return points
+
+
+@contextlib.contextmanager
+def knobs_set(module: Any, settings: dict[str, int]) -> Iterator[None]:
+    """``module``'s launch constants set to ``settings`` inside the block (an AttributeError for a name the
+    module lacks), restored after."""
+    saved = {name: getattr(module, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
 def timings_section(report: Report) -> None:
     device, dry = report.device, report.dry_run
     peak = peak_gbps(device)
@@ -637,43 +665,30 @@ def timings_section(report: Report) -> None:
     import sop_kernels.top_tau as triton_top_tau
 
     def sweep() -> str:
-        """Triton launch shapes: elements per program (rows per program = that // BLOCK)."""
-        best = {}
+        """Triton launch shapes: :data:`SWEEP_KNOBS`, one op's knobs crossed at a time."""
+        best: dict[str, tuple[float, str]] = {}
         logits = torch.randn(TIMING_ROWS, 196, device=device)
         k = torch.full((TIMING_ROWS,), 39, device=device)
         x = torch.randn(65536, 20, device=device)
-        for elements in SWEEP_ELEMENTS_PER_PROGRAM:
-            for warp_elements in SWEEP_ELEMENTS_PER_WARP:
-                triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP = elements, warp_elements
-                ms = time_ms(
-                    lambda: kernel("top_tau_forward", "triton")(logits, k, 39, None, True, True, None, 0, 0), device, 30
-                )
-                report.row(
-                    "triton launch shapes",
-                    [
-                        f"top_tau {TIMING_ROWS}x196 authors: {elements} per program, {warp_elements} per warp",
-                        f"{ms:.4f}",
-                    ],
-                )
-                best["top_tau"] = min(best.get("top_tau", (math.inf, None)), (ms, (elements, warp_elements)))
-            triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM = elements
-            ms = time_ms(lambda: kernel("sparsemax_forward", "triton")(x), device, 30)
-            report.row("triton launch shapes", [f"sparsemax 65536x20: {elements} per program", f"{ms:.4f}"])
-            best["sparsemax"] = min(best.get("sparsemax", (math.inf, None)), (ms, elements))
-        return "best: " + ", ".join(f"{op} {cfg} ({ms:.4f} ms)" for op, (ms, cfg) in best.items())
+        modules = {"top_tau": triton_top_tau, "sparsemax": triton_sparsemax}
+        cases = {
+            "top_tau": (
+                f"top_tau {TIMING_ROWS}x196 authors",
+                lambda: kernel("top_tau_forward", "triton")(logits, k, 39, None, True, True, None, 0, 0),
+            ),
+            "sparsemax": ("sparsemax 65536x20", lambda: kernel("sparsemax_forward", "triton")(x)),
+        }
+        for op, settings in sweep_points():
+            name, call = cases[op]
+            shown = ", ".join(f"{knob} {value}" for knob, value in settings.items())
+            with knobs_set(modules[op], settings):
+                ms = time_ms(call, device, 30)
+            report.row("triton launch shapes", [f"{name}: {shown}", f"{ms:.4f}"])
+            best[op] = min(best.get(op, (math.inf, "")), (ms, shown))
+        return "best: " + ", ".join(f"{op} {shown} ({ms:.4f} ms)" for op, (ms, shown) in best.items())
 
     report.tables.setdefault("triton launch shapes", ["| launch shape | ms |", "| --- | ---: |"])
-    saved = (
-        triton_top_tau.ELEMENTS_PER_PROGRAM,
-        triton_top_tau.ELEMENTS_PER_WARP,
-        triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM,
-    )
     report.run("timings", "triton launch shapes", sweep)
-    (
-        triton_top_tau.ELEMENTS_PER_PROGRAM,
-        triton_top_tau.ELEMENTS_PER_WARP,
-        triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM,
-    ) = saved
 
 
 # ----------------------------------------------------------------------------- 3. end to end
@@ -869,11 +884,12 @@ PARITY_RTOL = 1e-4  # fp32, TF32 off: exact's logits against the authors' algori
 CALIBRATION_FACTOR = 1.5  # bf16: exact's error may be at most this times the authors' algorithm's own
 
 
-def build_model(kind: str, dry: bool, device: torch.device) -> sopfast.SOP:
-    """The SOP of the end-to-end runs (recipe "paper": the authors' algorithm), seeded."""
+def build_model(kind: str, dry: bool, device: torch.device, **options: Any) -> sopfast.SOP:
+    """The SOP of the end-to-end runs (recipe "paper": the authors' algorithm), seeded; ``options`` go to
+    ``sopfast.SOP`` (``backbone_dtype``, ``compile``)."""
     torch.manual_seed(0)
     backbone = vit_backbone(dry) if kind == "vit" else bert_backbone(dry)
-    return sopfast.SOP(backbone, num_groups=20, tau=0.2, recipe="paper").to(device).eval()
+    return sopfast.SOP(backbone, num_groups=20, tau=0.2, recipe="paper", **options).to(device).eval()
 
 
 def logit_errors(out, truth) -> torch.Tensor:

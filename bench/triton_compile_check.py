@@ -158,18 +158,14 @@ REPORT_CALLS: dict[Callable, Callable[..., None]] = {
 }
 
 
-def sweep_calls(elements: int, warp_elements: int) -> None:
+def sweep_calls(op: str, settings: dict[str, int]) -> None:
     """One point of gpu_report's Triton launch-shape sweep (top_tau 4096 × 196 authors, sparsemax 65536 × 20)."""
-    saved = triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP
-    saved_sparsemax = triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM
-    triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP = elements, warp_elements
-    triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM = elements
-    try:
-        top_tau_calls(4096, 196, None, torch.float32, True, backward=False)
-        sparsemax_calls(65536, 20, torch.float32, backward=False)
-    finally:
-        triton_top_tau.ELEMENTS_PER_PROGRAM, triton_top_tau.ELEMENTS_PER_WARP = saved
-        triton_sparsemax.FORWARD_ELEMENTS_PER_PROGRAM = saved_sparsemax
+    module = {"top_tau": triton_top_tau, "sparsemax": triton_sparsemax}[op]
+    with gpu_report.knobs_set(module, settings):
+        if op == "top_tau":
+            top_tau_calls(4096, 196, None, torch.float32, True, backward=False)
+        else:
+            sparsemax_calls(65536, 20, torch.float32, backward=False)
 
 
 def report_entries() -> Iterator[tuple[str, Callable[[], None]]]:
@@ -178,9 +174,8 @@ def report_entries() -> Iterator[tuple[str, Callable[[], None]]]:
         yield f"gpu_report ops {check.__name__}{args}", lambda check=check, args=args: REPORT_CALLS[check](*args)
     for build, args in gpu_report.timing_specs(dry=False):
         yield f"gpu_report timings {build.__name__}{args}", lambda build=build, args=args: REPORT_CALLS[build](*args)
-    for elements in gpu_report.SWEEP_ELEMENTS_PER_PROGRAM:
-        for warp_elements in gpu_report.SWEEP_ELEMENTS_PER_WARP:
-            yield f"gpu_report sweep {elements}/{warp_elements}", lambda e=elements, w=warp_elements: sweep_calls(e, w)
+    for op, settings in gpu_report.sweep_points():
+        yield f"gpu_report sweep {op} {settings}", lambda op=op, settings=settings: sweep_calls(op, settings)
     for case_id, build in gpu_ops_report.case_specs(["fp32", "bf16"]):
         yield f"gpu_ops_report {case_id}", lambda build=build: REPORT_CALLS[build.func](*build.args)
 

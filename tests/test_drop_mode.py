@@ -22,6 +22,29 @@ def test_bert_drop_equals_exact(pairs, config):
         torch.testing.assert_close(getattr(drop, name), getattr(exact, name), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("keep_special_tokens", [True, False])
+@pytest.mark.parametrize("tau", [0.29, 0.5])
+def test_bert_drop_widths_bound_the_passes_and_change_nothing(keep_special_tokens, tau):
+    """The widths counted from the inputs before the projection pass (no GPU sync) are upper bounds of the
+    tokens each pass runs, and padding the passes to them gives the counted widths' logits."""
+    model = sopfast.SOP(make_bert(), num_groups=4, tau=tau, keep_special_tokens=keep_special_tokens).eval()
+    ids, mask, types = text_batch(pairs=True)
+    inputs = model.prepare(ids, mask, types)
+    with torch.no_grad():
+        groups = model.make_groups(inputs)
+        assert groups.drop_widths is not None
+        bounded = model.adapter._drop_pass_widths(inputs, groups)
+        runs = model.adapter._keep(inputs, groups).clone()
+        runs[:, 0] = True
+        counted = runs.sum(dim=1).tolist()
+        assert all(b >= c for b, c in zip(bounded, counted)) and bounded != counted
+        by_bound = model.predict_groups(inputs, groups, mode="drop")
+        groups.drop_widths = None
+        by_count = model.predict_groups(inputs, groups, mode="drop")
+    torch.testing.assert_close(by_bound.logits, by_count.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(by_bound.group_logits, by_count.group_logits, atol=1e-5, rtol=0)
+
+
 def _hf_vit_on_tokens(backbone, x, keep):
     """The HF ViT run on CLS + the patches in ``keep`` (positions added before the gather)."""
     vit = backbone.vit

@@ -38,6 +38,8 @@ def test_the_dry_run_runs_every_step_in_order(gpu_script, tmp_path):
         assert check in text
     for check in ("vit fp32 parity (TF32 off)", "bert bf16 calibrated against the authors' bf16"):
         assert check in text
+    for variant in ("| eager |", "| bf16 backbone |", "| bf16 backbone, compile=True |"):  # the compile step
+        assert variant in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert tuple(summary) == gpu_script.SUMMARY_KEYS
     assert summary["op_checks_failed"] == 0 and summary["vit_b16_drop_forward_b128_images_per_s"] is None

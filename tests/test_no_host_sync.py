@@ -6,8 +6,10 @@ boolean indexing, ``unique``) each wait for every queued kernel.  On the CPU :cl
 them (patched ``torch.Tensor`` methods, and a dispatch mode for the ops) while a forward and a training
 step (backward, gradient clipping, AdamW) of a tiny SOP on HF ViT and BERT run, in both modes and both
 recipes, with the value checks on their GPU path (:func:`sopfast.checks.check_values` as
-``torch._assert_async``).  The one inherent read: BERT ``drop``'s group widths (``_drop_lengths``).  On a
-GPU the same runs under ``torch.cuda.set_sync_debug_mode``.
+``torch._assert_async``).  BERT ``drop``'s group widths are the one read of values, and no sync: bounds
+counted from the inputs alone, copied to pinned host memory before the projection pass is queued and waited
+for by their own event (:class:`sopfast.types.HostValues`).  On a GPU the same runs under
+``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ DATA_DEPENDENT_OPS = frozenset(
     }
 )
 #: The documented inherent reads of one SOP forward, by family and mode: ``(what, sopfast function)``.
-INHERENT = {("bert", "drop"): [("tolist", "adapters/hf_text.py:_drop_lengths")]}
+INHERENT: dict[tuple[str, str], list[tuple[str, str]]] = {}
+#: Reads of host copies started early in one SOP forward (no sync on a GPU), by family and mode.
+HOST_COPIES = {("bert", "drop"): [("tolist", "types.py:values")]}
 #: Forwards in :func:`_forward_and_step`.
 FORWARDS = 2
 
@@ -178,7 +182,20 @@ def test_forward_and_training_step_read_nothing_back(family, mode, recipe, backe
     monkeypatch.setattr(checks, "reads_on_host", lambda device: False)  # value checks as on a GPU
     with HostReads() as reads:
         _forward_and_step(model, optimizer, args, kwargs, labels)
-    assert reads.found == INHERENT.get((family, mode), []) * FORWARDS
+    expected = INHERENT.get((family, mode), []) + HOST_COPIES.get((family, mode), [])
+    assert reads.found == expected * FORWARDS
+
+
+def test_bert_drop_widths_leave_for_the_host_before_the_projection_pass(monkeypatch):
+    """The one read of a BERT ``drop`` forward is of a copy started before any projection layer runs."""
+    model, _, args, kwargs, _ = _build("bert", "drop", "sopfast")
+    calls: list[str] = []
+    widths, embed = model.adapter.drop_widths, model.adapter.embed
+    monkeypatch.setattr(model.adapter, "drop_widths", lambda *a: calls.append("widths") or widths(*a))
+    monkeypatch.setattr(model.adapter, "embed", lambda *a: calls.append("embed") or embed(*a))
+    with torch.no_grad():
+        model(*args, **kwargs)
+    assert calls == ["widths", "embed"]
 
 
 def test_host_reads_finds_every_kind_of_read():

@@ -113,3 +113,23 @@ def test_the_authors_rule_is_checked_on_the_kernels_own_attention(gpu_report):
     assert smallest == [[True, False, False, False, True]]
     valid = torch.tensor([[True, True, False, True, True]])
     assert gpu_report.authors_mask(attention, k, valid, largest=True).tolist() == [[False, True, False, True, False]]
+
+
+def test_the_launch_sweep_varies_knobs_the_kernels_read(gpu_report):
+    """Each swept constant changes the launch shape its op's Triton wrapper computes (no GPU needed)."""
+    pytest.importorskip("triton")
+    import sop_kernels.sparsemax as triton_sparsemax
+    import sop_kernels.top_tau as triton_top_tau
+
+    shape_of = {
+        ("top_tau", "ROWS_PER_PROGRAM"): lambda: triton_top_tau._forward_shape(65536, 196, 4)["ROWS"],
+        ("top_tau", "RADIX_BITS"): lambda: triton_top_tau.radix_args(196)["RADIX"],
+        ("sparsemax", "THREAD_ROWS_PER_PROGRAM"): lambda: triton_sparsemax._thread_rows_shape(65536, 20, 4)["ROWS"],
+    }
+    modules = {"top_tau": triton_top_tau, "sparsemax": triton_sparsemax}
+    swept = {(op, knob) for op, knobs in gpu_report.SWEEP_KNOBS.items() for knob in knobs}
+    assert swept == set(shape_of)
+    for op, settings in gpu_report.sweep_points():
+        with gpu_report.knobs_set(modules[op], settings):
+            assert all(shape_of[op, knob]() == value for knob, value in settings.items()), (op, settings)
+    assert len(gpu_report.sweep_points()) == 4 * 3 + 4

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import sopfast
 from sopfast.model.checkpoint import (
     CONFIG_NAME,
+    LATER_OPTIONS,
     REQUIRED_OPTIONS,
     WEIGHTS_NAME,
     atomic_save,
@@ -62,13 +63,13 @@ def test_the_config_records_the_checksums_dtypes_and_shapes(tmp_path):
     meta = config(tmp_path)
     assert set(meta["sha256"]) == {WEIGHTS_NAME, CONFIG_NAME}
     assert meta["weights"]["generator.heads.0"] == ["float32", [96, 32]]
-    assert set(REQUIRED_OPTIONS) <= set(meta["config"])
+    assert set(REQUIRED_OPTIONS) | set(LATER_OPTIONS) <= set(meta["config"])
 
 
 def test_required_options_are_every_constructor_option():
     from sopfast.cli.options import parameters
 
-    assert set(REQUIRED_OPTIONS) == set(parameters(SOP)) - {"class_weights", "adapter"}
+    assert set(REQUIRED_OPTIONS) | set(LATER_OPTIONS) == set(parameters(SOP)) - {"class_weights", "adapter"}
 
 
 @pytest.mark.parametrize("where", ["generator", "selector", "projection"])

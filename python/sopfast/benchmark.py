@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from . import testing
+from .devices import adamw
 from .model.output import SOPOutput
 from .model.reference import reference_forward
 from .model.sop import SOP
@@ -119,7 +120,7 @@ def step_functions(model: SOP, args: tuple, labels: torch.Tensor, train: bool) -
             variants[mode] = partial(model, *args, mode=mode)
     if not train:
         return {name: _no_grad(fn) for name, fn in variants.items()}
-    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=1e-6)
+    optimizer = adamw(model.trainable_parameters(), lr=1e-6)
 
     def training_step(forward: Callable[[], SOPOutput]) -> Callable[[], None]:
         def run() -> None:

@@ -88,6 +88,25 @@ def check_choice(name: str, value: T, choices: Sequence[T]) -> T:
     return value
 
 
+#: The dtypes a frozen backbone may be held in (``SOP(backbone_dtype=...)``), by name.
+BACKBONE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_dtype(name: str, value: Any, allowed: dict[str, torch.dtype], *, optional: bool = False) -> str | None:
+    """The name of ``value`` (a ``torch.dtype`` or its name, ``"bfloat16"``) if it is one of ``allowed``."""
+    if value is None and optional:
+        return None
+    names = {dtype: key for key, dtype in allowed.items()}
+    if isinstance(value, torch.dtype) and value in names:
+        return names[value]
+    if isinstance(value, str) and value.removeprefix("torch.") in allowed:
+        return value.removeprefix("torch.")
+    choices = ", ".join(allowed) + (" or None" if optional else "")
+    if not isinstance(value, (str, torch.dtype)):
+        raise TypeError(f"{name} must be a torch.dtype or its name ({choices}), got {type(value).__name__}")
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 def check_path(name: str, value: Any, *, optional: bool = False, directory: bool | None = None) -> Any:
     """``value`` if it is a non-empty ``str`` or ``os.PathLike`` (``None`` passes when ``optional``); with
     ``directory`` True (False), a path that exists must be a directory (must not be one)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 
 ALLOWED = "cpu, cuda, cuda:N, mps"
@@ -40,3 +43,21 @@ def resolve_device(device: str | torch.device | None = None, *, local_rank: int 
     elif resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {str(device)!r}: MPS is not available on this machine; use 'cpu'")
     return resolved
+
+
+#: The floating dtypes ``torch.optim.AdamW(fused=True)`` takes on a CUDA device.
+FUSED_ADAMW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def fused_adamw(params: Iterable[torch.Tensor]) -> bool:
+    """Whether AdamW over ``params`` runs fused (``torch.optim.AdamW(fused=True)``: one kernel per step
+    instead of a few per tensor): every parameter a floating tensor on a CUDA device.  False for none, and
+    on the CPU or MPS (unmeasured there: the ordinary ``foreach`` AdamW)."""
+    tensors = list(params)
+    return bool(tensors) and all(p.device.type == "cuda" and p.dtype in FUSED_ADAMW_DTYPES for p in tensors)
+
+
+def adamw(params: Iterable[torch.Tensor], **options: Any) -> torch.optim.AdamW:
+    """``torch.optim.AdamW(params, **options)``, fused where :func:`fused_adamw` says so."""
+    tensors = list(params)
+    return torch.optim.AdamW(tensors, fused=fused_adamw(tensors) or None, **options)

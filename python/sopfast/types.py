@@ -76,6 +76,10 @@ class Groups:
     indices: torch.Tensor
     lam: torch.Tensor
     attention: torch.Tensor
+    #: What bounds the width of each example's ``drop`` passes (the adapter's ``drop_widths``), on its way to
+    #: the host since before the projection pass; set by ``SOP.make_groups`` for adapters whose ``drop``
+    #: widths depend on the data (BERT); ``None``: the adapter counts them after the groups are made.
+    drop_widths: HostValues | None = None
 
     @classmethod
     def from_masks(cls, masks: torch.Tensor) -> Groups:
@@ -86,6 +90,28 @@ class Groups:
         idx = torch.sort(torch.where(masks, pos, pos + d), dim=-1).values[..., :k_max]
         idx = torch.where(idx < d, idx, torch.full_like(idx, -1))
         return cls(mask=masks, indices=idx, lam=masks.new_ones(b, p, dtype=torch.float32), attention=masks.float())
+
+
+class HostValues:
+    """The integers of a tensor, copied to host memory without waiting for the work queued before
+    the copy.  On a GPU the copy goes to pinned memory with its own event, so :meth:`values` waits for that
+    copy alone — queued early (before the projection pass), it is done by the time the values are needed,
+    and the GPU never idles for it (no stream sync).  On the CPU the values are the tensor's own."""
+
+    def __init__(self, values: torch.Tensor):
+        self._event: torch.cuda.Event | None = None
+        if values.device.type == "cuda":
+            self._host = values.to("cpu", non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = values.to("cpu")
+
+    def values(self) -> list:
+        """The values (``tolist``), once the copy is done."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
 
 
 @dataclass

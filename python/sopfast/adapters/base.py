@@ -51,7 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import num_kept
-from ..types import FeatureInputs, GroupPredictions, Groups
+from ..types import FeatureInputs, GroupPredictions, Groups, HostValues
 from .flops import TransformerSize, ideal_drop_ratio
 from .images import upsample_mask
 
@@ -229,6 +229,17 @@ class BackboneAdapter(ABC):
         if mode == "exact":
             return groups.mask.shape[-1] + 1
         return groups.indices.shape[-1] + 1
+
+    def compile_units(self, projection: nn.Module) -> list[nn.Module]:
+        """The modules ``SOP(compile=...)`` compiles with ``torch.compile``: the transformer blocks of the frozen
+        backbone and of ``projection`` (each called with static shapes); ``[]`` (the default): none."""
+        return []
+
+    def drop_widths(self, inputs: FeatureInputs, tau: float) -> HostValues | None:
+        """What bounds the width of each example's ``drop`` passes for groups of ``tau``, from ``inputs`` alone
+        and started on its way to the host (:class:`~sopfast.types.HostValues`), for an adapter whose ``drop``
+        widths depend on the data (BERT); ``None`` (the default): they are read off shapes."""
+        return None
 
     @abstractmethod
     def full_forward(self, inputs: FeatureInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_values
-from ..types import FeatureInputs, GroupPredictions, Groups
+from ..types import FeatureInputs, GroupPredictions, Groups, HostValues
 from .base import BackboneAdapter, StopForward, freeze_, run_chunked, trainable_copy
 from .flops import TransformerSize, hf_transformer_size
 from .hf_common import eager_attention
@@ -93,9 +93,9 @@ def _runs(keep: torch.Tensor) -> torch.Tensor:
 
 
 def _drop_lengths(runs: torch.Tensor) -> list[int]:
-    """Tokens each ``drop`` group pass runs, on the host.  The one host read (GPU sync) of a text ``drop``
-    forward, and inherent: a pass's width is a shape, and with padding, a second segment or kept special tokens
-    it depends on the data; read once for all ``N`` rows (chunk size and every chunk's width)."""
+    """Tokens each ``drop`` group pass runs, on the host, counted after the groups are made: a host read that
+    waits for the projection pass (a GPU sync).  Only for groups without :attr:`Groups.drop_widths` (made
+    outside ``SOP.make_groups``)."""
     return runs.sum(dim=1).tolist()
 
 
@@ -229,7 +229,32 @@ class HFTextFamily(BackboneAdapter):
     def tokens_per_group(self, inputs: FeatureInputs, groups: Groups, mode: str) -> int:
         if mode == "exact":
             return groups.mask.shape[-1]
-        return max(_drop_lengths(_runs(self._keep(inputs, groups))))
+        return max(self._drop_pass_widths(inputs, groups))
+
+    def compile_units(self, projection: nn.Module) -> list[nn.Module]:
+        return [*self.layers(self.encoder_model), *self.layers(projection)]
+
+    def drop_widths(self, inputs: FeatureInputs, tau: float) -> HostValues:
+        """Per example ``[floor(τ·d) + 1, a]``: ``d`` its candidates (a group keeps at most
+        ``max(1, floor(τ·d))`` of them; the ``+ 1`` also covers floating point's floor), ``a`` the tokens
+        every pass runs besides the group (the always-kept ones and position 0) — from the inputs alone, so
+        the copy starts before the projection pass and the group passes need no GPU sync."""
+        always = self.always_kept(inputs).clone()
+        always[:, 0] = True
+        kept = torch.floor(self.candidates(inputs).sum(dim=1, dtype=torch.float64) * tau).long() + 1
+        return HostValues(torch.stack([kept, always.sum(dim=1)], dim=1))
+
+    def _drop_pass_widths(self, inputs: FeatureInputs, groups: Groups) -> list[int]:
+        """``[B·m]`` widths of the ``drop`` passes on the host: from :attr:`Groups.drop_widths` where the groups
+        carry them (``min(T, min(k_max, floor(τ·d) + 1) + a)``, an upper bound: the passes are padded with
+        masked slots, which leave [CLS]'s result unchanged since masked keys get zero attention), else the
+        exact counts (:func:`_drop_lengths`, a GPU sync)."""
+        b, m, t = groups.mask.shape
+        bounds = None if groups.drop_widths is None else groups.drop_widths.values()
+        if bounds is None or len(bounds) != b:  # groups made elsewhere, or of other rows
+            return _drop_lengths(_runs(self._keep(inputs, groups)))
+        k_max = groups.indices.shape[-1]
+        return [min(t, min(k_max, kept) + always) for kept, always in bounds for _ in range(m)]
 
     def drop_tokens(self, inputs: FeatureInputs, kept: int) -> int:
         """The kept features, the tokens that are no candidates and position 0 ([CLS]), which always runs."""
@@ -372,7 +397,7 @@ class HFTextFamily(BackboneAdapter):
                 lambda rows, example: self._encode(**self._exact_batch(inputs, example, keep[rows])),
             )
         runs = _runs(keep)
-        lengths = _drop_lengths(runs)
+        lengths = self._drop_pass_widths(inputs, groups)
         return run_chunked(
             groups,
             chunk_size_for(max(lengths)),
@@ -419,7 +444,7 @@ class HFTextFamily(BackboneAdapter):
         emb = self.backbone.get_input_embeddings()
         ids = inputs.require_input_ids()
         z = torch.where(self.candidates(inputs), presence, torch.ones_like(presence)).unsqueeze(-1)
-        x = emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)
+        x = (emb(ids) * z + emb(torch.full_like(ids, self.pad)) * (1 - z)).to(emb.weight.dtype)
         mask = self._model_attention_mask(inputs.attention_mask)
         with self.positions_at(self.backbone, self.positions(ids)):
             return self.backbone(inputs_embeds=x, attention_mask=mask, **self._types(inputs.token_type_ids)).logits

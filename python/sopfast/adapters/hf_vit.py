@@ -85,6 +85,9 @@ class HFViTFamily(PatchGridAdapter):
     def transformer_size(self) -> TransformerSize:
         return hf_transformer_size(self.backbone.config)
 
+    def compile_units(self, projection: nn.Module) -> list[nn.Module]:
+        return [*vit_layers(self.vit), *vit_layers(projection)]
+
     def make_projection(self) -> nn.Module:
         projection: Any = trainable_copy(self.vit)
         freeze_(vit_layers(projection)[-1], projection.layernorm, getattr(projection, "pooler", None))

@@ -93,6 +93,9 @@ class TimmViTAdapter(PatchGridAdapter):
         blocks = self.backbone.blocks
         return TransformerSize(self.embed_dim, len(blocks), int(blocks[0].mlp.fc1.out_features))
 
+    def compile_units(self, projection: Any) -> list[nn.Module]:
+        return [*self.backbone.blocks, *projection.blocks]
+
     def make_projection(self) -> nn.Module:
         projection: Any = super().make_projection()
         freeze_(

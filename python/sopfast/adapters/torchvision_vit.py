@@ -65,6 +65,9 @@ class TorchvisionViTAdapter(PatchGridAdapter):
     def transformer_size(self) -> TransformerSize:
         return TransformerSize(self.embed_dim, len(self.backbone.encoder.layers), int(self.backbone.mlp_dim))
 
+    def compile_units(self, projection: Any) -> list[nn.Module]:
+        return [*self.backbone.encoder.layers, *projection.encoder.layers]
+
     def make_projection(self) -> nn.Module:
         projection: Any = super().make_projection()
         freeze_(projection.encoder.layers[-1], projection.encoder.ln, projection.heads)

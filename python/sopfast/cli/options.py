@@ -114,6 +114,9 @@ def argument(annotation: Any, default: Any) -> dict[str, Any] | None:
     origin = typing.get_origin(base)
     if base is bool:
         return {"action": argparse.BooleanOptionalAction, "default": default}
+    words = [w for a in typing.get_args(base) if typing.get_origin(a) is Literal for w in typing.get_args(a)]
+    if bool in typing.get_args(base) and words:  # bool | Literal[...]: yes, no or one of the words
+        return {"type": _bool_or(words), "default": default, "metavar": "{" + ",".join(["yes", "no", *words]) + "}"}
     if origin is Literal:
         return {"choices": typing.get_args(base), "default": default}
     if base in (int, float):
@@ -134,6 +137,22 @@ def argument(annotation: Any, default: Any) -> dict[str, Any] | None:
             return None
         return {"nargs": "+", "type": kind or str, "default": _listed(default)}
     return None
+
+
+def _bool_or(words: list[str]) -> Callable[[str], Any]:
+    """A parser of ``yes``/``no`` (``true``/``false``) as a bool, and of each of ``words`` as itself."""
+
+    def parse(text: str) -> Any:
+        word = text.strip().lower()
+        if word in words:
+            return word
+        if word in ("yes", "true", "no", "false"):
+            return word in ("yes", "true")
+        raise argparse.ArgumentTypeError(f"expected yes, no or {', '.join(words)}, got {text!r}")
+
+    parse.__name__ = "yes, no or " + ", ".join(words)
+    parse.takes_bool = True  # type: ignore[attr-defined]  # config files may give true/false
+    return parse
 
 
 def _or_none(parse: Callable[[str], Any]) -> Callable[[str], Any]:

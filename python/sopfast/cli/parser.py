@@ -160,6 +160,8 @@ def _tokens_for(action: argparse.Action, flag: str, by_flag: bool, key: Any, val
         if not isinstance(items, list):
             items = [items]
         return [token for item in items for token in (flag, str(item))]
+    if isinstance(value, bool) and getattr(action.type, "takes_bool", False):  # e.g. compile: yes, no or auto
+        return [f"{flag}={'yes' if value else 'no'}"]
     if isinstance(value, (dict, bool)):
         raise CLIError(
             f"{where} must be a {'list of values' if action.nargs in ('+', '*') else 'value'}, got {value!r}"

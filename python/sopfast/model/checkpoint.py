@@ -73,6 +73,9 @@ REQUIRED_OPTIONS = (
     "task",
 )
 _REQUIRED_FROM = (0, 3)
+#: Constructor options saved too, but newer than sopfast 0.4's checkpoints, which lack them: absent, the
+#: default (what those checkpoints ran with).
+LATER_OPTIONS = ("backbone_dtype", "compile")
 _META = ("config", "adapter", "backbone_sha256", "sopfast_version")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
@@ -237,7 +240,7 @@ def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, An
         "config": config,
         "adapter": type(model.adapter).__name__,
         "sopfast_version": __version__,
-        "backbone_sha256": backbone_sha256 or hash_backbone(model.backbone),
+        "backbone_sha256": backbone_sha256 or model.backbone_sha256(),
         "backbone_architecture": backbone_architecture(model.backbone),
         "provenance": dict(model.provenance),
     }

@@ -8,6 +8,23 @@ from torch import nn
 from ..ops import group_select
 
 
+def check_class_weights(class_weights: object, key_dim: int, num_classes: int | None) -> torch.Tensor:
+    """``class_weights`` if it is a finite float ``[C, H]`` tensor with ``H = key_dim`` (and ``C = num_classes``
+    where the backbone knows its classes)."""
+    h, c = key_dim, num_classes
+    shape = f"[C, H] = [{c if c is not None else 'C'}, {h}] (C the backbone's classes, H its key width)"
+    if not isinstance(class_weights, torch.Tensor):
+        raise TypeError(f"class_weights must be a float tensor {shape}, got {type(class_weights).__name__}")
+    if not class_weights.is_floating_point():
+        raise TypeError(f"class_weights must be a float tensor {shape}, got dtype {class_weights.dtype}")
+    rows_ok = c is None or (class_weights.dim() == 2 and class_weights.shape[0] == c)
+    if class_weights.dim() != 2 or class_weights.shape[1] != h or not rows_ok:
+        raise ValueError(f"class_weights must have shape {shape}, got {tuple(class_weights.shape)}")
+    if not bool(torch.isfinite(class_weights).all()):
+        raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
+    return class_weights
+
+
 class GroupSelector(nn.Module):
     """``c [B, Cls, m] = sparsemax_i(β · (W_Q' C_c) · (W_K' z_i))``.
 

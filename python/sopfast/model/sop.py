@@ -14,17 +14,29 @@ from torch import nn
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
 from ..adapters.sources import Backbone, inferred_source
-from ..checks import Checked, check_bool, check_choice, check_int, check_number, check_tau, check_text_only
+from ..checks import (
+    BACKBONE_DTYPES,
+    Checked,
+    check_bool,
+    check_choice,
+    check_dtype,
+    check_int,
+    check_number,
+    check_tau,
+    check_text_only,
+)
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
 from .authors import AuthorsCheckpoint
+from .checkpoint import hash_backbone
 from .generator import GroupGenerator, check_candidates, check_finite_lam
 from .hub import HubMixin, backbone_module
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
 from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, get_recipe, resolve_options
-from .selector import GroupSelector
+from .runtime import COMPILE_CHOICES, cast_backbone, compile_blocks, compiles_on
+from .selector import GroupSelector, check_class_weights
 
 TASKS = ("classification", "regression")
 
@@ -113,6 +125,16 @@ class SOP(HubMixin, nn.Module):
         checkpoint_projection: activation checkpointing of the projection's layers in training
             (recomputed in the backward pass instead of kept: less memory, one more projection
             forward); ``None`` turns it on where the adapter supports it (ViT, BERT).
+        backbone_dtype: hold the frozen backbone's weights in this dtype (``"bfloat16"``, ``"float16"``,
+            ``"float32"`` or the ``torch.dtype``), cast once, in place, after the trainable copies are made
+            (projection, selector: they stay fp32).  Under autocast in that dtype (a GPU's mixed precision)
+            the group passes then cast no weights per call; without autocast the backbone computes in it.
+            Checkpoints record the backbone as given (its hash before the cast), so they load over it.
+        compile: ``torch.compile`` the transformer blocks of the frozen backbone and the projection (static
+            shapes; the adapter's ``compile_units``) on the first forward: ``False`` (the default), ``True``,
+            or ``"auto"`` (on a CUDA device only).  Same logits as eager (tested on the CPU); the first call
+            of each shape compiles.  Whether it is faster on a GPU is unmeasured until ``bench/gpu_script.py``'s
+            compile step runs on a card.
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
         adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone, or the name of
@@ -150,6 +172,8 @@ class SOP(HubMixin, nn.Module):
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
+        backbone_dtype: torch.dtype | str | None = None,
+        compile: bool | Literal["auto"] = False,
         task: Literal["classification", "regression"] = "classification",
         class_weights: torch.Tensor | None = None,
         adapter: BackboneAdapter | str | None = None,
@@ -201,6 +225,12 @@ class SOP(HubMixin, nn.Module):
         )
         selector_scale = check_number("group_sel_scale", group_sel_scale, 0.0, above=True)
         self.selector = GroupSelector(self._class_weight(class_weights), selector_scale)
+        self.backbone_dtype = check_dtype("backbone_dtype", backbone_dtype, BACKBONE_DTYPES, optional=True)
+        self._given_backbone_sha256 = cast_backbone(self.backbone, self.backbone_dtype)
+        self.compile_option = check_choice("compile", compile, COMPILE_CHOICES)
+        if compile is True and not self.adapter.compile_units(self.projection):
+            raise ValueError(f"compile=True: {type(self.adapter).__name__} names no blocks to compile; use False")
+        self._compiled = False
         self.epoch = 0
         self.config = SOPConfig(
             {
@@ -218,15 +248,28 @@ class SOP(HubMixin, nn.Module):
                 "freeze_projection": freeze_projection,
                 "group_batch_size": group_batch_size,
                 "checkpoint_projection": checkpoint_projection,
+                "backbone_dtype": self.backbone_dtype,
+                "compile": compile,
                 "task": task,
                 **({"adapter": adapter} if isinstance(adapter, str) else {}),
                 **adapter_kwargs,
             }
         )
 
+    def _compile_for(self, device: torch.device) -> None:
+        """Compile the adapter's blocks once, the first time ``compile`` says so for inputs on ``device``."""
+        if not self._compiled and compiles_on(self.compile_option, device):
+            compile_blocks(self.adapter.compile_units(self.projection))
+            self._compiled = True
+
+    def backbone_sha256(self) -> str:
+        """SHA-256 of the frozen backbone as it was given (before a ``backbone_dtype`` cast): what a saved
+        model records and checks the backbone it is loaded over against."""
+        return self._given_backbone_sha256 or hash_backbone(self.backbone)
+
     def _class_weight(self, class_weights: torch.Tensor | None) -> torch.Tensor:
         if class_weights is not None:
-            return self._check_class_weights(class_weights)
+            return check_class_weights(class_weights, self.adapter.key_dim, self.adapter.num_classes)
         try:
             return self.adapter.classifier_weight()
         except (AttributeError, ValueError) as err:
@@ -234,21 +277,6 @@ class SOP(HubMixin, nn.Module):
                 f"the backbone has no classifier weight to initialise the group selector ({err}); pass "
                 f"class_weights=[C, H] with H = {self.adapter.key_dim}, the width of its group keys"
             ) from err
-
-    def _check_class_weights(self, class_weights: object) -> torch.Tensor:
-        """``class_weights`` if it is a finite float ``[C, H]`` tensor that fits the backbone."""
-        h, c = self.adapter.key_dim, self.adapter.num_classes
-        shape = f"[C, H] = [{c if c is not None else 'C'}, {h}] (C the backbone's classes, H its key width)"
-        if not isinstance(class_weights, torch.Tensor):
-            raise TypeError(f"class_weights must be a float tensor {shape}, got {type(class_weights).__name__}")
-        if not class_weights.is_floating_point():
-            raise TypeError(f"class_weights must be a float tensor {shape}, got dtype {class_weights.dtype}")
-        rows_ok = c is None or (class_weights.dim() == 2 and class_weights.shape[0] == c)
-        if class_weights.dim() != 2 or class_weights.shape[1] != h or not rows_ok:
-            raise ValueError(f"class_weights must have shape {shape}, got {tuple(class_weights.shape)}")
-        if not bool(torch.isfinite(class_weights).all()):
-            raise ValueError("class_weights must be finite (it holds NaN or infinite values)")
-        return class_weights
 
     # options that may change after construction (saved with their current values), each set checked
     tau = Checked(lambda name, v: check_tau(v, name), "The fraction of features a group keeps.")
@@ -311,12 +339,16 @@ class SOP(HubMixin, nn.Module):
         valid = self.adapter.candidates(inputs)
         if valid is not None:
             check_candidates(valid)
+        self._compile_for(inputs.device)
+        widths = self.adapter.drop_widths(inputs, tau)  # before the projection pass: no GPU sync later
         emb = self.adapter.embed(self.projection, inputs)
         head = self.epoch % self.generator.num_heads if self.training else None
         grid = self.adapter.feature_grid(inputs)
-        return self.generator(
+        groups = self.generator(
             emb, valid, m, tau, head=head, deletion=self.deletion, grid=grid, demote=self.demoted(inputs)
         )
+        groups.drop_widths = widths
+        return groups
 
     def demoted(self, inputs: FeatureInputs) -> torch.Tensor | None:
         """``[B, d]`` bool: the features the generator ranks last (``demote_blank``: the adapter's
@@ -387,6 +419,7 @@ class SOP(HubMixin, nn.Module):
             )
         else:
             check_finite_lam(groups.lam)
+            self._compile_for(inputs.device)
             with torch.no_grad():
                 preds = self.adapter.run_groups_sized(
                     inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..devices import adamw
 from ..model.sop import SOP
 from .config import TrainConfig, lr_factor
 
@@ -23,8 +24,9 @@ class Optimization:
 
 
 def build_optimization(model: SOP, cfg: TrainConfig, total_steps: int) -> Optimization:
-    """AdamW over ``model.trainable_parameters()`` and its schedule for a run of ``total_steps`` steps
-    (``cfg`` resolved: its ``lr`` and ``warmup_ratio`` filled in from the recipe)."""
+    """AdamW over ``model.trainable_parameters()`` (fused when all are on a CUDA device:
+    :func:`sopfast.devices.adamw`) and its schedule for a run of ``total_steps`` steps (``cfg`` resolved:
+    its ``lr`` and ``warmup_ratio`` filled in from the recipe)."""
     heads = model.generator.num_heads
     phases = cfg.head_schedule == "phases" and heads > 1
     head_phase = max(1, total_steps // heads) if phases else None
@@ -38,6 +40,6 @@ def build_optimization(model: SOP, cfg: TrainConfig, total_steps: int) -> Optimi
     params = model.trainable_parameters()
     if not params:
         raise ValueError("the model has no trainable parameters")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    optimizer = adamw(params, lr=lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.schedule, warmup, period, head_phase))
     return Optimization(optimizer, scheduler, warmup, head_phase)

@@ -26,7 +26,6 @@ from ..data.batches import to_device
 from ..devices import resolve_device
 from ..model.checkpoint import (
     STATE_NAME,
-    hash_backbone,
     load_trainable_state_dict,
     load_training_state,
     remove_stale_temp_files,
@@ -160,7 +159,7 @@ class Trainer:
     @property
     def backbone_sha256(self) -> str:
         if self._backbone_sha256 is None:
-            self._backbone_sha256 = hash_backbone(self.model.backbone)
+            self._backbone_sha256 = self.model.backbone_sha256()
         return self._backbone_sha256
 
     # -- setup ------------------------------------------------------------------------------
