@@ -61,6 +61,16 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "sal5": ("default, 5-level saliency teacher", {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9)}, {}),
     "lr1e-4": ("default, lr 1e-4", {}, {"lr": 1e-4}),
     "long": ("default, 3 epochs (564 steps)", {}, {"epochs": 3}),
+    "sal5-div2": (
+        "default, 5-level saliency teacher, diversity 2",
+        {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0},
+        {},
+    ),
+    "sal5-div2-lr1e-3": (
+        "default, 5-level saliency teacher, diversity 2, lr 1e-3",
+        {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0},
+        {"lr": 1e-3},
+    ),
 }
 
 
