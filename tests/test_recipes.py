@@ -26,7 +26,8 @@ def test_a_recipe_fills_every_option_not_given(name, make):
     model = sopfast.SOP(make(), recipe=name)
     assert model.config["recipe"] == name and model.recipe is RECIPES[name]
     text = model.adapter.modality == "text"
-    assert _options(model) == {**RECIPES[name].model, "keep_special_tokens": text and name == "sopfast"}
+    expected = RECIPES[name].model_for(model.adapter.modality)
+    assert _options(model) == {**expected, "keep_special_tokens": text and name == "sopfast"}
 
 
 def test_the_default_is_sopfast_and_paper_is_the_authors_algorithm():
@@ -61,6 +62,20 @@ def test_sopfast_is_the_research_winner():
     model = sopfast.SOP(make_hf_vit())
     assert model.generator.key_score is not None and model.unit_lambda and model.demote_blank
     assert (model.saliency_weight, model.saliency_loss, model.saliency_levels) == (1.0, "kl", (0.2, 0.6))
+
+
+def test_sopfast_on_text_has_the_text_research_winner():
+    """Issue #34 (docs/quality.md): a 5-level teacher and an overlap penalty of 2 on text, images unchanged."""
+    assert RECIPES["sopfast"].model_by_modality == {
+        "text": {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0}
+    }
+    assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
+    text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
+    assert (text.saliency_levels, text.diversity_weight) == ((0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
+    assert (image.saliency_levels, image.diversity_weight) == ((0.2, 0.6), 8.0)
+    given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))
+    assert (given.saliency_levels, given.diversity_weight) == ((0.2, 0.6), 8.0)
+    assert RECIPES["paper"].model_for("text") == RECIPES["paper"].model
 
 
 def test_options_that_need_an_adapter_capability_are_off_where_it_lacks():

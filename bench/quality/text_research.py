@@ -48,19 +48,24 @@ KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 # The text demo's SOP training before #34: 3,000 tweets, one epoch, batch 16 (188 steps), the recipe's lr.
 BASE_TRAIN = {"n_train": 3000, "epochs": 1, "batch_size": 16}
+# The recipe's text options before #34 and the ones #34 chose (``RECIPES["sopfast"].model_by_modality``).
+BEFORE = {"saliency_levels": (0.2, 0.6), "diversity_weight": 8.0}
+TEXT = {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0}
 # name: (what it tests, SOP options over the default recipe, training options)
 ROWS: dict[str, tuple[str, dict, dict]] = {
-    "default": ("the default recipe as it was (lr 5e-4, 188 steps)", {}, {}),
+    "before": ("the default recipe before #34: 2-level teacher, overlap penalty 8 (lr 5e-4, 188 steps)", BEFORE, {}),
     "frozen": (
-        "default, frozen projection (the generator's copy of MiniLM not trained)",
-        {"freeze_projection": True},
+        "before #34, frozen projection (the generator's copy of MiniLM not trained)",
+        {**BEFORE, "freeze_projection": True},
         {},
     ),
-    "div2": ("default, diversity 2", {"diversity_weight": 2.0}, {}),
-    "div0": ("default, diversity 0", {"diversity_weight": 0.0}, {}),
-    "sal5": ("default, 5-level saliency teacher", {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9)}, {}),
-    "lr1e-4": ("default, lr 1e-4", {}, {"lr": 1e-4}),
-    "long": ("default, 3 epochs (564 steps)", {}, {"epochs": 3}),
+    "div2": ("before #34, overlap penalty 2", {**BEFORE, "diversity_weight": 2.0}, {}),
+    "sal5": ("before #34, 5-level saliency teacher", {**BEFORE, "saliency_levels": TEXT["saliency_levels"]}, {}),
+    "lr1e-4": ("before #34, lr 1e-4", BEFORE, {"lr": 1e-4}),
+    "long": ("before #34, 3 epochs (564 steps)", BEFORE, {"epochs": 3}),
+    "sal5-div2": ("the text recipe of #34: 5-level saliency teacher, overlap penalty 2", TEXT, {}),
+    "sal5-div2-lr1e-3": ("the text recipe of #34 at lr 1e-3", TEXT, {"lr": 1e-3}),
+    "sal5-div2-frozen": ("the text recipe of #34, frozen projection", {**TEXT, "freeze_projection": True}, {}),
 }
 
 

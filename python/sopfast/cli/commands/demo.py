@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seeds",
         type=int_at_least(1),
         default=2,
-        help="image demo: SOP training seeds, reported as mean ± spread (default: 2)",
+        help="SOP training seeds (image and text demos), reported as mean ± spread (default: 2)",
     )
 
 
