@@ -108,8 +108,7 @@ class SOP(HubMixin, nn.Module):
             (:func:`sopfast.model.losses.saliency_kl`, KL of each row to ``softmax(γ·ŝ)``: the whole
             ranking); from the recipe.
         saliency_levels: the presence levels ``z`` in ``(0, 1]`` the saliency is averaged over, one backbone
-            backward each (from the recipe: ``(0.2, 0.6)`` for ``"sopfast"``, on text five levels 0.1 … 0.9;
-            ``None`` after the recipe:
+            backward each (recipe ``"sopfast"``: ``(0.2, 0.6)``, on text 0.1 … 0.9; ``None`` after the recipe:
             the single level ``z = τ``).
         key_score: add a query-independent score ``v·e_j`` (zero at init) to every attention row, so the
             generator can rank a feature high in every group (from the recipe; beyond the paper).
