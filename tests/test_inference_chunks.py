@@ -34,3 +34,30 @@ def test_chunked_image_inference_equals_the_whole_batch(mode, monkeypatch):
 def test_chunked_text_inference_pads_indices_to_one_width(mode, monkeypatch):
     model = sopfast.SOP(make_bert(), num_groups=3, tau=0.5, mode=mode)
     _compare(model, text_batch(), monkeypatch)
+
+
+def test_exact_group_calls_on_the_cpu_take_about_2048_tokens():
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, mode="exact")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert model.group_chunk_size(197, cpu, "exact") == 10
+    assert model.group_chunk_size(197, cpu, "drop") == model.group_chunk_size(197, cpu) == 20
+    assert model.group_chunk_size(197, cuda, "exact") == model.group_chunk_size(197, cuda, "drop") == 332
+    model.group_batch_size = 3
+    assert model.group_chunk_size(197, cpu, "exact") == 3
+
+
+@pytest.mark.parametrize("mode", ["exact", "drop"])
+def test_the_forward_sizes_its_group_calls_for_its_mode(mode, monkeypatch):
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, mode=mode).eval()
+    sizes, run_groups = [], model.adapter.run_groups
+
+    def spy(inputs, groups, mode, chunk_size):
+        sizes.append(chunk_size)
+        return run_groups(inputs, groups, mode, chunk_size)
+
+    monkeypatch.setattr(model.adapter, "run_groups", spy)
+    with torch.no_grad():
+        inputs = model.prepare(torch.randn(1, 3, 32, 32))
+        model(inputs.pixels)
+    tokens = model.adapter.tokens_per_group(inputs, model.make_groups(inputs), mode)
+    assert sizes == [model.group_chunk_size(tokens, torch.device("cpu"), mode)]

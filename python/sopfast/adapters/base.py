@@ -64,11 +64,22 @@ TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
 #: On a GPU both are this many times larger: calls of 4,096 tokens leave an H100 waiting for Python
 #: (bench/gpu/h200_profile_before.md: 20 backbone calls per ViT-B/16 forward at batch 64).
 GPU_CALL_SCALE = 16
+#: ``exact`` passes (every group at full length) on the CPU take about this many tokens per call instead:
+#: on 1 thread a ViT-B/16 forward ran 1.02× the authors' algorithm with it, 0.99× with 4,096 (a call's
+#: working set stays nearer the cache; bench/RESULTS.md §1, note ³).
+CPU_EXACT_TOKENS_PER_CALL = 2048
 
 
 def call_scale(device: torch.device) -> int:
     """How many times ``TOKENS_PER_CALL`` and ``TOKENS_PER_EXAMPLE_CHUNK`` a call on ``device`` takes."""
     return GPU_CALL_SCALE if device.type == "cuda" else 1
+
+
+def tokens_per_call(device: torch.device, mode: str | None = None) -> int:
+    """About how many tokens one chunked backbone call of ``mode`` takes on ``device``."""
+    if mode == "exact" and device.type == "cpu":
+        return CPU_EXACT_TOKENS_PER_CALL
+    return TOKENS_PER_CALL * call_scale(device)
 
 
 class StopForward(Exception):

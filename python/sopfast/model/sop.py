@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..adapters import BackboneAdapter, get_adapter
-from ..adapters.base import TOKENS_PER_CALL, TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode
+from ..adapters.base import TOKENS_PER_EXAMPLE_CHUNK, call_scale, check_mode, tokens_per_call
 from ..adapters.sources import Backbone, inferred_source
 from ..checks import (
     BACKBONE_DTYPES,
@@ -121,7 +121,7 @@ class SOP(HubMixin, nn.Module):
             backbones; ``True`` for a backbone without special tokens is a ValueError).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
-            ``TOKENS_PER_CALL`` (4,096; 65,536 on a GPU) tokens per call for the mode at hand.
+            ``TOKENS_PER_CALL`` (4,096; 65,536 on a GPU; 2,048 in ``exact`` on the CPU) tokens per call.
         checkpoint_projection: activation checkpointing of the projection's layers in training
             (recomputed in the backward pass instead of kept: less memory, one more projection
             forward); ``None`` turns it on where the adapter supports it (ViT, BERT).
@@ -422,7 +422,7 @@ class SOP(HubMixin, nn.Module):
             self._compile_for(inputs.device)
             with torch.no_grad():
                 preds = self.adapter.run_groups_sized(
-                    inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device)
+                    inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device, mode)
                 )
             check_finite_group_logits(preds.logits)
         scores = self.selector(preds.keys)
@@ -487,13 +487,12 @@ class SOP(HubMixin, nn.Module):
             paths.append(path)
         return paths
 
-    def group_chunk_size(self, tokens_per_group: int, device: torch.device | None = None) -> int:
-        """Groups per backbone call: ``group_batch_size``, or about ``TOKENS_PER_CALL`` tokens
-        (``GPU_CALL_SCALE`` times more on a CUDA ``device``)."""
+    def group_chunk_size(self, tokens: int, device: torch.device | None = None, mode: str | None = None) -> int:
+        """Groups per backbone call of ``tokens`` each: ``group_batch_size``, or about ``tokens_per_call(device, mode)``
+        tokens in all."""
         if self.group_batch_size is not None:
             return self.group_batch_size
-        tokens = TOKENS_PER_CALL * call_scale(device or torch.device("cpu"))
-        return max(1, tokens // max(1, tokens_per_group))
+        return max(1, tokens_per_call(device or torch.device("cpu"), mode) // max(1, tokens))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters SOP trains (projection copy, generator, selector); the backbone is frozen."""
