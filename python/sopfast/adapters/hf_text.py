@@ -244,15 +244,15 @@ class HFTextFamily(BackboneAdapter):
         kept = torch.floor(self.candidates(inputs).sum(dim=1, dtype=torch.float64) * tau).long() + 1
         return HostValues(torch.stack([kept, always.sum(dim=1)], dim=1))
 
-    def _drop_pass_widths(self, inputs: FeatureInputs, groups: Groups) -> list[int]:
+    def _drop_pass_widths(self, inputs: FeatureInputs, groups: Groups, runs: torch.Tensor | None = None) -> list[int]:
         """``[B·m]`` widths of the ``drop`` passes on the host: from :attr:`Groups.drop_widths` where the groups
         carry them (``min(T, min(k_max, floor(τ·d) + 1) + a)``, an upper bound: the passes are padded with
         masked slots, which leave [CLS]'s result unchanged since masked keys get zero attention), else the
-        exact counts (:func:`_drop_lengths`, a GPU sync)."""
+        exact counts (:func:`_drop_lengths` of ``runs``, :func:`_runs` when not given; a GPU sync)."""
         b, m, t = groups.mask.shape
         bounds = None if groups.drop_widths is None else groups.drop_widths.values()
         if bounds is None or len(bounds) != b:  # groups made elsewhere, or of other rows
-            return _drop_lengths(_runs(self._keep(inputs, groups)))
+            return _drop_lengths(_runs(self._keep(inputs, groups)) if runs is None else runs)
         k_max = groups.indices.shape[-1]
         return [min(t, min(k_max, kept) + always) for kept, always in bounds for _ in range(m)]
 
@@ -397,7 +397,7 @@ class HFTextFamily(BackboneAdapter):
                 lambda rows, example: self._encode(**self._exact_batch(inputs, example, keep[rows])),
             )
         runs = _runs(keep)
-        lengths = self._drop_pass_widths(inputs, groups)
+        lengths = self._drop_pass_widths(inputs, groups, runs)
         return run_chunked(
             groups,
             chunk_size_for(max(lengths)),
