@@ -65,7 +65,7 @@ TOKENS_PER_EXAMPLE_CHUNK = 16 * 197
 #: (bench/gpu/h200_profile_before.md: 20 backbone calls per ViT-B/16 forward at batch 64).
 GPU_CALL_SCALE = 16
 #: ``exact`` passes (every group at full length) on the CPU take about this many tokens per call instead:
-#: on 1 thread a ViT-B/16 forward ran 1.02× the authors' algorithm with it, 0.99× with 4,096 (a call's
+#: on 1 thread a ViT-B/16 forward at batch 2 ran 1.02× the authors' algorithm with it, 0.99× with 4,096 (a call's
 #: working set stays nearer the cache; bench/RESULTS.md §1, note ³).
 CPU_EXACT_TOKENS_PER_CALL = 2048
 
