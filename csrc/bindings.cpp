@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cpu/denormals.h"
 #include "ops.h"
 
 namespace {
@@ -42,6 +43,11 @@ void bind_device_ops(pybind11::module_& m, const std::string& device) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "sopfast native kernels (sparsemax, top_tau, gather_tokens): <op>_<direction>_<cpu|cuda>";
   m.def("has_cuda", &has_cuda, "True when the module was built with the CUDA kernels");
+  m.def("intra_op_threads_flushing", &sopfast::intra_op_threads_flushing,
+        "Whether each intra-op thread flushes subnormal floats now, [torch.get_num_threads()] (0: the caller)");
+  m.def("set_intra_op_threads_flushing", &sopfast::set_intra_op_threads_flushing, pybind11::arg("states"),
+        "Set intra-op thread i to flush subnormal floats per states[i] (the last entry for the rest); False "
+        "where the CPU cannot");
   bind_device_ops<c10::kCPU>(m, "cpu");
 #ifdef SOPFAST_WITH_CUDA
   bind_device_ops<c10::kCUDA>(m, "cuda");

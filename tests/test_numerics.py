@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import sopfast
-from sopfast.model.numerics import flush_denormal, flushing_denormals
+from sopfast.model.numerics import flush_denormal, flushing_denormals, intra_op_threads_flushing, set_flush_denormal
+from sopfast.ops._backends import has_cpp
 from sopfast.testing import make_hf_vit
 
 
@@ -43,6 +44,30 @@ def test_flush_denormal_restores_on_an_exception_and_leaves_a_state_set_outside(
         assert flushing_denormals()
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.skipif(not has_cpp(), reason="the intra-op threads are reached through sopfast._C")
+def test_flush_denormal_reaches_every_intra_op_thread():
+    """torch.set_flush_denormal sets the calling thread only; a two-thread backward's matmuls also run
+    on the pool's second thread, which must flush too, and each thread gets its own state back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        set_flush_denormal(False)
+        torch.set_flush_denormal(True)
+        assert intra_op_threads_flushing() == [True, False]  # what torch's own flag leaves unflushed
+        with flush_denormal():
+            assert intra_op_threads_flushing() == [True, True]
+        assert intra_op_threads_flushing() == [True, False]
+        torch.set_flush_denormal(False)
+        with flush_denormal():
+            wide = torch.full((1 << 16,), 1e-38) * 0.5  # split over both threads
+            assert bool((wide == 0).all())
+        assert intra_op_threads_flushing() == [False, False]
+        assert bool((torch.full((1 << 16,), 1e-38) * 0.5 != 0).all())
+    finally:
+        set_flush_denormal(False)
+        torch.set_num_threads(threads)
 
 
 def test_disabled_changes_nothing():
