@@ -35,7 +35,8 @@ COMPILE_OPTIONS: dict[str, Any] = {"dynamic": False}
 
 def compiles_on(option: bool | str, device: torch.device) -> bool:
     """Whether ``SOP(compile=option)`` compiles for inputs on ``device``: ``True`` everywhere, ``"auto"`` on a
-    CUDA device only (unmeasured there until ``bench/gpu_script.py``'s compile step runs on a card)."""
+    CUDA device only (unmeasured there until ``bench/gpu_script.py``'s compile step runs on a card; on the
+    CPU compiled blocks measured no faster, ``bench/RESULTS_compile_cpu.md``)."""
     return option is True or (option == "auto" and device.type == "cuda")
 
 

@@ -134,7 +134,7 @@ class SOP(HubMixin, nn.Module):
             shapes; the adapter's ``compile_units``) on the first forward: ``False`` (the default), ``True``,
             or ``"auto"`` (on a CUDA device only).  Same logits as eager (tested on the CPU); the first call
             of each shape compiles.  Whether it is faster on a GPU is unmeasured until ``bench/gpu_script.py``'s
-            compile step runs on a card.
+            compile step runs on a card (on the CPU: no faster, ``bench/RESULTS_compile_cpu.md``).
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (scaled MSE).
         class_weights: ``[C, H]`` selector queries when the backbone has no classifier to copy.
         adapter: a :class:`sopfast.adapters.BackboneAdapter` for an unsupported backbone, or the name of
