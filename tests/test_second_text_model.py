@@ -10,7 +10,7 @@ import sopfast
 from sopfast.data.datasets import TextDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "quality"))
-from second_text_model import RobertaSize, roberta_classifier, train_text_classifier  # noqa: E402
+from second_text_model import RobertaSize, roberta_classifier, train_text_classifier
 
 PAD, CLS, SEP, GOOD, BAD, VOCAB, LENGTH = 3, 1, 2, 10, 11, 40, 12
 
