@@ -12,6 +12,7 @@ summary, :func:`sopfast.demo.report.format_results`), ``demo_text_roberta.json``
 
     python bench/quality/second_text_model.py            # about an hour on 2 shared cores, 1 thread
     python bench/quality/second_text_model.py --quick    # tiny model, few texts, one seed: a minute
+    python bench/quality/second_text_model.py --fresh-check  # FRESH's words vs the least attended ones
 """
 
 from __future__ import annotations
@@ -139,6 +140,35 @@ def _cached_backbone(train_set: TextDataset, size: RobertaSize, path: str) -> tu
     return model, seconds
 
 
+def fresh_check(backbone: Any, test_set: TextDataset, n: int = 100, tau: float = 0.2) -> dict:
+    """How the backbone's prediction from FRESH's words (the top-τ by last-layer [CLS] attention) and from
+    the τ with the least attention agrees with its full-input prediction and the labels, on the first
+    ``n`` test tweets, in ``exact`` and ``drop`` mode."""
+    from sopfast.data.batches import parse_batch
+    from sopfast.evaluation.attributions import cls_attention
+    from sopfast.evaluation.methods import candidate_mask, run_masks, top_tau_masks
+    from sopfast.model.sop import SOP
+
+    texts = test_set.subset(torch.arange(min(n, len(test_set))))
+    model = SOP(backbone, num_groups=8, tau=tau, mode="drop").eval()
+    raw = next(iter(torch.utils.data.DataLoader(texts, batch_size=len(texts))))
+    inputs = model.prepare(**parse_batch(raw).model_inputs())
+    out: dict = {"texts": len(texts), "tau": tau}
+    with torch.no_grad():
+        full = backbone(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits.argmax(-1)
+        attention = cls_attention(model, inputs).unsqueeze(1)
+        valid = candidate_mask(model, inputs)
+        for name, scores in (("most attention (FRESH)", attention), ("least attention", -attention)):
+            masks = top_tau_masks(scores, valid, tau)
+            for mode in ("exact", "drop"):
+                pred = run_masks(model, inputs, masks, mode).logits[:, 0].argmax(-1)
+                out[f"{name}, {mode}"] = {
+                    "agrees with the full input": float((pred == full).float().mean()),
+                    "accuracy": float((pred == texts.labels).float().mean()),
+                }
+    return out
+
+
 def _header(quick: bool, size: RobertaSize, n_train: int, accuracy: float, seconds: float, total: float) -> str:
     params = "4 layers, hidden 256, 4 heads, MLP 1024" if size == FULL else "tiny (quick)"
     return "\n".join(
@@ -166,6 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few texts, one seed")
+    parser.add_argument(
+        "--fresh-check", action="store_true", help="only the FRESH check on the trained (cached) backbone"
+    )
     parser.add_argument("--out", default=None, help="where the study writes (default: a temporary folder)")
     parser.add_argument(
         "--results",
@@ -182,6 +215,12 @@ def main(argv: list[str] | None = None) -> dict:
     os.makedirs(results_dir, exist_ok=True)
     train_set, test_set = text_splits(quick=args.quick, seed=0)
     backbone, seconds = _cached_backbone(train_set, size, os.path.join(out_dir, "backbone"))
+    if args.fresh_check:
+        check = fresh_check(backbone, test_set)
+        print(json.dumps(check, indent=2))
+        with open(os.path.join(results_dir, "demo_text_roberta_fresh.json"), "w", encoding="utf-8") as f:
+            json.dump(check, f, indent=2)
+        return check
     accuracy = _backbone_text_accuracy(backbone, test_set, device)
     print(f"RoBERTa backbone: test accuracy {accuracy:.3f} on {len(test_set)} tweets, trained in {seconds:.0f} s")
     results = text_study(backbone, train_set, test_set, out_dir, args.quick, device, [0] if args.quick else [0, 1])
