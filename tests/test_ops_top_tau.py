@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import NATIVE, TRITON_DEVICE, native, needs_cpp, needs_triton
+from op_testing import NATIVE, TRITON_DEVICE, native, native_params, needs_cpp, needs_triton
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
 from sopfast.ops.counts import num_kept
 
@@ -66,12 +66,13 @@ def random_valid(n, d, seed, device):
     return valid.to(device)
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize("with_valid", [False, True])
-@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize(
+    ("backend", "device", "dtype", "shape", "largest", "with_valid", "ties"),
+    native_params(
+        {"dtype": DTYPES, "shape": list(SHAPES), "largest": [True, False], "with_valid": [False, True], "ties": TIES},
+        crossed=("dtype", "ties"),
+    ),
+)
 def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     n = 24
@@ -86,10 +87,16 @@ def test_forward_matches_reference(backend, device, dtype, shape, largest, with_
         torch.testing.assert_close(result.mask.sum(dim=-1), (counts * 0.2).floor().long().clamp_min(1))
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("shape", ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize(
+    ("backend", "device", "shape", "dtype", "ties"),
+    native_params(
+        {
+            "shape": ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"],
+            "dtype": [torch.float32, torch.bfloat16],
+            "ties": TIES,
+        }
+    ),
+)
 def test_backward_matches_reference(backend, device, shape, dtype, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     gen = torch.Generator().manual_seed(d)
@@ -169,10 +176,10 @@ def special_rows(case: str, n: int, d: int, seed: int) -> torch.Tensor:
     return torch.randint(-2, 3, (n, d), generator=gen).float()  # exact duplicates
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("case", ["saturated", "uniform", "duplicates"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize(
+    ("backend", "device", "case", "dtype", "largest"),
+    native_params({"case": ["saturated", "uniform", "duplicates"], "dtype": DTYPES, "largest": [True, False]}),
+)
 def test_authors_rule_on_tied_rows(backend, device, case, dtype, largest, use_backend):
     """Saturated, uniform and duplicated rows, blur off / 1-D / 2-D, with and without a valid mask:
     every backend equals the reference for both rules, and the authors' rule equals the oracle."""
