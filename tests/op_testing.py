@@ -31,8 +31,10 @@ NATIVE = [
     pytest.param("cuda", "cuda", marks=needs_cuda, id="cuda"),
     pytest.param("triton", TRITON_DEVICE, marks=needs_triton, id="triton"),
 ]
+# Triton runs in its interpreter (numpy, one program at a time): many times slower than the compiled kernels
+INTERPRETED = TRITON_DEVICE == "cpu"
 # the same without Triton, for cases too large for its interpreter
-NATIVE_COMPILED = NATIVE[:2] if TRITON_DEVICE == "cpu" else NATIVE
+NATIVE_COMPILED = NATIVE[:2] if INTERPRETED else NATIVE
 
 
 def native(op: str, backend: str):
@@ -71,7 +73,7 @@ def native_params(factors: dict[str, list], crossed: tuple[str, ...] = ()) -> li
     params = []
     for backend in NATIVE:
         name, device = backend.values
-        cases = covering(factors, crossed) if name == "triton" and TRITON_DEVICE == "cpu" else full
+        cases = covering(factors, crossed) if name == "triton" and INTERPRETED else full
         params += [
             pytest.param(name, device, *case.values(), marks=backend.marks, id=_case_id(name, case)) for case in cases
         ]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import NATIVE, TRITON_DEVICE, native, native_params, needs_cpp, needs_triton
+from op_testing import INTERPRETED, NATIVE, TRITON_DEVICE, native, native_params, needs_cpp, needs_triton
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
 from sopfast.ops.counts import num_kept
 
@@ -126,7 +126,9 @@ def test_gradcheck_float64(backend, device, grid, blur, use_backend):
         res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
         return res.lam, res.attention
 
-    assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7)
+    # in Triton's interpreter, random projections of the whole Jacobian (fast_mode) instead of its 60 columns
+    fast_mode = backend == "triton" and INTERPRETED
+    assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7, fast_mode=fast_mode)
 
 
 @pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])
@@ -142,7 +144,8 @@ def test_double_backward(backend, device, grid, blur, use_backend):
         res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
         return res.lam, res.attention
 
-    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6)
+    fast_mode = backend == "triton" and INTERPRETED  # random projections, as in test_gradcheck_float64
+    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6, fast_mode=fast_mode)
 
 
 # ----------------------------------------------------------------------------- the authors' tie rule
