@@ -78,10 +78,10 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
 
 def text_splits(quick: bool, seed: int) -> tuple[TextDataset, TextDataset]:
     """The text demo's tweets of every length (at least one word), ``(train, test)``: 12,000 drawn with
-    ``seed`` (quick: 2,500), the last 1,000 (quick: 300) for testing."""
+    ``seed`` (quick: 2,500), the last 1,000 (quick: 100) for testing."""
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
     full = data.tokenize_tweets(texts, labels, min_candidates=3)
-    n_test = min(300 if quick else 1000, len(full) // 4)
+    n_test = min(100 if quick else 1000, len(full) // 4)
     idx = torch.arange(len(full))
     return full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
 
@@ -174,7 +174,7 @@ def text_study(
         "long_text": LONG_TEXT,
     }
     test_batches = _parsed_batches(test_set, device)
-    sop_train = train_set.subset(torch.arange(min(400 if quick else TEXT_SOP_TEXTS, len(train_set))))
+    sop_train = train_set.subset(torch.arange(min(96 if quick else TEXT_SOP_TEXTS, len(train_set))))
     runs, models = [], []
     for i, run_seed in enumerate(seeds):
         torch.manual_seed(run_seed)
