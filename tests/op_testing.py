@@ -42,6 +42,11 @@ def native(op: str, backend: str):
     return _backends.OPS[op].implementation(backend)
 
 
+def every_case(factors: dict[str, list]) -> list[dict]:
+    """The product of ``factors``: every ``{factor: value}``, in order."""
+    return [dict(zip(factors, values, strict=True)) for values in itertools.product(*factors.values())]
+
+
 def covering(factors: dict[str, list], crossed: tuple[str, ...] = ()) -> list[dict]:
     """Cases (``{factor: value}``) from the product of ``factors`` in which every pair of values of two
     factors occurs at least once; the ``crossed`` factors count as one, so every combination of their
@@ -49,7 +54,7 @@ def covering(factors: dict[str, list], crossed: tuple[str, ...] = ()) -> list[di
     takes the first case of the product that covers the most pairs not yet covered."""
     groups = [crossed] if crossed else []
     groups += [(name,) for name in factors if name not in crossed]
-    cases = [dict(zip(factors, values, strict=True)) for values in itertools.product(*factors.values())]
+    cases = every_case(factors)
 
     def pairs(case: dict) -> set:
         keys = [tuple(case[name] for name in group) for group in groups]
@@ -69,7 +74,7 @@ def native_params(factors: dict[str, list], crossed: tuple[str, ...] = ()) -> li
     *factors)``: the whole product of ``factors`` on every compiled backend, only :func:`covering`
     ``(factors, crossed)`` in Triton's interpreter (its kernels run in numpy, one program at a time;
     the compiled backends check every combination against the same reference)."""
-    full = [dict(zip(factors, values, strict=True)) for values in itertools.product(*factors.values())]
+    full = every_case(factors)
     params = []
     for backend in NATIVE:
         name, device = backend.values

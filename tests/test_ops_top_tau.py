@@ -8,6 +8,7 @@ authors' rule, saturated / uniform / duplicated rows, subnormal attention, exact
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 
 import pytest
@@ -16,7 +17,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import INTERPRETED, NATIVE, TRITON_DEVICE, native, native_params, needs_cpp, needs_triton
+from op_testing import (
+    INTERPRETED,
+    NATIVE,
+    TRITON_DEVICE,
+    covering,
+    every_case,
+    native,
+    native_params,
+    needs_cpp,
+    needs_triton,
+)
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
 from sopfast.ops.counts import num_kept
 
@@ -85,6 +96,22 @@ def test_forward_matches_reference(backend, device, dtype, shape, largest, with_
     if with_valid:  # per-row k = floor(0.2 * valid count), at least 1
         counts = kwargs["valid"].sum(dim=-1)
         torch.testing.assert_close(result.mask.sum(dim=-1), (counts * 0.2).floor().long().clamp_min(1))
+
+
+def test_interpreted_cases_cover_every_pair_of_values():
+    """The forward grid in Triton's interpreter (``covering``): every pair of values of two factors, every
+    (dtype, rule) with every value of the others, in a quarter of the product."""
+    factors = {"dtype": DTYPES, "shape": list(SHAPES), "largest": [True, False], "with_valid": [False, True]}
+    factors["ties"] = TIES
+    cases = covering(factors, crossed=("dtype", "ties"))
+    assert len(cases) == len(every_case(factors)) // 4
+    for (a, values_a), (b, values_b) in itertools.combinations(factors.items(), 2):
+        seen = {(case[a], case[b]) for case in cases}
+        assert seen == set(itertools.product(values_a, values_b)), (a, b)
+    for shape, largest, with_valid in itertools.product(SHAPES, [True, False], [False, True]):
+        for key, value in (("shape", shape), ("largest", largest), ("with_valid", with_valid)):
+            seen = {(case["dtype"], case["ties"]) for case in cases if case[key] == value}
+            assert seen == set(itertools.product(DTYPES, TIES)), (key, value)
 
 
 @pytest.mark.parametrize(
@@ -351,20 +378,27 @@ def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):
     logits = (torch.randn(4, 150, generator=gen) * torch.tensor([[1.0], [1e3], [5.0], [0.0]])).round()
     valid = random_valid(4, 150, seed=8, device="cpu")
     w_lam, w_att = torch.randn(4, generator=gen), torch.randn(4, 150, generator=gen)
+    # every pair of (rule, largest, blur, valid mask) in the interpreter; every combination on a GPU
+    blurs = {"none": (0, None), "1-D": (3, None), "2-D": (5, (10, 15))}
+    factors = {"ties": TIES, "largest": [True, False], "blur": list(blurs), "with_valid": [False, True]}
+    cases = covering(factors) if INTERPRETED else every_case(factors)
+    for case in cases:
+        blur, grid = blurs[case["blur"]]
+        mask = valid if case["with_valid"] else None
+        kwargs = dict(
+            tau=0.15, largest=case["largest"], ties=case["ties"], valid=mask, blur_kernel_size=blur, grid=grid
+        )
+        result = run_top_tau(use_backend, "triton", logits, **kwargs)
+        assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
+
+    def grads(name, kw):
+        leaf = logits.clone().requires_grad_()
+        res = run_top_tau(use_backend, name, leaf, **kw)
+        ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
+        return leaf.grad
+
     for ties in TIES:
         for largest in (True, False):
-            for blur, grid in [(0, None), (3, None), (5, (10, 15))]:
-                for mask in (None, valid):
-                    kwargs = dict(tau=0.15, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=grid)
-                    result = run_top_tau(use_backend, "triton", logits, **kwargs)
-                    assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
-
-            def grads(name, kw):
-                leaf = logits.clone().requires_grad_()
-                res = run_top_tau(use_backend, name, leaf, **kw)
-                ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
-                return leaf.grad
-
             kwargs = dict(tau=0.15, largest=largest, ties=ties, blur_kernel_size=3, grid=(10, 15))
             torch.testing.assert_close(grads("triton", kwargs), grads("torch", kwargs), atol=1e-5, rtol=1e-4)
 
