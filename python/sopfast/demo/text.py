@@ -78,10 +78,10 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
 
 def text_splits(quick: bool, seed: int) -> tuple[TextDataset, TextDataset]:
     """The text demo's tweets of every length (at least one word), ``(train, test)``: 12,000 drawn with
-    ``seed`` (quick: 2,500), the last 1,000 (quick: 100) for testing."""
+    ``seed`` (quick: 2,500), the last 1,000 (quick: 300) for testing."""
     texts, labels = data.load_tweets(limit=2500 if quick else 12000, seed=seed)
     full = data.tokenize_tweets(texts, labels, min_candidates=3)
-    n_test = min(100 if quick else 1000, len(full) // 4)
+    n_test = min(300 if quick else 1000, len(full) // 4)
     idx = torch.arange(len(full))
     return full.subset(idx[:-n_test]), full.subset(idx[-n_test:])
 
