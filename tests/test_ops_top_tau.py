@@ -8,6 +8,7 @@ authors' rule, saturated / uniform / duplicated rows, subnormal attention, exact
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 
 import pytest
@@ -16,7 +17,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from op_testing import NATIVE, TRITON_DEVICE, native, needs_cpp, needs_triton
+from op_testing import (
+    INTERPRETED,
+    NATIVE,
+    TRITON_DEVICE,
+    covering,
+    every_case,
+    native,
+    native_params,
+    needs_cpp,
+    needs_triton,
+)
 from sopfast.ops import gaussian_kernel1d, top_tau, top_tau_backward_reference, top_tau_reference
 from sopfast.ops.counts import num_kept
 
@@ -66,12 +77,13 @@ def random_valid(n, d, seed, device):
     return valid.to(device)
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize("with_valid", [False, True])
-@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize(
+    ("backend", "device", "dtype", "shape", "largest", "with_valid", "ties"),
+    native_params(
+        {"dtype": DTYPES, "shape": list(SHAPES), "largest": [True, False], "with_valid": [False, True], "ties": TIES},
+        crossed=("dtype", "ties"),
+    ),
+)
 def test_forward_matches_reference(backend, device, dtype, shape, largest, with_valid, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     n = 24
@@ -86,10 +98,32 @@ def test_forward_matches_reference(backend, device, dtype, shape, largest, with_
         torch.testing.assert_close(result.mask.sum(dim=-1), (counts * 0.2).floor().long().clamp_min(1))
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("shape", ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("ties", TIES)
+def test_interpreted_cases_cover_every_pair_of_values():
+    """The forward grid in Triton's interpreter (``covering``): every pair of values of two factors, every
+    (dtype, rule) with every value of the others, in a quarter of the product."""
+    factors = {"dtype": DTYPES, "shape": list(SHAPES), "largest": [True, False], "with_valid": [False, True]}
+    factors["ties"] = TIES
+    cases = covering(factors, crossed=("dtype", "ties"))
+    assert len(cases) == len(every_case(factors)) // 4
+    for (a, values_a), (b, values_b) in itertools.combinations(factors.items(), 2):
+        seen = {(case[a], case[b]) for case in cases}
+        assert seen == set(itertools.product(values_a, values_b)), (a, b)
+    for shape, largest, with_valid in itertools.product(SHAPES, [True, False], [False, True]):
+        for key, value in (("shape", shape), ("largest", largest), ("with_valid", with_valid)):
+            seen = {(case["dtype"], case["ties"]) for case in cases if case[key] == value}
+            assert seen == set(itertools.product(DTYPES, TIES)), (key, value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "shape", "dtype", "ties"),
+    native_params(
+        {
+            "shape": ["grid14_blur3", "grid14_noblur", "line512_blur5", "grid5x10_blur5"],
+            "dtype": [torch.float32, torch.bfloat16],
+            "ties": TIES,
+        }
+    ),
+)
 def test_backward_matches_reference(backend, device, shape, dtype, ties, use_backend):
     d, grid, blur = SHAPES[shape]
     gen = torch.Generator().manual_seed(d)
@@ -119,7 +153,9 @@ def test_gradcheck_float64(backend, device, grid, blur, use_backend):
         res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
         return res.lam, res.attention
 
-    assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7)
+    # in Triton's interpreter, random projections of the whole Jacobian (fast_mode) instead of its 60 columns
+    fast_mode = backend == "triton" and INTERPRETED
+    assert torch.autograd.gradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-7, fast_mode=fast_mode)
 
 
 @pytest.mark.parametrize(("backend", "device"), [pytest.param("torch", "cpu", id="torch"), *NATIVE])
@@ -135,7 +171,8 @@ def test_double_backward(backend, device, grid, blur, use_backend):
         res = top_tau(x, tau=0.3, blur_kernel_size=blur, grid=grid)
         return res.lam, res.attention
 
-    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6)
+    fast_mode = backend == "triton" and INTERPRETED  # random projections, as in test_gradcheck_float64
+    assert torch.autograd.gradgradcheck(lam_and_attention, (logits,), eps=1e-6, atol=1e-6, fast_mode=fast_mode)
 
 
 # ----------------------------------------------------------------------------- the authors' tie rule
@@ -169,10 +206,10 @@ def special_rows(case: str, n: int, d: int, seed: int) -> torch.Tensor:
     return torch.randint(-2, 3, (n, d), generator=gen).float()  # exact duplicates
 
 
-@pytest.mark.parametrize(("backend", "device"), NATIVE)
-@pytest.mark.parametrize("case", ["saturated", "uniform", "duplicates"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize(
+    ("backend", "device", "case", "dtype", "largest"),
+    native_params({"case": ["saturated", "uniform", "duplicates"], "dtype": DTYPES, "largest": [True, False]}),
+)
 def test_authors_rule_on_tied_rows(backend, device, case, dtype, largest, use_backend):
     """Saturated, uniform and duplicated rows, blur off / 1-D / 2-D, with and without a valid mask:
     every backend equals the reference for both rules, and the authors' rule equals the oracle."""
@@ -341,20 +378,27 @@ def test_triton_long_rows_run_the_tiled_kernels(monkeypatch, use_backend):
     logits = (torch.randn(4, 150, generator=gen) * torch.tensor([[1.0], [1e3], [5.0], [0.0]])).round()
     valid = random_valid(4, 150, seed=8, device="cpu")
     w_lam, w_att = torch.randn(4, generator=gen), torch.randn(4, 150, generator=gen)
+    # every pair of (rule, largest, blur, valid mask) in the interpreter; every combination on a GPU
+    blurs = {"none": (0, None), "1-D": (3, None), "2-D": (5, (10, 15))}
+    factors = {"ties": TIES, "largest": [True, False], "blur": list(blurs), "with_valid": [False, True]}
+    cases = covering(factors) if INTERPRETED else every_case(factors)
+    for case in cases:
+        blur, grid = blurs[case["blur"]]
+        mask = valid if case["with_valid"] else None
+        kwargs = dict(
+            tau=0.15, largest=case["largest"], ties=case["ties"], valid=mask, blur_kernel_size=blur, grid=grid
+        )
+        result = run_top_tau(use_backend, "triton", logits, **kwargs)
+        assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
+
+    def grads(name, kw):
+        leaf = logits.clone().requires_grad_()
+        res = run_top_tau(use_backend, name, leaf, **kw)
+        ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
+        return leaf.grad
+
     for ties in TIES:
         for largest in (True, False):
-            for blur, grid in [(0, None), (3, None), (5, (10, 15))]:
-                for mask in (None, valid):
-                    kwargs = dict(tau=0.15, largest=largest, ties=ties, valid=mask, blur_kernel_size=blur, grid=grid)
-                    result = run_top_tau(use_backend, "triton", logits, **kwargs)
-                    assert_same_result(result, run_top_tau(use_backend, "torch", logits, **kwargs), 2e-6)
-
-            def grads(name, kw):
-                leaf = logits.clone().requires_grad_()
-                res = run_top_tau(use_backend, name, leaf, **kw)
-                ((res.lam * w_lam).sum() + (res.attention * w_att).sum()).backward()
-                return leaf.grad
-
             kwargs = dict(tau=0.15, largest=largest, ties=ties, blur_kernel_size=3, grid=(10, 15))
             torch.testing.assert_close(grads("triton", kwargs), grads("torch", kwargs), atol=1e-5, rtol=1e-4)
 

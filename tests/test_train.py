@@ -307,7 +307,7 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     train(model, data, batch_size=2, output_dir=tmp_path, max_steps=1, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
         train(model, data, batch_size=4, output_dir=tmp_path, progress=False)
-    train(model, data, batch_size=4, output_dir=tmp_path, resume=False, progress=False)  # starts afresh
+    train(model, data, batch_size=4, output_dir=tmp_path, resume=False, max_steps=1, progress=False)  # starts afresh
 
 
 def test_cli_options_round_trip():

@@ -174,7 +174,7 @@ def text_study(
         "long_text": LONG_TEXT,
     }
     test_batches = _parsed_batches(test_set, device)
-    sop_train = train_set.subset(torch.arange(min(400 if quick else TEXT_SOP_TEXTS, len(train_set))))
+    sop_train = train_set.subset(torch.arange(min(96 if quick else TEXT_SOP_TEXTS, len(train_set))))
     runs, models = [], []
     for i, run_seed in enumerate(seeds):
         torch.manual_seed(run_seed)
