@@ -94,6 +94,19 @@ def _text_loaders(dataset: TextDataset, n_curve: int) -> tuple:
     )
 
 
+def text_parts(compared: TextDataset, n_curve: int) -> dict[str, tuple]:
+    """``compared`` split into its texts of at least ``LONG_TEXT`` tokens (``"long"``) and the rest
+    (``"short"``), each ``(loader, curve loader)`` (:func:`_text_loaders`); the ``n_curve`` curve texts
+    are shared in proportion, at least one per part.  Parts without texts are left out."""
+    long = compared.encoded["attention_mask"].sum(dim=1) >= LONG_TEXT
+    parts = {}
+    for name, members in (("long", long), ("short", ~long)):
+        if bool(members.any()):
+            share = float(members.float().mean())
+            parts[name] = _text_loaders(compared.subset(members), max(1, round(n_curve * share)))
+    return parts
+
+
 def _evaluate_text_seed(model: SOP, parts: dict[str, tuple], device: torch.device, first: bool) -> dict:
     """SOP and random groups (each seed), every other baseline (the first seed only) on each part of the
     test texts (``{name: (loader, curve loader)}``): accuracy, curves and groups on the loader, fidelity,
@@ -157,13 +170,7 @@ def text_study(
     from ..training.diagnose import diagnose
 
     compared = test_set.subset(torch.arange(min(len(test_set), 24 if quick else COMPARE_TEXTS)))
-    long = compared.encoded["attention_mask"].sum(dim=1) >= LONG_TEXT
-    n_curve = 8 if quick else CURVE_TEXTS
-    parts = {
-        "long": _text_loaders(compared.subset(long), round(n_curve * float(long.float().mean()))),
-        "short": _text_loaders(compared.subset(~long), round(n_curve * float((~long).float().mean()))),
-    }
-    parts = {name: loaders for name, loaders in parts.items() if len(loaders[0].dataset) > 0}
+    parts = text_parts(compared, 8 if quick else CURVE_TEXTS)
     share = float(compared.labels.float().mean())
     results: dict = {
         "dataset": "tweets",
