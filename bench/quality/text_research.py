@@ -66,6 +66,7 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "sal5-div2": ("the text recipe of #34: 5-level saliency teacher, overlap penalty 2", TEXT, {}),
     "sal5-div2-lr1e-3": ("the text recipe of #34 at lr 1e-3", TEXT, {"lr": 1e-3}),
     "sal5-div2-frozen": ("the text recipe of #34, frozen projection", {**TEXT, "freeze_projection": True}, {}),
+    "sal5-div2-2ep": ("the text recipe of #34, 2 epochs (376 steps)", TEXT, {"epochs": 2}),
 }
 
 
