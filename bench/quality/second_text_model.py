@@ -97,9 +97,7 @@ def train_text_classifier(model: Any, texts: TextDataset, size: RobertaSize, see
             loss.backward()
             opt.step()
             sched.step()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval()
+    return model.requires_grad_(False).eval()
 
 
 def tweet_roberta(train_set: TextDataset, size: RobertaSize, seed: int = 0) -> tuple[Any, float]:
@@ -127,12 +125,9 @@ def _cached_backbone(train_set: TextDataset, size: RobertaSize, path: str) -> tu
     record = os.path.join(path, "training.json")
     if os.path.exists(record):
         with open(record, encoding="utf-8") as f:
-            if json.load(f)["size"] == size.__dict__:
-                model = RobertaForSequenceClassification.from_pretrained(path).eval()
-                for p in model.parameters():
-                    p.requires_grad_(False)
-                with open(record, encoding="utf-8") as f:
-                    return model, json.load(f)["seconds"]
+            saved = json.load(f)
+        if saved["size"] == size.__dict__:
+            return RobertaForSequenceClassification.from_pretrained(path).requires_grad_(False).eval(), saved["seconds"]
     model, seconds = tweet_roberta(train_set, size, seed=0)
     model.save_pretrained(path)
     with open(record, "w", encoding="utf-8") as f:
