@@ -19,8 +19,8 @@ what it measured; each step starts only within its budget (``STEP_BUDGET_S``):
    budget), its summary line;
 4. **sync-debug** — ``tests/test_no_host_sync.py::test_no_sync_on_a_gpu``
    (``torch.cuda.set_sync_debug_mode("error")``);
-5. **BERT training** — the authors' algorithm, exact and drop, BERT-base at 512 tokens, batch 4 and
-   16, bf16 autocast, interleaved;
+5. **training** — the authors' algorithm, exact and drop, ViT-B/16 at 224 (batch 8 and 32) and BERT-base
+   at 512 tokens (batch 4 and 16), bf16 autocast, interleaved;
 6. **kernels** — top_tau forward at 65,536 × 196 (fp32 and bf16) and sparsemax over 20 columns at
    1,048,576 rows: GB/s of the ideal traffic, % of the card's peak;
 7. **compile** — ViT-B/16 drop forward at batch 128, bf16 autocast, interleaved: eager; the backbone held
@@ -55,6 +55,7 @@ STEP_BUDGET_S = {
     "gates": 35.0,
     "CUDA test items": 60.0,
     "sync-debug": 25.0,
+    "ViT training": 30.0,
     "BERT training": 30.0,
     "kernels": 15.0,
     "compile": 60.0,
@@ -249,26 +250,34 @@ def sync_debug(script: Script) -> None:
     script.summary["sync_debug_ok"] = (counts.get("failed", 0) == 0) if ran and not script.dry else None
 
 
-# ----------------------------------------------------------------------------- 5. BERT training
+# ----------------------------------------------------------------------------- 5. training steps
+
+# (backbone, batches, the summary figure of the largest batch's drop step): ViT-B/16 at 224, BERT-base at 512
+TRAINING = {
+    "ViT training": ("vit", (8, 32), "vit_b16_drop_train_b32_x_authors"),
+    "BERT training": ("bert", (4, 16), "bert512_drop_train_b16_x_authors"),
+}
 
 
-def bert_training(script: Script) -> None:
+def training(script: Script, step: str) -> None:
+    """The authors' training step against exact and drop, bf16 autocast, interleaved."""
     import torch
 
     from sopfast.benchmark import step_functions
 
     gr, device, dry = script.gr, script.device, script.dry
-    script.report.row("BERT training", ["batch", "variant", "median ms", "samples/s", "× authors"])
-    script.report.row("BERT training", ["---:", "---", "---:", "---:", "---:"])
+    kind, batches, figure = TRAINING[step]
+    script.report.row(step, ["batch", "variant", "median ms", "samples/s", "× authors"])
+    script.report.row(step, ["---:", "---", "---:", "---:", "---:"])
     model = None
-    for batch in (1, 2) if dry else (4, 16):
+    for batch in (1, 2) if dry else batches:
 
         def run(batch=batch) -> str:
             nonlocal model
             if model is None:
-                model = gr.build_model("bert", dry, device)
+                model = gr.build_model(kind, dry, device)
             model.train()
-            args = gr.model_inputs("bert", batch, dry, device)
+            args = gr.model_inputs(kind, batch, dry, device)
             labels = torch.zeros(batch, dtype=torch.long, device=device)
             steps = step_functions(model, args, labels, train=True)
 
@@ -288,14 +297,12 @@ def bert_training(script: Script) -> None:
                 ms = statistics.median(times)
                 ratios[name] = authors / ms
                 label = "authors" if name == "reference" else name
-                script.report.row(
-                    "BERT training", [batch, label, f"{ms:.1f}", f"{batch / ms * 1e3:.1f}", f"{ratios[name]:.2f}"]
-                )
-            if batch == 16 and not dry:
-                script.summary["bert512_drop_train_b16_x_authors"] = round(ratios["drop"], 3)
+                script.report.row(step, [batch, label, f"{ms:.1f}", f"{batch / ms * 1e3:.1f}", f"{ratios[name]:.2f}"])
+            if batch == batches[-1] and not dry:
+                script.summary[figure] = round(ratios["drop"], 3)
             return ", ".join(f"{name} {ratio:.2f}× authors" for name, ratio in ratios.items() if name != "reference")
 
-        script.report.run("BERT training", f"BERT-base 512 training step, batch {batch}", run)
+        script.report.run(step, f"{gr._model_label(kind, dry)} training step, batch {batch}", run)
 
 
 # ----------------------------------------------------------------------------- 6. kernels
@@ -400,7 +407,8 @@ STEPS: dict[str, Callable[[Script], None]] = {
     "gates": lambda script: script.gr.gates_section(script.report),
     "CUDA test items": cuda_test_items,
     "sync-debug": sync_debug,
-    "BERT training": bert_training,
+    "ViT training": lambda script: training(script, "ViT training"),
+    "BERT training": lambda script: training(script, "BERT training"),
     "kernels": kernels,
     "compile": compile_vit,
 }

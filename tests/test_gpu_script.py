@@ -32,7 +32,7 @@ def test_the_dry_run_runs_every_step_in_order(gpu_script, tmp_path):
     assert ", 0 FAIL, 0 error," in text
     rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ")]
     first = [rows.index(step) for step in ("probe and op checks", "gates", "CUDA test items", "sync-debug")]
-    first += [rows.index(step) for step in ("BERT training", "kernels", "compile")]
+    first += [rows.index(step) for step in ("ViT training", "BERT training", "kernels", "compile")]
     assert first == sorted(first), rows
     for check in ("sign-bit NaN sort probe", "top_tau d=49", "sparsemax cpp", "gather_tokens cpp past 2^31"):
         assert check in text
