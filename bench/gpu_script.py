@@ -331,7 +331,11 @@ def kernels(script: Script) -> None:
             for impl, fn in impls.items():
                 if impl == "torch" and not dry:
                     continue
-                ms = gr.time_ms(fn, device, 1 if dry else 50, warmup=0 if dry else 5)
+                try:
+                    ms = gr.time_ms(fn, device, 1 if dry else 50, warmup=0 if dry else 5)
+                except RuntimeError as error:  # one backend failing to compile leaves the others' rows
+                    script.report.row("kernels", [name, impl, f"{type(error).__name__}: {str(error)[:80]}", "", ""])
+                    continue
                 gbps = moved / ms / 1e6
                 percent = 100 * gbps / peak if peak else math.nan
                 script.report.row("kernels", [name, impl, f"{ms:.4f}", f"{gbps:.0f}", f"{percent:.1f}"])
