@@ -258,5 +258,5 @@ def test_no_sync_on_a_gpu(family, mode, recipe):
             _forward_and_step(model, optimizer, args, kwargs, labels)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    syncs = [f"{w.filename}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
     assert len(syncs) == len(inherent) * FORWARDS, syncs

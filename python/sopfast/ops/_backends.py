@@ -6,8 +6,8 @@ compiled graph.  :class:`Op` declares a fused op's schema once; its kernels are 
 dispatch key, and the dispatcher chooses:
 
 * ``CPU`` — the C++ kernel of the compiled extension (``csrc/registration.cpp``);
-* ``CUDA`` — the Triton kernel (``sop_kernels``) when Triton can run on a GPU, else the CUDA C++
-  kernel of a CUDA build of the extension (``csrc/registration.cpp``), else the reference;
+* ``CUDA`` — the CUDA C++ kernel of a CUDA build of the extension (``csrc/registration.cpp``), else
+  the Triton kernel (``sop_kernels``) when Triton can run on a GPU, else the reference;
 * ``Autograd`` — once for every device, in C++ (``csrc/autograd.cpp``);
 * ``Meta`` and fake tensors — the output shapes (``torch.compile``, meta tensors);
 * any other device — the pure-PyTorch reference (``CompositeExplicitAutograd``).
@@ -27,17 +27,17 @@ an unavailable backend is an error, never a silent fallback.  The variable is re
 is imported and again by :func:`use_backend`, :func:`backends`, :func:`select_backend` and
 :func:`sync_environment` (the public ops do not read it: a call costs a few µs).
 
-Triton stays ahead of a built CUDA extension on CUDA tensors (decided in issue #24): the Triton
-kernels cover every row length and ran on an H200, while the CUDA kernels are checked by nvcc and,
-through their per-row code (``csrc/team_rows.h``), by host-thread tests against the CPU kernels.
-``SOPFAST_BACKEND=cuda`` selects them; the default should move to ``cuda`` once a GPU run has
-passed with them ahead in its timings.
+A CUDA build of the extension goes ahead of Triton on CUDA tensors (issue #29, an H200 on 2026-11-27,
+torch 2.11, triton 3.6: Triton failed to compile top_tau for rows of 49 to 1,024 features, ViT's 196
+among them, while every CUDA op check passed and CUDA's sparsemax ran 1.5× Triton's; bench/RESULTS_gpu.md).
+``SOPFAST_BACKEND=triton`` selects the Triton kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -108,9 +108,9 @@ def default_backend(device_type: str) -> str:
     if device_type == "cpu":
         return "cpp"
     if device_type == "cuda":
-        if torch.cuda.is_available() and triton_kernels() is not None:
-            return "triton"
-        return "cuda" if has_cuda_kernels() else "torch"
+        if has_cuda_kernels():
+            return "cuda"
+        return "triton" if torch.cuda.is_available() and triton_kernels() is not None else "torch"
     return "torch"
 
 
@@ -212,6 +212,11 @@ def _check_available(name: str) -> None:
         )
 
 
+# torch < 2.14 refuses a second Python kernel for one (op, dispatch key) unless told it may override
+_IMPL_PARAMETERS = inspect.signature(torch.library.Library.impl).parameters
+_OVERRIDE = {"allow_override": True} if "allow_override" in _IMPL_PARAMETERS else {}
+
+
 def _register(name: str, over_defaults: bool) -> torch.library.Library | None:
     """Registers backend ``name``'s implementations for CPU and CUDA tensors; where it is the default
     and nothing else is registered (``over_defaults`` False), the default kernel stays."""
@@ -221,7 +226,7 @@ def _register(name: str, over_defaults: bool) -> torch.library.Library | None:
     for device_type in ("cpu", "cuda"):
         if over_defaults or name != default_backend(device_type):
             for op in OPS.values():
-                library.impl(op.name, op.kernel_on(name, device_type), device_type.upper())
+                library.impl(op.name, op.kernel_on(name, device_type), device_type.upper(), **_OVERRIDE)
     return library
 
 
