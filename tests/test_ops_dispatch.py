@@ -259,6 +259,25 @@ def test_every_op_is_in_the_dispatcher_with_a_kernel_per_key():
     assert _backends.default_backend("cpu") == "cpp"
 
 
+@pytest.mark.parametrize(
+    ("cuda_kernels", "gpu", "triton", "expected"),
+    [
+        (True, True, True, "cuda"),
+        (False, True, True, "triton"),
+        (False, False, True, "torch"),
+        (False, True, False, "torch"),
+    ],
+)
+def test_a_cuda_build_runs_ahead_of_triton_on_cuda_tensors(monkeypatch, cuda_kernels, gpu, triton, expected):
+    """Issue #29: Triton 3.6 could not compile top_tau at 49–1,024 features on an H200, where the CUDA
+    kernels passed every op check."""
+    monkeypatch.setattr(_backends, "has_cpp", lambda: True)
+    monkeypatch.setattr(_backends, "has_cuda_kernels", lambda: cuda_kernels)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(_backends, "triton_kernels", lambda: object() if triton else None)
+    assert _backends.default_backend("cuda") == expected
+
+
 @needs_cpp
 def test_the_ops_called_through_torch_ops_match_the_public_ops():
     x = torch.randn(4, 20, requires_grad=True)
