@@ -298,11 +298,15 @@ def _row_max(x):
 @triton.jit
 def _row_prefix(x):
     """Inclusive prefix sums of ``x [A, ROWS, LANES, VEC]`` in feature order ``(a·LANES + l)·VEC + c``:
-    within the thread, across the warp's lanes, across ``a``."""
-    per_lane = tl.sum(x, axis=3, keep_dims=True)
-    lanes_before = tl.cumsum(per_lane, axis=2) - per_lane
-    per_a = tl.sum(per_lane, axis=2, keep_dims=True)
-    return (tl.cumsum(per_a, axis=0) - per_a) + lanes_before + tl.cumsum(x, axis=3)
+    within the thread, then one scan of each row's ``A·LANES`` lane sums.  (A scan along the lanes of
+    the 4-D tensor does not compile on sm_90 with Triton 3.6: an assertion in its scan lowering.)"""
+    A: tl.constexpr = x.shape[0]
+    ROWS: tl.constexpr = x.shape[1]
+    LANES: tl.constexpr = x.shape[2]
+    per_lane = tl.reshape(tl.permute(tl.sum(x, axis=3), (1, 0, 2)), (ROWS, A * LANES))
+    before = tl.cumsum(per_lane, axis=1) - per_lane
+    before = tl.permute(tl.reshape(before, (ROWS, A, LANES)), (1, 0, 2))
+    return tl.expand_dims(before, 3) + tl.cumsum(x, axis=3)
 
 
 @triton.jit
