@@ -28,7 +28,7 @@ CURVE_TEXTS = 200
 TEXT_CURVE_COUNTS = (1, 3, 8)
 #: SOP's training tweets and epochs in the text demo (batch 16).
 TEXT_SOP_TEXTS = 3000
-TEXT_EPOCHS = 1
+TEXT_EPOCHS = 2
 
 
 def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: int):
