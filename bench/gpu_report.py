@@ -806,7 +806,8 @@ def interleaved_ms(
     return {name: (times[name], peaks[name], errors[name]) for name in fns}
 
 
-def _model_label(kind: str, dry: bool) -> str:
+def model_label(kind: str, dry: bool) -> str:
+    """The report's name for the ``kind`` ("vit" or "bert") model: the tiny one in a dry run."""
     return f"tiny {kind}" if dry else ("ViT-B/16 224" if kind == "vit" else "BERT-base 512")
 
 
@@ -870,7 +871,7 @@ def end_to_end_section(report: Report) -> None:
                     ms = statistics.median(times)
                     cells = [f"{ms:.1f}", f"{min(times):.1f}", f"{max(times):.1f}", f"{batch / ms * 1e3:.0f}"]
                     cells += [f"{reference_ms / ms:.2f}", "" if peak is None else f"{peak:.0f}"]
-                report.row("end to end", [_model_label(kind, dry), step, batch, name, backend, *cells])
+                report.row("end to end", [model_label(kind, dry), step, batch, name, backend, *cells])
             return ", ".join(
                 f"{key} {statistics.median(t):.1f} ms" if t else f"{key} {e}" for key, (t, _, e) in measured.items()
             )
@@ -918,7 +919,7 @@ def parity_fp32(report: Report, kind: str) -> None:
             exact = model(*args, mode="exact")
         cells = mask_mismatch(exact, truth)
         error = logit_errors(exact, truth).max().item()
-        report.row("gates", [_model_label(kind, report.dry_run), "fp32 parity", f"{cells:.2e}", f"{error:.2e}", ""])
+        report.row("gates", [model_label(kind, report.dry_run), "fp32 parity", f"{cells:.2e}", f"{error:.2e}", ""])
         assert cells == 0, f"exact's masks differ from the authors' algorithm in {cells:.2e} of the cells"
         assert error <= PARITY_RTOL, f"exact's logits differ by {error:.2e} (relative) > {PARITY_RTOL:.0e}"
         return f"masks identical, logits {error:.1e} relative"
@@ -942,7 +943,7 @@ def calibration_bf16(report: Report, kind: str) -> None:
             errors = logit_errors(out, truth)
             stats[name] = (mask_mismatch(out, truth), torch.quantile(errors.double(), 0.95).item())
             cells, p95 = stats[name]
-            report.row("gates", [_model_label(kind, report.dry_run), name, f"{cells:.2e}", "", f"{p95:.2e}"])
+            report.row("gates", [model_label(kind, report.dry_run), name, f"{cells:.2e}", "", f"{p95:.2e}"])
         (ref_cells, ref_p95), (cells, p95) = stats["authors bf16"], stats["exact bf16"]
         values = [ref_cells, ref_p95, cells, p95]
         assert all(math.isfinite(v) for v in values), f"not finite: {values}"

@@ -302,7 +302,7 @@ def training(script: Script, step: str) -> None:
                 script.summary[figure] = round(ratios["drop"], 3)
             return ", ".join(f"{name} {ratio:.2f}× authors" for name, ratio in ratios.items() if name != "reference")
 
-        script.report.run(step, f"{gr._model_label(kind, dry)} training step, batch {batch}", run)
+        script.report.run(step, f"{gr.model_label(kind, dry)} training step, batch {batch}", run)
 
 
 # ----------------------------------------------------------------------------- 6. kernels

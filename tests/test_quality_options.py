@@ -191,6 +191,20 @@ def test_feature_saliency_is_the_presence_gradient_of_the_predicted_class():
     assert not sal.requires_grad
 
 
+def test_mean_saliency_runs_the_full_input_once_and_equals_the_levels_mean():
+    from sopfast.model.losses import feature_saliency, mean_saliency
+
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25)
+    inputs = model.prepare(torch.randn(3, 3, 32, 32))
+    levels = (0.1, 0.5, 0.9)
+    expected = torch.stack([feature_saliency(model, inputs, z) for z in levels]).mean(dim=0)
+    calls = []
+    model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    assert torch.equal(mean_saliency(model, inputs, levels), expected)
+    assert len(calls) == len(levels) + 1  # one soft forward per level, the full input once
+
+
 def test_saliency_weight_adds_its_term_and_trains_the_generator():
     from sopfast.model.losses import feature_saliency, saliency_alignment
 

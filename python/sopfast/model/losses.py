@@ -77,20 +77,28 @@ def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None
 
 def mean_saliency(model, inputs, levels: Sequence[float]) -> torch.Tensor:
     """``[B, d]``: :func:`feature_saliency` averaged over the presence ``levels`` (one backbone backward
-    each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients)."""
-    return torch.stack([feature_saliency(model, inputs, z) for z in levels]).mean(dim=0)
+    each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients).  The full-input
+    prediction every level differentiates runs once, not once per level."""
+    target = predicted_class(model, inputs)
+    return torch.stack([feature_saliency(model, inputs, z, target) for z in levels]).mean(dim=0)
 
 
-def feature_saliency(model, inputs, level: float) -> torch.Tensor:
+def predicted_class(model, inputs) -> torch.Tensor:
+    """``[B]`` long: the frozen backbone's prediction on the full ``inputs`` (no gradient)."""
+    with torch.no_grad():
+        return model.adapter.full_forward(inputs)[0].argmax(dim=-1)
+
+
+def feature_saliency(model, inputs, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, d]``: how much each feature raises the frozen backbone's logit for its own full-input
     prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (the adapter's ``soft_forward``:
     pixels scaled by ``z``, or token embeddings blended with [PAD]).  One forward and one backward
     of the backbone; no gradient flows back.  With ``level = τ`` it ranks features about as well as
     Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost of gradient × input.
+    ``target [B]``: the class ids to differentiate (default :func:`predicted_class`, one more forward).
     """
     adapter = model.adapter
-    with torch.no_grad():
-        target = adapter.full_forward(inputs)[0].argmax(dim=-1)
+    target = predicted_class(model, inputs) if target is None else target
     z = torch.full((inputs.batch_size, adapter.num_features(inputs)), float(level), device=inputs.device)
     z.requires_grad_(True)
     with torch.enable_grad():
