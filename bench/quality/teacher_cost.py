@@ -86,8 +86,10 @@ def main() -> None:
     for name in TEACHERS:
         t, s = statistics.median(teacher_s[name]), statistics.median(step_s[name])
         print(f"  teacher {name:9s}: {t:.2f} s   whole step: {s:.2f} s   (teacher {100 * t / s:.0f} % of the step)")
-    ratio = statistics.median(step_s["once"]) / statistics.median(step_s["per level"])
-    print(f"  step 'once' / 'per level': {ratio:.2f}")
+    once, per_level = statistics.median(step_s["once"]), statistics.median(step_s["per level"])
+    print(f"  step 'once' / 'per level': {once / per_level:.2f}")
+    without = once - statistics.median(teacher_s["once"])
+    print(f"  a step with the teacher ('once') / without it (step minus teacher): {once / without:.1f}x")
 
 
 if __name__ == "__main__":
