@@ -5,6 +5,7 @@ length) and its test tweets.  Commands (results appended to ``text_research.json
 
     python bench/quality/text_research.py teachers --test 300       # one-group accuracy of the rankings
     python bench/quality/text_research.py train ROW [ROW ...] --seed 0 --test 300
+    python bench/quality/text_research.py train ROW --roberta /tmp/second_text_model/backbone  # the second model
     python bench/quality/text_research.py table                     # the rows as markdown
 
 ``teachers``: the backbone diagnostic (``sopfast.diagnose``: random groups, an informed group) and the
@@ -67,6 +68,11 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "sal5-div2-lr1e-3": ("the text recipe of #34 at lr 1e-3", TEXT, {"lr": 1e-3}),
     "sal5-div2-frozen": ("the text recipe of #34, frozen projection", {**TEXT, "freeze_projection": True}, {}),
     "sal5-div2-2ep": ("the text recipe of #34, 2 epochs (376 steps)", TEXT, {"epochs": 2}),
+    "sal5-div8-2ep": (
+        "the text recipe of #34 with the image recipe's overlap penalty 8, 2 epochs (376 steps)",
+        {**TEXT, "diversity_weight": 8.0},
+        {"epochs": 2},
+    ),
 }
 
 
@@ -170,9 +176,19 @@ def group_contents(model: SOP, batches, labels: torch.Tensor) -> dict[str, float
     return {k: round(v / n, 4) for k, v in sums.items()}
 
 
-def train_row(name: str, seed: int, n_test: int) -> dict:
+def load_backbone(roberta: str | None):
+    """The text demo's MiniLM + head, or the second text model saved at ``roberta``
+    (``second_text_model.py``'s ``<out>/backbone``)."""
+    if roberta is None:
+        return text_backbone()
+    from transformers import RobertaForSequenceClassification
+
+    return RobertaForSequenceClassification.from_pretrained(roberta).requires_grad_(False).eval()
+
+
+def train_row(name: str, seed: int, n_test: int, roberta: str | None = None) -> dict:
     what, sop_options, train_options = ROWS[name]
-    backbone, (train_set, test) = text_backbone(), text_data()
+    backbone, (train_set, test) = load_backbone(roberta), text_data()
     torch.manual_seed(seed)
     model = SOP(backbone, **{"num_groups": 8, "tau": 0.2, "mode": "drop", **sop_options})
     cfg = {**BASE_TRAIN, **train_options}
@@ -196,7 +212,7 @@ def train_row(name: str, seed: int, n_test: int) -> dict:
     contents = group_contents(model, batches, labels)
     row = {
         "kind": "train",
-        "row": name,
+        "row": name if roberta is None else f"{name}@roberta",
         "what": what,
         "seed": seed,
         "n_test": n_test,
@@ -212,7 +228,7 @@ def train_row(name: str, seed: int, n_test: int) -> dict:
     }
     print(json.dumps(row), flush=True)
     _append(row)
-    model.save_pretrained(os.path.join(CACHE, "text-research", f"{name}-s{seed}"))
+    model.save_pretrained(os.path.join(CACHE, "text-research", f"{row['row']}-s{seed}"))
     return row
 
 
@@ -247,13 +263,18 @@ def main() -> None:
     parser.add_argument("rows", nargs="*", help=f"rows to train: {list(ROWS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test", type=int, default=300, help="test tweets")
+    parser.add_argument(
+        "--roberta",
+        default=None,
+        help="train on the second text model saved here (second_text_model.py's <out>/backbone)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.command == "teachers":
         teachers(args.test)
     elif args.command == "train":
         for name in args.rows:
-            train_row(name, args.seed, args.test)
+            train_row(name, args.seed, args.test, args.roberta)
     elif os.path.exists(RESULTS):
         with open(RESULTS, encoding="utf-8") as f:
             print(table([json.loads(line) for line in f]))
