@@ -78,6 +78,26 @@ def text_data(seed: int = 0):
     return text_splits(False, seed)
 
 
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def text_inputs(model: SOP, data, rows: slice):
+    """``model.prepare`` of the tweets ``data.encoded[rows]`` (a TextDataset's token tensors)."""
+    return model.prepare(*(data.encoded[k][rows] for k in TEXT_KEYS))
+
+
+def text_training_step(model: SOP, optimizer: torch.optim.Optimizer, inputs, labels: torch.Tensor) -> float:
+    """Seconds of one SOP training step on prepared text ``inputs``: forward, the loss with the recipe's
+    penalties, backward and ``optimizer``'s step."""
+    start = time.perf_counter()
+    fields = {k: getattr(inputs, k) for k in TEXT_KEYS}
+    loss = model(**fields, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
 def text_backbone(seed: int = 0):
     """The text demo's MiniLM + trained head, built once and cached in ``.cache/tweets-minilm-all``."""
     from transformers import BertForSequenceClassification

@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import text_backbone, text_data
+from common import text_backbone, text_data, text_inputs, text_training_step
 
 from sopfast.demo.run import CURVE_METRICS
 from sopfast.demo.text import (
@@ -41,7 +41,6 @@ from sopfast.evaluation.baselines import available_baselines
 from sopfast.evaluation.evaluate import evaluate
 from sopfast.model.sop import SOP
 
-KEYS = ("input_ids", "attention_mask", "token_type_ids")
 BATCH = 16
 STEPS = TEXT_EPOCHS * -(-TEXT_SOP_TEXTS // BATCH)
 
@@ -67,14 +66,9 @@ def step_seconds(model: SOP, train_set, steps: int) -> float:
     times = []
     for s in range(steps + 1):
         rows = slice(BATCH * s, BATCH * (s + 1))
-        start = time.perf_counter()
-        ids, mask, _ = (train_set.encoded[k][rows] for k in KEYS)
-        loss = model(input_ids=ids, attention_mask=mask, labels=train_set.labels[rows]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        seconds = text_training_step(model, optimizer, text_inputs(model, train_set, rows), train_set.labels[rows])
         if s:
-            times.append(time.perf_counter() - start)
+            times.append(seconds)
     model.eval()
     return statistics.median(times)
 

@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CACHE, image_backbone, image_data, text_backbone, text_data
+from common import CACHE, TEXT_KEYS, image_backbone, image_data, text_backbone, text_data
 
 from sopfast.evaluation import metrics as M
 from sopfast.evaluation.baselines import candidate_mask
@@ -325,9 +325,6 @@ def authors_heads(model: SOP, total_steps: int):
             model.epoch = min(model.generator.num_heads - 1, record["step"] * model.generator.num_heads // total_steps)
 
     return callback
-
-
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def model_args(task: str, data, sel: slice) -> tuple[torch.Tensor, ...]:

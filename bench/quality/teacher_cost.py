@@ -26,13 +26,12 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import text_backbone, text_data
+from common import text_backbone, text_data, text_inputs, text_training_step
 
 import sopfast.model.penalty as penalty
 from sopfast.model.losses import feature_saliency, mean_saliency
 from sopfast.model.sop import SOP
 
-KEYS = ("input_ids", "attention_mask", "token_type_ids")
 BATCH = 16
 
 
@@ -53,19 +52,13 @@ def main() -> None:
     model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").train()
     optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=5e-4)
     batches = [
-        (model.prepare(*(train_set.encoded[k][s : s + BATCH] for k in KEYS)), train_set.labels[s : s + BATCH])
+        (text_inputs(model, train_set, slice(s, s + BATCH)), train_set.labels[s : s + BATCH])
         for s in range(0, BATCH * (rounds + 1), BATCH)
     ]
     levels = model.saliency_levels
     first = batches[0][0]
     if not torch.equal(per_level_saliency(model, first, levels), mean_saliency(model, first, levels)):
         raise SystemExit("the two teachers differ")
-
-    def step(inputs, labels) -> None:
-        loss = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
 
     teacher_s: dict[str, list[float]] = {k: [] for k in TEACHERS}
     step_s: dict[str, list[float]] = {k: [] for k in TEACHERS}
@@ -75,9 +68,7 @@ def main() -> None:
             teacher(model, inputs, levels)
             teacher_s[name].append(time.perf_counter() - start)
             penalty.mean_saliency = teacher
-            start = time.perf_counter()
-            step(inputs, labels)
-            step_s[name].append(time.perf_counter() - start)
+            step_s[name].append(text_training_step(model, optimizer, inputs, labels))
     penalty.mean_saliency = mean_saliency
     print(
         f"text demo SOP step (batch {BATCH}, {tuple(first.input_ids.shape)[1]} tokens, {len(levels)} teacher "

@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CACHE, text_backbone, text_data
+from common import CACHE, text_backbone, text_data, text_inputs
 from curves import curves
 
 from sopfast.evaluation.baselines import AttributionBaseline, make_baseline
@@ -45,7 +45,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "text_research.jsonl")
 TAUS = (0.05, 0.1, 0.2, 0.4)
 COUNTS = (1, 3, 8)
-KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 # The text demo's SOP training before #34: 3,000 tweets, one epoch, batch 16 (188 steps), the recipe's lr.
 BASE_TRAIN = {"n_train": 3000, "epochs": 1, "batch_size": 16}
@@ -76,12 +75,8 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
 }
 
 
-def _inputs(model: SOP, data, sel: slice):
-    return model.prepare(*(data.encoded[k][sel] for k in KEYS))
-
-
 def _batches(model: SOP, data, n: int, size: int = 50):
-    return [_inputs(model, data, slice(s, min(n, s + size))) for s in range(0, n, size)]
+    return [text_inputs(model, data, slice(s, min(n, s + size))) for s in range(0, n, size)]
 
 
 def _append(row: dict) -> None:
