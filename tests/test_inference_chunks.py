@@ -10,7 +10,8 @@ from sopfast.model import sop as model_module
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 
-def _compare(model, args, monkeypatch):
+def assert_chunked_equals_whole(model, args, monkeypatch) -> None:
+    """Asserts that one-example chunks give the whole batch's outputs (logits to 1e-5, masks and indices equal)."""
     model.eval()
     with torch.enable_grad():
         whole = model(*args)  # autograd on: one chunk
@@ -27,13 +28,13 @@ def _compare(model, args, monkeypatch):
 @pytest.mark.parametrize("mode", ["exact", "drop"])
 def test_chunked_image_inference_equals_the_whole_batch(mode, monkeypatch):
     model = sopfast.SOP(make_hf_vit(), num_groups=4, mode=mode)
-    _compare(model, (torch.randn(5, 3, 32, 32),), monkeypatch)
+    assert_chunked_equals_whole(model, (torch.randn(5, 3, 32, 32),), monkeypatch)
 
 
 @pytest.mark.parametrize("mode", ["exact", "drop"])
 def test_chunked_text_inference_pads_indices_to_one_width(mode, monkeypatch):
     model = sopfast.SOP(make_bert(), num_groups=3, tau=0.5, mode=mode)
-    _compare(model, text_batch(), monkeypatch)
+    assert_chunked_equals_whole(model, text_batch(), monkeypatch)
 
 
 def test_exact_group_calls_on_the_cpu_take_about_2048_tokens():
