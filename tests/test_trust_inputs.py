@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 import sopfast
 import user_data as U
@@ -214,6 +215,8 @@ def test_diagnose_takes_the_backbone_and_options_from_the_checkpoint(run_folder,
     code, out, err = _cli(argv, capsys)
     assert code == 0, err
     assert "random groups of tau=0.25" in out and "2 averaged" in out and "verdict:" in out
+    code, out, err = _cli([*argv, "--tau", "0.5"], capsys)  # a flag given wins
+    assert code == 0 and "random groups of tau=0.5" in out, err
     code, _, err = _cli([*argv, "--feature-layer", "layer3"], capsys)
     assert code == 2 and "--feature-layer: the adapter's options come from --checkpoint" in err, err
     code, _, err = _cli(["diagnose", "--no-progress"], capsys)
@@ -223,6 +226,11 @@ def test_diagnose_takes_the_backbone_and_options_from_the_checkpoint(run_folder,
 def test_config_yaml_reads_back_every_flag_the_run_was_given(run_folder, tmp_path):
     argv, run = run_folder
     _assert_read_back(argv, run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["label_map"] == {"Owl": "owl", "Kitty": 0, "dog": 1}
+    older = tmp_path / "older.yaml"  # sopfast <= 0.5.3 wrote the map as a list of pairs
+    older.write_text("label_map: [[T-shirt_top, 0], [Trouser, 1]]\n")
+    tokens = config_tokens(build_parser().subcommands["train"], str(older))
+    assert tokens == ["--label-map", "T-shirt_top=0", "Trouser=1"]
     further = ["train", "--checkpoint", str(run), "--no-strict-backbone", "--output-dir", str(tmp_path / "more")]
     further += ["--max-steps", "1", "--batch-size", "4", "--no-progress", "--no-diagnose", "--limit", "12"]
     assert main(further) == 0  # continues the model: its data, label map and backbone recorded

@@ -356,7 +356,8 @@ def informed_group(
 def check_labels(labels: torch.Tensor, classes: int) -> torch.Tensor:
     """``labels [B]`` as class ids of a backbone with ``classes`` outputs: a TypeError naming the
     non-integer values (``0.5``; floats, even integral ones, are refused as :func:`sopfast.train`
-    refuses them), a ValueError naming those outside ``[0, classes)``."""
+    refuses them), a ValueError naming those outside ``[0, classes)`` (checked on the host on every device:
+    the diagnostic reads its scores there anyway)."""
     if labels.is_floating_point() or labels.dtype == torch.bool:
         shown = sorted({float(v) for v in labels.flatten().tolist()})
         odd = [v for v in shown if not v.is_integer()] or shown
@@ -364,7 +365,8 @@ def check_labels(labels: torch.Tensor, classes: int) -> torch.Tensor:
             f"data: labels must be integer class ids in [0, {classes - 1}] (the backbone's {classes} classes), "
             f"got {labels.dtype} values {odd[:10]}"
         )
-    return check_class_ids("data: labels", labels, classes, "classes of the backbone").long()
+    check_class_ids("data: labels", labels.cpu(), classes, "classes of the backbone")  # on the host: an error
+    return labels.long()
 
 
 def check_finite(values: torch.Tensor, adapter: BackboneAdapter, what: str) -> None:
