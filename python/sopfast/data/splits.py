@@ -87,7 +87,8 @@ def load_split(
     limit: int | None = None,
 ) -> LoadedSplit:
     """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) of ``data`` — a name in
-    :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL)
+    :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL;
+    an existing path wins over a built-in name: :func:`is_builtin`)
     — for the backbone ``adapter`` wraps, loaded from ``source``.
 
     Raises :class:`sopfast.data.user_data.DataError` (a ValueError) naming the data and the role when
@@ -129,11 +130,29 @@ def _first_readable(dataset: torch.utils.data.Dataset, size: int, data: str, rol
     return items
 
 
+def is_builtin(data: str) -> bool:
+    """Whether ``data`` names a built-in dataset (:data:`~sopfast.data.builtin.BUILTIN`): a path that
+    exists wins over a built-in name (``--data tweets`` with a folder ``./tweets`` reads the folder, as
+    ``datasets.load_dataset`` prefers a local path), with a warning naming both."""
+    if data not in BUILTIN:
+        return False
+    if os.path.exists(data):
+        logger.warning(
+            "--data %s: reading the local %s %s, not the built-in dataset of that name (rename or move it to "
+            "use the built-in one)",
+            data,
+            "folder" if os.path.isdir(data) else "file",
+            os.path.abspath(data),
+        )
+        return False
+    return True
+
+
 def _read(
     data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
 ) -> LoadedSplit:
     modality = adapter.modality
-    if data in BUILTIN:
+    if is_builtin(data):
         if options.label_map is not None:
             raise DataError(f"label_map (--label-map) is for your own data; --data {data} is built in")
         builtin = BUILTIN[data]

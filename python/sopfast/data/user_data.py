@@ -19,10 +19,10 @@ validation split it is held out of the training split (``holdout`` of it, strati
 one split is cut three ways (a held-out test part, then a validation part of the rest).  ``limit``
 keeps examples of every class alike (:func:`sopfast.data.sampling.across_classes`).
 
-Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
-``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
-that names no classes).  Training data of one class is refused, and so is an image folder with entries
-it would skip (:mod:`sopfast.data.folders`).
+Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through ``label_map`` and the
+backbone's ``label2id`` — a name neither knows is an error; sorted order only for a backbone that names
+no classes, where ids mixed with names are refused).  Training data of one class is refused, and so is
+an image folder with entries it would skip (:mod:`sopfast.data.folders`).
 
 Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
 :func:`sopfast.adapters.preprocessing.preprocessing_for`.
@@ -409,9 +409,10 @@ def load_split(
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
-    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps every label to a class id or a
-    class name of the backbone (:mod:`sopfast.data.labels`); ``holdout=None`` holds nothing out.  Returns
-    the dataset and a description of the split used; training data must hold two classes or more."""
+    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps labels to class ids or class
+    names of the backbone, the others mapping through its ``label2id`` (:mod:`sopfast.data.labels`);
+    ``holdout=None`` holds nothing out.  Returns the dataset and a description of the split used;
+    training data must hold two classes or more."""
     if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
