@@ -320,6 +320,9 @@ def test_cli_data_without_labels_gives_null_labels_and_a_damaged_manifest_is_one
     assert main([*common, "--output-dir", str(tmp_path / "held"), "--holdout", "0.25"]) == 2
     (line,) = _errors(capsys)
     assert line.endswith(f"{csv} has no label column, which --holdout (a part held out per class) needs")
+    assert main([*common, "--output-dir", str(tmp_path / "mapped"), "--label-map", "cat=0"]) == 2
+    (line,) = _errors(capsys)
+    assert line.endswith(f"{csv} has no label column, which --label-map needs")
 
     (out / "predict.json").write_text("{")
     assert main([*argv, *extra]) == 2
