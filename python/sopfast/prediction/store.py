@@ -103,17 +103,14 @@ def spans(ids: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def _recorded_ids(record: Any) -> list[int] | None:
-    """The ids a record lists (its ``[start, stop)`` runs expanded), ``None`` when it is malformed."""
+def _well_formed(record: Any) -> bool:
+    """Whether ``record`` is ``{"sha256": hex, "ids": [[start, stop], …]}``."""
     runs = record.get("ids") if isinstance(record, dict) else None
-    if not isinstance(runs, list) or not isinstance(record.get("sha256"), str):
-        return None
-    ids: list[int] = []
-    for run in runs:
-        if not (isinstance(run, list) and len(run) == 2 and all(type(i) is int for i in run) and run[0] < run[1]):
-            return None
-        ids += range(run[0], run[1])
-    return ids
+    return (
+        isinstance(runs, list)
+        and isinstance(record.get("sha256"), str)
+        and all(isinstance(run, list) and len(run) == 2 and all(type(i) is int for i in run) for run in runs)
+    )
 
 
 def _contents(source: str | bytes) -> tuple[list[int], list[Skipped]]:
@@ -222,10 +219,10 @@ class OutputDir:
 
     def verify(self, shard: int, records: Mapping[str, Any]) -> str | None:
         """``None`` when shard ``shard``'s file proves itself against its record, else why not."""
-        ids = _recorded_ids(record := records.get(self.shard_name(shard)))
+        record = records.get(self.shard_name(shard))
         if record is None:
             return f"it has no record in {MANIFEST} (a run stopped after writing it, or another program did)"
-        if ids is None:
+        if not _well_formed(record):
             return f"its record in {MANIFEST} is malformed"
         try:
             data = Path(self.shard_path(shard)).read_bytes()
@@ -237,7 +234,7 @@ class OutputDir:
             found, skipped = _contents(data)
         except Exception as err:  # any damage pyarrow or the metadata's JSON reports
             return f"it cannot be read as Parquet ({type(err).__name__}: {err})"
-        if found != ids:
+        if spans(found) != record["ids"]:
             return "its example ids differ from the recorded ones"
         if sorted(found + [s.id for s in skipped]) != list(self.plan.ids(shard)):
             return f"its rows and skipped examples are not shard {shard}'s ids {self.plan.ids(shard)}"
@@ -290,7 +287,8 @@ class OutputDir:
                 ids, shard_skipped = _contents(path)
             except Exception as err:  # missing or damaged since it was written
                 raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); run again to redo it") from err
-            if ids != _recorded_ids(records.get(self.shard_name(shard))):
+            record = records.get(self.shard_name(shard), {})
+            if not _well_formed(record) or spans(ids) != record["ids"]:
                 raise ValueError(f"{path} does not hold the rows its record lists; run again to redo it")
             rows += ids
             skipped += shard_skipped
