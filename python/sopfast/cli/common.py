@@ -293,6 +293,7 @@ def load_adapter_split(
         object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
         saved_preprocessing=(saved or {}).get("preprocessing"),
         label_map=args.label_map,
+        labels_optional=getattr(args, "labels_optional", False),  # sopfast predict: unlabelled data is fine
     )
     loaded = load_split(args.data, role, adapter, backbone, options, limit)
     report(loaded.description)

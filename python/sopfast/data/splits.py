@@ -30,7 +30,8 @@ class DataOptions:
     split whole), preprocessing overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per
     channel, ``max_length`` tokens), the preprocessing a model was trained with (``saved_preprocessing``,
     its ``provenance["preprocessing"]``: it applies where no override is given) and where object masks
-    come from (items then ``(x, y, mask)``)."""
+    come from (items then ``(x, y, mask)``); ``labels_optional``: data without labels is read unlabelled
+    (``sopfast predict``), not refused."""
 
     columns: Columns | None = None
     train_split: str | None = None
@@ -44,6 +45,7 @@ class DataOptions:
     object_masks: ObjectMasks | None = None
     saved_preprocessing: dict[str, Any] | None = None
     label_map: dict[Any, Any] | None = None
+    labels_optional: bool = False
 
     def check_modality(self, modality: str) -> None:
         """Options of the other modality are mistakes (they would be ignored): a DataError naming the first."""
@@ -92,7 +94,8 @@ def load_split(
     — for the backbone ``adapter`` wraps, loaded from ``source``.
 
     Raises :class:`sopfast.data.user_data.DataError` (a ValueError) naming the data and the role when
-    the split is empty, has no labels or does not fit the backbone.
+    the split is empty, has no labels (unless ``options.labels_optional``) or does not fit the
+    backbone.
     """
     options = options or DataOptions()
     options.check_modality(adapter.modality)
@@ -104,7 +107,7 @@ def load_split(
     batch = parse_batch(torch.utils.data.default_collate(_first_readable(dataset, size, data, role)))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
-    if batch.labels is None:
+    if batch.labels is None and not options.labels_optional:
         raise DataError(f"--data {data}: the {role} examples have no labels")
     try:
         adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
@@ -185,5 +188,6 @@ def _read(
         limit=limit,
         object_masks=options.object_masks,
         label_map=options.label_map,
+        labels_optional=options.labels_optional,
     )
     return LoadedSplit(dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples", prep.describe())
