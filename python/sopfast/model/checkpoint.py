@@ -49,6 +49,7 @@ from .recipes import RECIPES
 from .state_files import CARD_NAME as CARD_NAME
 from .state_files import STATE_NAME as STATE_NAME
 from .state_files import atomic_save as atomic_save
+from .state_files import atomic_write as atomic_write
 from .state_files import load_training_state as load_training_state
 from .state_files import remove_stale_temp_files as remove_stale_temp_files
 from .state_files import save_training_state as save_training_state
