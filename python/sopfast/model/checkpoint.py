@@ -239,13 +239,19 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
         state["generator.heads.0"] = weight
 
 
-def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, Any]:
-    """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
+def check_provenance(model: Any) -> dict[str, Any]:
+    """``model.provenance`` (where the model came from), a TypeError naming it unless it is a dict."""
     if not isinstance(model.provenance, dict):
         raise TypeError(
             f"model.provenance must be a dict (where the model came from), got {model.provenance!r} "
             f"({type(model.provenance).__name__})"
         )
+    return model.provenance
+
+
+def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, Any]:
+    """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
+    check_provenance(model)
     config = dict(model.config)
     config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
     return {

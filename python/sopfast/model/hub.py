@@ -31,7 +31,7 @@ from ..adapters.sources import Backbone, load_recorded, one_line
 from ..checks import check_bool
 from ..version import __version__
 from .checkpoint import CARD_NAME as CARD_NAME
-from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
+from .checkpoint import check_provenance, pretrained_directory, read_config, read_pretrained, save_pretrained
 
 DIAGNOSIS_FILE = "diagnosis.json"  # what a run folder of sopfast.train holds beside best/ and last/
 PIPELINES = {"image": "image-classification", "text": "text-classification"}
@@ -108,6 +108,7 @@ class HubMixin:
         known).  A folder holding another model is refused unless ``overwrite=True`` (its model files are
         replaced), and the backbone's own folder always (:func:`sopfast.model.checkpoint.save_pretrained`)."""
         check_bool("model_card", model_card)
+        check_provenance(self)
         card = self.model_card() if model_card else None
         path = save_pretrained(self, directory, backbone_sha256=backbone_sha256, model_card=card, overwrite=overwrite)
         return str(path)
