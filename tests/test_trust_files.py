@@ -101,10 +101,10 @@ def test_cli_adapt_into_the_backbones_own_folder_changes_no_byte(vit_dir, tmp_pa
 def test_cli_adapt_into_another_models_folder_refuses(vit_dir, tmp_path, capsys):
     import user_data as U
 
-    other = U.vit_dir(tmp_path / "other")
+    other, data = U.vit_dir(tmp_path / "other"), U.image_folder(tmp_path, per_class=4)
     before = digest(other)
     capsys.readouterr()
-    argv = ["adapt", "--backbone", str(vit_dir), "--data", str(tmp_path), "--output-dir", str(other), "--steps", "1"]
+    argv = ["adapt", "--backbone", str(vit_dir), "--data", str(data), "--output-dir", str(other), "--steps", "1"]
     err = one_line(main(argv), capsys.readouterr().err)
     assert "already holds a model" in err and "--overwrite" in err and digest(other) == before
 
@@ -136,6 +136,15 @@ def test_a_crash_while_saving_the_adapted_copy_leaves_no_half_written_model(vit_
     with pytest.raises(KeyboardInterrupt):
         sopfast.adapt_backbone(load_backbone(str(vit_dir)), images(), output_dir=tmp_path / "adapted", **ADAPT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backbone"]  # neither the folder nor its temp copy
+
+
+def test_the_temp_folder_of_a_killed_write_is_removed_by_the_next(tmp_path):
+    from sopfast.model.state_files import write_model_folder
+
+    stale = tmp_path / ".m.999999999.0123abcd.tmp"  # no process has that id
+    (stale / "half").mkdir(parents=True)
+    write_model_folder(tmp_path / "m", lambda folder: (folder / "model.safetensors").write_bytes(b"w"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
 def test_save_pretrained_never_writes_over_a_model_it_did_not_make(vit_dir, tmp_path):
@@ -170,6 +179,13 @@ def test_cli_convert_never_writes_into_its_inputs(vit_dir, tmp_path, capsys):
         err = one_line(main([*argv, "--overwrite"]), capsys.readouterr().err)
         assert "--out" in err and "is the folder of the model it is made from" in err, err
     assert digest(vit_dir) == before
+
+
+def test_cli_demo_refuses_a_models_folder(vit_dir, capsys):
+    before = digest(vit_dir)
+    capsys.readouterr()
+    err = one_line(main(["demo", "--quick", "--out", str(vit_dir), "--device", "cpu"]), capsys.readouterr().err)
+    assert "out_dir (--out)" in err and "holds a model" in err and digest(vit_dir) == before
 
 
 def test_train_refuses_a_models_folder_as_its_run_folder(vit_dir):
