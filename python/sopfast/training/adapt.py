@@ -238,8 +238,8 @@ def _non_finite_loss(
         data = non_finite({"pixels": inputs.pixels})
         where = f"the batch holds NaN or infinite values in {listed(data)}" if data else "its parameters are finite"
         return (
-            f"adapt_backbone: the original backbone's output on the batch of step {step} is NaN or infinite "
-            f"({where}); check the data and the backbone, the learning rate is not the cause"
+            f"adapt_backbone: the original backbone's output on the batch of step {step} is not finite (NaN or "
+            f"Inf; {where}); check the data and the backbone, the learning rate is not the cause"
         )
     bad = non_finite(dict(adapted.named_parameters()))
     if bad:
