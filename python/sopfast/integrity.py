@@ -50,9 +50,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
     return path
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` all-or-nothing (:func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(data))
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` all-or-nothing (:func:`atomic_write`)."""
-    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> Path:

@@ -16,8 +16,9 @@ from transformers import TrainerCallback
 
 from ..adapters.sources import source_folders
 from ..checks import check_path
+from ..integrity import atomic_write_bytes
 from ..model.checkpoint import sop_files
-from ..model.state_files import atomic_write, same_folder
+from ..model.state_files import same_folder
 
 
 def save_beside(model: Any, directory: str | os.PathLike) -> Path:
@@ -29,7 +30,7 @@ def save_beside(model: Any, directory: str | os.PathLike) -> Path:
     if any(same_folder(directory, source) for source in sources):
         raise ValueError(f"directory {directory} is the backbone's own folder: sopfast never writes there")
     for name, data in sop_files(model).items():
-        atomic_write(directory / name, lambda f, data=data: f.write(data))
+        atomic_write_bytes(directory / name, data)
     return directory
 
 
