@@ -25,9 +25,6 @@ from ..common import (
 from ..options import add_api_options, api_values
 from ..parser import int_at_least
 
-NAME = "evaluate"
-HELP = "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …)."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)

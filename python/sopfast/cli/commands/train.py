@@ -35,9 +35,7 @@ if TYPE_CHECKING:
     from ...adapters import BackboneAdapter
     from ...adapters.sources import Backbone
 
-NAME = "train"
 RUNS_DIR = "runs"  # where a run without --output-dir goes
-HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
 # sopfast.SOP parameters without a command-line form (tensors; --adapter takes a name)
 SOP_SKIP = ("class_weights",)
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
