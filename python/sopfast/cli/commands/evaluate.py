@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
-    loaded = load_model_split(args, model, backbone, "test", args.limit)
+    loaded = load_model_split(args, model, backbone, "test", args.limit, announce=False)  # printed with the table
     dataset = loaded.dataset
     key = args.ground_truth_key
     if isinstance(key, str) and key.isdigit():
