@@ -70,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(1 if args.verbose else -1 if args.quiet else 0)
         return int(args.handler(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # a command may say how to continue (the interrupt's message)
+        print(f"{prog}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)
         return 130
     except Exception as err:  # every failure is one line (the traceback with --debug)
         if debug:
