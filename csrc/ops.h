@@ -22,9 +22,9 @@ at::Tensor sparsemax_backward(const at::Tensor& p, const at::Tensor& grad);
 // logits [N, d], k int64 [N] (none: every row keeps k_max) -> (indices [N, k_max] int64 (int32 with
 // int32_indices), mask bool [N, d], lam [N], attention [N, d] ([N, 0] without need_attention)).  A row
 // without a result (a NaN among its valid logits, or none above -inf; with a blur any NaN or infinity)
-// keeps no feature: indices -1, mask false, NaN lam and attention.  ties_authors ranks the attention
-// (equal values: higher index first when largest), else the blurred logits (equal values: lower index
-// first).
+// keeps no feature: indices -1, mask false, NaN lam and attention.  ties_authors ranks authors_score
+// (top_tau_row.h: the blurred logits, -inf where the attention underflows; equal ones: higher index first
+// when largest), else the blurred logits (equal values: lower index first).
 template <c10::DeviceType kDevice>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward(
     const at::Tensor& logits, const std::optional<at::Tensor>& k, int64_t k_max, const std::optional<at::Tensor>& valid,

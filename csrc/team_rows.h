@@ -209,7 +209,7 @@ struct TopTauRow {
   int d = 0;
   int64_t k = 0, k_max = 0;
   bool largest = true;
-  bool ties_authors = false;  // rank the attention (equal: higher index first if largest), else the logits
+  bool ties_authors = false;  // rank authors_score (equal: higher index first if largest), else the logits
   BlurSpec<acc_t> blur;       // used when the kernel blurs (BLUR)
   acc_t* buffer = nullptr;    // [d], shared by the team: needed with a blur
   int64_t* indices = nullptr;  // [k_max] out (or indices32)
@@ -258,15 +258,15 @@ SOPFAST_TEAM_FN auto per_position(At at) {
 // team loads each run of kRun features with load_logits(j0, n, acc_t* out) and load_valid(j0, n,
 // bool* out) (one vector access each in the kernels).  Blur (when BLUR; through row.buffer and the
 // attention row) -> softmax over the valid features (+inf entries share the mass), written out when
-// row.attention is set -> the k valid features ranked first by rank_priority of the score (the
-// attention for the authors' rule, else the blurred logits), found by RadixSearch on team counts
+// row.attention is set -> the k valid features ranked first by rank_priority of the score
+// (authors_score for the authors' rule, else the blurred logit), found by RadixSearch on team counts
 // (several bits per count, early exit) -> the selection in index order: the features ranked above
 // the threshold and the first `needed` tied ones (the last ones when ties go to the higher index),
 // placed by two prefix counts (kRun ballots per run within a group, one scan over the groups) ->
 // mask, lam and the ascending indices.  A row without a result (a NaN among the valid logits, none
 // above -inf; with a blur any NaN or infinity) keeps no feature: NaN lam and attention, mask false,
 // indices -1.  One value per position in registers after the softmax, the key of its score: the
-// attention of the logits rule is recomputed from it where it is summed.  k is clamped to
+// attention is recomputed from it where it is summed (authors_score's -inf gives 0, as the softmax).  k is clamped to
 // [0, #valid].  d <= size() * VPT, VPT a multiple of kRun, at most 32.
 template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadLogits, typename LoadValid>
 SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& row, LoadLogits load_logits,
@@ -361,7 +361,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
     for (int c = 0; c < kRun; ++c) {
       const int v = q * kRun + c;
       a[c] = attention(s[v], ok(v));
-      keys[v] = rank_priority(row.ties_authors ? a[c] : s[v], row.largest);
+      keys[v] = rank_priority(row.ties_authors ? authors_score(s[v], row_max) : s[v], row.largest);
     }
     const int j0 = run_position(team, vpt, q * kRun);
     if (row.attention != nullptr && q * kRun < vpt && j0 < d) store_run(row.attention + j0, d - j0 < kRun ? d - j0 : kRun, a);
@@ -422,10 +422,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
       const int tied_rank = tied_before + tied_lower;     // tied features before j
       const bool selected = is_above || (is_tied && (higher_first ? tied_rank >= skipped : tied_rank < needed));
       selected_run[c] = selected;
-      if (selected) {
-        const acc_t score = score_from_priority(keys[v], row.largest);
-        kept += row.ties_authors ? score : attention(score, true);
-      }
+      if (selected) kept += attention(score_from_priority(keys[v], row.largest), true);
       const int tied_selected_before = higher_first ? (tied_rank > skipped ? tied_rank - skipped : 0)
                                                     : (tied_rank < needed ? tied_rank : needed);
       const int position = above_rank + tied_selected_before;

@@ -39,7 +39,7 @@ struct TopTauForwardArgs {
   const int64_t* k = nullptr;   // [rows] or nullptr (k_max in every row); clamped to [0, number of valid features]
   int64_t rows = 0, d = 0, k_max = 0;
   bool largest = true;
-  bool ties_authors = false;  // rank the attention, equal values higher index first when largest
+  bool ties_authors = false;  // rank authors_score (top_tau_row.h), equal ones higher index first when largest
   const void* blur_kernel = nullptr;  // [blur_size] or nullptr
   int64_t blur_size = 0, grid_h = 0, grid_w = 0;
   void* scratch = nullptr;     // [rows, d]

@@ -193,6 +193,33 @@ TEST_CASE(top_tau_team_row_keeps_special_rows) {
   }
 }
 
+// The authors' rule ranks the logits, with the logits whose exp underflows to 0 (x <= the cut) in one
+// tie class: higher index first when keeping the largest, lower when keeping the smallest -- on a team
+// (8 lanes, a warp) as in the CPU kernel, with the expected groups of tests/test_ops_top_tau_ties.py.
+TEST_CASE(top_tau_team_row_ranks_the_authors_scores) {
+  const float cut = sopfast::SoftmaxZero<float>::at, above = std::nextafter(cut, 0.0f);
+  TopTauCase c;
+  c.d = 6;
+  c.logits = {0.0f, cut, above, cut, above, cut - 1.0f};
+  c.ties_authors = true;
+  auto kept = [&](const TopTauOutputs& out, int64_t k) {
+    return std::vector<int64_t>(out.indices.begin(), out.indices.begin() + k);
+  };
+  for (int team_size : {8, 32}) {
+    for (bool largest : {true, false}) {
+      c.largest = largest;
+      c.k = 4;
+      const TopTauOutputs out = run_team_for(c, team_size);
+      expect_same(out, run_cpu(c));
+      EXPECT((kept(out, 4) == (largest ? std::vector<int64_t>{0, 2, 4, 5} : std::vector<int64_t>{1, 2, 3, 5})));
+      EXPECT(out.attention[1] == 0.0f && out.attention[2] > 0.0f);
+      c.k = 2;
+      expect_same(run_team_for(c, team_size), run_cpu(c));
+      EXPECT((kept(run_team_for(c, team_size), 2) == (largest ? std::vector<int64_t>{0, 4} : std::vector<int64_t>{1, 3})));
+    }
+  }
+}
+
 // The threshold search stops early: a row of 196 costs a few dozen team collectives in all, not
 // the O(d^2) comparisons of ranking every feature against every other; and the selection costs two
 // scans over the warps whatever the values per thread (ballots within a warp place the rest).
