@@ -219,7 +219,9 @@ struct TopTauRow {
   acc_t* attention = nullptr;  // [d] out, or nullptr (not written); needed with a blur (the spare row)
 };
 
-// n <= kRun values from p[0..n) into out[0..n): one vector access for a whole aligned run.
+// n <= kRun values from p[0..n) into out[0..n): one vector access for a whole aligned run.  Every loop
+// over a run has kRun trips (unrolled, positions c >= n skipped): a runtime trip count would index the
+// caller's register arrays at run time and put them in local memory (bench/kernel_budgets.py counts it).
 template <typename T>
 struct alignas(kRun * sizeof(T)) RunOf {
   T v[kRun];
@@ -232,7 +234,10 @@ SOPFAST_TEAM_FN void load_run(const T* p, int n, U* out) {
     for (int c = 0; c < kRun; ++c) out[c] = static_cast<U>(run.v[c]);
     return;
   }
-  for (int c = 0; c < n; ++c) out[c] = static_cast<U>(p[c]);
+  SOPFAST_UNROLL
+  for (int c = 0; c < kRun; ++c) {
+    if (c < n) out[c] = static_cast<U>(p[c]);
+  }
 }
 template <typename T>
 SOPFAST_TEAM_FN void store_run(T* p, int n, const T* values) {
@@ -243,14 +248,20 @@ SOPFAST_TEAM_FN void store_run(T* p, int n, const T* values) {
     *reinterpret_cast<RunOf<T>*>(p) = run;
     return;
   }
-  for (int c = 0; c < n; ++c) p[c] = values[c];
+  SOPFAST_UNROLL
+  for (int c = 0; c < kRun; ++c) {
+    if (c < n) p[c] = values[c];
+  }
 }
 
 // A run loader from a per-position one (the host tests): load(j0, n, out) sets out[c] = at(j0 + c).
 template <typename At>
 SOPFAST_TEAM_FN auto per_position(At at) {
   return [at](int j0, int n, auto* out) {
-    for (int c = 0; c < n; ++c) out[c] = at(j0 + c);
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      if (c < n) out[c] = at(j0 + c);
+    }
   };
 }
 
@@ -328,6 +339,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
       store_run(row.mask + j0, n, none);
       if (row.attention != nullptr) {
         acc_t nan[kRun];
+        SOPFAST_UNROLL
         for (int c = 0; c < kRun; ++c) nan[c] = quiet_nan<acc_t>();
         store_run(row.attention + j0, n, nan);
       }
@@ -373,7 +385,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
   if (kk > 0) {
     RadixSearch<Key> search(n_eligible);
     search.exact = kk == n_eligible;  // threshold 0: every eligible feature
-    while (search.running()) {
+    while (search.running()) {  // sass-loop: top_tau_search
       uint64_t packed = 0;
       SOPFAST_UNROLL
       for (int v = 0; v < VPT; ++v) packed += ok(v) ? search.share(keys[v]) : uint64_t{0};
@@ -529,7 +541,7 @@ SOPFAST_TEAM_FN void sparsemax_team_row(const Team& team, int64_t n, Load load, 
   for (int v = 0; v < VPT; ++v) z[v] -= row_max;
   acc_t tau = -1;
   int support = -1;
-  while (true) {
+  while (true) {  // sass-loop: sparsemax_michelot
     acc_t sum = 0;
     int count = 0;
     SOPFAST_UNROLL
@@ -549,6 +561,74 @@ SOPFAST_TEAM_FN void sparsemax_team_row(const Team& team, int64_t n, Load load, 
     const int64_t i = rank + size * v;
     if (i < n) store(i, z[v] > tau ? z[v] - tau : acc_t(0));
   }
+}
+
+// A team of one thread (a row per thread), on the host and the device: every collective is the thread's own
+// value.
+struct SoloTeam {
+  SOPFAST_HD int rank() const { return 0; }
+  SOPFAST_HD int size() const { return 1; }
+  SOPFAST_HD int lanes() const { return 1; }
+  SOPFAST_HD int group() const { return 0; }
+  SOPFAST_HD int lane() const { return 0; }
+  template <typename T>
+  SOPFAST_HD T sum(T v) const {
+    return v;
+  }
+  template <typename T>
+  SOPFAST_HD T max(T v) const {
+    return v;
+  }
+  SOPFAST_HD uint32_t ballot(bool flag) const { return flag ? 1u : 0u; }
+  SOPFAST_HD int groups_before(int count, int* total) const {
+    *total = count;
+    return 0;
+  }
+  SOPFAST_HD void sync() const {}
+};
+
+// Row stride of a chunk's staging tile: odd, so that the threads' rows fall in distinct shared-memory banks.
+SOPFAST_HD constexpr int chunk_row_stride(int n) { return n | 1; }
+
+// Sparsemax of a chunk of `rows` <= team.size() rows of N entries (N a compile-time constant) stored one
+// after the other, one row per thread of the team (on the GPU a warp: 32 rows, 32 * N contiguous entries).
+// The chunk's rows * N entries come in VEC at a time -- load(q, acc_t (&out)[VEC]) reads entries
+// q * VEC .. q * VEC + VEC - 1, consecutive q on consecutive threads (coalesced) -- into tile
+// [team.size() * chunk_row_stride(N)] (entry e -> row e / N, column e % N: a constant divisor, so
+// multiplications, no division); each thread runs its row in registers (sparsemax_team_row alone, every
+// index a constant) and writes it back to the tile; the results leave the same way (store(q, const acc_t
+// (&values)[VEC])).  A team.sync() between the phases (__syncwarp on the GPU), no block barrier.  rows * N
+// must be a multiple of VEC.
+template <int N, int VEC, typename acc_t, typename Team, typename Load, typename Store>
+SOPFAST_TEAM_FN void sparsemax_chunk_rows(const Team& team, int rows, acc_t* tile, Load load, Store store) {
+  constexpr int stride = chunk_row_stride(N);
+  const int vectors = rows * N / VEC;
+  for (int q = team.rank(); q < vectors; q += team.size()) {
+    acc_t values[VEC];
+    load(q, values);
+    SOPFAST_UNROLL
+    for (int c = 0; c < VEC; ++c) {
+      const unsigned e = static_cast<unsigned>(q * VEC + c);
+      tile[(e / N) * stride + e % N] = values[c];
+    }
+  }
+  team.sync();
+  if (team.rank() < rows) {
+    acc_t* mine = tile + team.rank() * stride;
+    sparsemax_team_row<N, acc_t>(
+        SoloTeam{}, N, [mine](int64_t i) { return mine[i]; }, [mine](int64_t i, acc_t p) { mine[i] = p; });
+  }
+  team.sync();
+  for (int q = team.rank(); q < vectors; q += team.size()) {
+    acc_t values[VEC];
+    SOPFAST_UNROLL
+    for (int c = 0; c < VEC; ++c) {
+      const unsigned e = static_cast<unsigned>(q * VEC + c);
+      values[c] = tile[(e / N) * stride + e % N];
+    }
+    store(q, values);
+  }
+  team.sync();  // every thread has read the tile: the next chunk may fill it
 }
 
 // One row of the sparsemax backward by a team: (g - mean_S g) on S = {p > 0}, 0 elsewhere.

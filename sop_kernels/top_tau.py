@@ -436,7 +436,7 @@ def _top_tau_rows_kernel(
     exact = n_eligible == k
     position_bits = KEY_BITS
     running = _any(~exact, ROWS)
-    while running:
+    while running:  # sass-loop: triton_top_tau_search
         step = tl.minimum(position_bits, RADIX)
         shift = (position_bits - step).to(KEY)
         packed = _row_sum(tl.where(eligible, _radix_digit(key, kth, shift, RADIX, PACK, FIELD, ONES), 0))
