@@ -11,9 +11,10 @@ the kernel's instructions and the instructions of its marked hot loops::
 A hot loop is marked in the source by a comment ``sass-loop: NAME`` on its header (``// sass-loop:
 top_tau_search`` in csrc/team_rows.h, ``# sass-loop: …`` in sop_kernels/); its instructions are those that
 the line information (``nvcc -lineinfo``, Triton's own; it changes no code) places on the loop's source
-lines, inlined calls included — the static code of one pass: one step of top_tau's threshold search, one
-Michelot step of sparsemax.  (The SASS of such a loop is not one address range: the compiler lays it out
-in pieces, with fallback paths for shuffles of a diverged warp.)
+lines, inlined calls included: the static code of the loop — top_tau's threshold search, sparsemax's Michelot
+iteration — with every copy the compiler makes of it (a peeled or unrolled loop counts each copy), so a
+bigger step or more copies both show.  (The SASS of such a loop is not one address range: the compiler
+lays it out in pieces, with fallback paths for shuffles of a diverged warp.)
 
 Exits 1 when a kernel exceeds a budget, has none, or a budget names a kernel no longer built (run
 ``--set-budgets`` after a deliberate change and commit the file: the diff shows what moved).  Budgets
@@ -57,7 +58,7 @@ class Kernel:
     local: int = 0  # LDL / STL instructions
     calls: int = 0  # CALL instructions (the 64-bit division and remainder subroutines)
     instructions: int = 0
-    loops: dict[str, int] = field(default_factory=dict)  # marked hot loop -> instructions of one pass
+    loops: dict[str, int] = field(default_factory=dict)  # marked hot loop -> its static instructions
 
 
 def tool(name: str) -> str:
@@ -345,7 +346,7 @@ def check(measured: dict, budgets: dict) -> list[str]:
 def table(measured: dict, budgets: dict) -> list[str]:
     lines = [
         "| kind | arch | kernel | registers | stack B | spill st/ld B | LDL/STL | calls | instructions | hot loops "
-        "(instructions per pass) |",
+        "(static instructions) |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for kind, arches in measured.items():
@@ -404,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             "bench/gpu_script.py times compiled for sm_90; registers, stack and spills from `ptxas -v`; `LDL/STL` "
             "(local memory), `calls` (subroutines: 64-bit division) and instructions from the SASS (`nvdisasm`); a "
             "hot loop's instructions are those the line information places on the source lines of the loop "
-            "marked `sass-loop:` (csrc/team_rows.h, sop_kernels/), inlined calls included: one pass. The "
-            "budgets (in parentheses) are bench/kernel_budgets.json; CI (.ci/run) fails when a kernel exceeds one. "
-            "Static counts only: how fast a kernel runs needs a GPU.",
+            "marked `sass-loop:` (csrc/team_rows.h, sop_kernels/), inlined calls included (every copy of the "
+            "loop). The budgets (in parentheses) are bench/kernel_budgets.json; CI (.ci/run) fails when a kernel "
+            "exceeds one. Static counts only: how fast a kernel runs needs a GPU.",
             "",
             summary,
             "",
