@@ -78,7 +78,7 @@ def marked_range(lines: list[str], first: int) -> int:
     """The last line of the loop whose header is line ``first`` (1-based): the brace that closes it (C++),
     or the last line indented deeper than the header (Python)."""
     header = lines[first - 1]
-    if header.rstrip().endswith("{"):
+    if "//" in header:  # C++
         depth = 0
         for number in range(first, len(lines) + 1):
             depth += lines[number - 1].count("{") - lines[number - 1].count("}")
