@@ -22,7 +22,10 @@ what it measured; each step starts only within its budget (``STEP_BUDGET_S``):
 5. **training** — the authors' algorithm, exact and drop, ViT-B/16 at 224 (batch 8 and 32) and BERT-base
    at 512 tokens (batch 4 and 16), bf16 autocast, interleaved;
 6. **kernels** — top_tau forward at 65,536 × 196 (fp32 and bf16) and sparsemax over 20 columns at
-   1,048,576 rows: GB/s of the ideal traffic, % of the card's peak;
+   1,048,576 rows: GB/s of the ideal traffic, % of the card's peak; the CUDA sparsemax twice, side by
+   side: the thread-rows kernel (the default) and the warp-rows one (``SOPFAST_CUDA_SPARSEMAX=warp-rows``,
+   issue #46), after checking that both give the same bits; ``summary.json`` keeps every implementation's
+   figure (``kernel_hbm_percent``);
 7. **compile** — ViT-B/16 drop forward at batch 128, bf16 autocast, interleaved: eager; the backbone held
    in bf16 (``SOP(backbone_dtype="bfloat16")``: no per-call weight casts); that and ``SOP(compile=True)``
    (the blocks through ``torch.compile``, inductor; the ``eager`` backend in the dry run) — what decides
@@ -72,8 +75,11 @@ SUMMARY_KEYS = (
     "cuda_test_items_passed",
     "cuda_test_items_failed",
     "sync_debug_ok",
+    "kernel_hbm_percent",
     "date",
 )
+# the CUDA sparsemax kernel for rows of up to 32 entries (csrc/cuda/ops_cuda.cpp reads it at each call)
+SPARSEMAX_KERNEL_VARIABLE = "SOPFAST_CUDA_SPARSEMAX"
 # what a lease runs, from a fresh copy of the tree (bench/RESULTS_gpu.md quotes it)
 LEASE_COMMAND = "python bench/gpu_script.py"
 
@@ -308,6 +314,38 @@ def training(script: Script, step: str) -> None:
 # ----------------------------------------------------------------------------- 6. kernels
 
 
+def with_environment(fn: Callable[[], object], name: str, value: str) -> Callable[[], object]:
+    """``fn`` called with the environment variable ``name`` set to ``value`` (restored after)."""
+
+    def call() -> object:
+        saved = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = saved
+
+    return call
+
+
+def sparsemax_kernels_side_by_side(impls: dict[str, Callable[[], object]]) -> str:
+    """Adds the CUDA warp-rows sparsemax (``cuda warp-rows``) beside the thread-rows one (``cuda``) when the CUDA
+    kernels run, after checking that both give the same bits; returns what the check found."""
+    if "cuda" not in impls:
+        return "no CUDA kernels: one sparsemax kernel timed"
+    warp_rows = with_environment(impls["cuda"], SPARSEMAX_KERNEL_VARIABLE, "warp-rows")
+    thread_rows = with_environment(impls["cuda"], SPARSEMAX_KERNEL_VARIABLE, "thread-rows")
+    import torch
+
+    same = torch.equal(warp_rows(), thread_rows())
+    impls["cuda"] = thread_rows
+    impls["cuda warp-rows"] = warp_rows
+    return f"warp-rows {'equals' if same else 'DIFFERS FROM'} thread-rows bit for bit"
+
+
 def kernels(script: Script) -> None:
     gr, device, dry = script.gr, script.device, script.dry
     peak = gr.peak_gbps(device)
@@ -327,7 +365,10 @@ def kernels(script: Script) -> None:
 
     def run(op: str) -> str:
         best: dict[str, list[float]] = {}
+        found = ""
         for name, moved, impls in cases[op]:
+            if op == "sparsemax":
+                found = sparsemax_kernels_side_by_side(impls)
             for impl, fn in impls.items():
                 if impl == "torch" and not dry:
                     continue
@@ -343,10 +384,14 @@ def kernels(script: Script) -> None:
         if peak:
             # each backend at its worst dtype; the summary takes the best backend
             worst = {impl: min(values) for impl, values in best.items()}
-            script.summary[f"{op}_hbm_percent" if op == "top_tau" else "sparsemax20_hbm_percent"] = round(
-                max(worst.values()), 1
-            )
-        return f"peak {peak or 'n/a'} GB/s"
+            figure = f"{op}_hbm_percent" if op == "top_tau" else "sparsemax20_hbm_percent"
+            script.summary[figure] = round(max(worst.values()), 1)
+            by_impl = script.summary["kernel_hbm_percent"] or {}
+            by_impl[figure] = {impl: round(value, 1) for impl, value in worst.items()}
+            script.summary["kernel_hbm_percent"] = by_impl
+        if "DIFFERS" in found:
+            raise AssertionError(found)
+        return f"peak {peak or 'n/a'} GB/s" + (f"; {found}" if found else "")
 
     script.report.run("kernels", f"top_tau forward {rows}x196 fp32 and bf16", lambda: run("top_tau"))
     script.report.run("kernels", "sparsemax forward over 20 columns", lambda: run("sparsemax"))

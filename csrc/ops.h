@@ -24,9 +24,9 @@ at::Tensor sparsemax_backward(const at::Tensor& p, const at::Tensor& grad);
 // [N, d] ([N, 0] without need_attention)); valid features rank first, so a row's k above its valid
 // count also keeps invalid ones (sopfast.ops.top_tau refuses such a k).  A row
 // without a result (a NaN among its valid logits, or none above -inf; with a blur any NaN or infinity)
-// keeps no feature: indices -1, mask false, NaN lam and attention.  ties_authors ranks the attention
-// (equal values: higher index first when largest), else the blurred logits (equal values: lower index
-// first).
+// keeps no feature: indices -1, mask false, NaN lam and attention.  ties_authors ranks authors_score
+// (top_tau_row.h: the blurred logits, -inf where the attention underflows; equal ones: higher index first
+// when largest), else the blurred logits (equal values: lower index first).
 template <c10::DeviceType kDevice>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward(
     const at::Tensor& logits, const std::optional<at::Tensor>& k, int64_t k_max, const std::optional<at::Tensor>& valid,

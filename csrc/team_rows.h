@@ -209,7 +209,7 @@ struct TopTauRow {
   int d = 0;
   int64_t k = 0, k_max = 0;
   bool largest = true;
-  bool ties_authors = false;  // rank the attention (equal: higher index first if largest), else the logits
+  bool ties_authors = false;  // rank authors_score (equal: higher index first if largest), else the logits
   BlurSpec<acc_t> blur;       // used when the kernel blurs (BLUR)
   acc_t* buffer = nullptr;    // [d], shared by the team: needed with a blur
   int64_t* indices = nullptr;  // [k_max] out (or indices32)
@@ -219,7 +219,9 @@ struct TopTauRow {
   acc_t* attention = nullptr;  // [d] out, or nullptr (not written); needed with a blur (the spare row)
 };
 
-// n <= kRun values from p[0..n) into out[0..n): one vector access for a whole aligned run.
+// n <= kRun values from p[0..n) into out[0..n): one vector access for a whole aligned run.  Every loop
+// over a run has kRun trips (unrolled, positions c >= n skipped): a runtime trip count would index the
+// caller's register arrays at run time and put them in local memory (bench/kernel_budgets.py counts it).
 template <typename T>
 struct alignas(kRun * sizeof(T)) RunOf {
   T v[kRun];
@@ -232,7 +234,10 @@ SOPFAST_TEAM_FN void load_run(const T* p, int n, U* out) {
     for (int c = 0; c < kRun; ++c) out[c] = static_cast<U>(run.v[c]);
     return;
   }
-  for (int c = 0; c < n; ++c) out[c] = static_cast<U>(p[c]);
+  SOPFAST_UNROLL
+  for (int c = 0; c < kRun; ++c) {
+    if (c < n) out[c] = static_cast<U>(p[c]);
+  }
 }
 template <typename T>
 SOPFAST_TEAM_FN void store_run(T* p, int n, const T* values) {
@@ -243,14 +248,20 @@ SOPFAST_TEAM_FN void store_run(T* p, int n, const T* values) {
     *reinterpret_cast<RunOf<T>*>(p) = run;
     return;
   }
-  for (int c = 0; c < n; ++c) p[c] = values[c];
+  SOPFAST_UNROLL
+  for (int c = 0; c < kRun; ++c) {
+    if (c < n) p[c] = values[c];
+  }
 }
 
 // A run loader from a per-position one (the host tests): load(j0, n, out) sets out[c] = at(j0 + c).
 template <typename At>
 SOPFAST_TEAM_FN auto per_position(At at) {
   return [at](int j0, int n, auto* out) {
-    for (int c = 0; c < n; ++c) out[c] = at(j0 + c);
+    SOPFAST_UNROLL
+    for (int c = 0; c < kRun; ++c) {
+      if (c < n) out[c] = at(j0 + c);
+    }
   };
 }
 
@@ -258,15 +269,15 @@ SOPFAST_TEAM_FN auto per_position(At at) {
 // team loads each run of kRun features with load_logits(j0, n, acc_t* out) and load_valid(j0, n,
 // bool* out) (one vector access each in the kernels).  Blur (when BLUR; through row.buffer and the
 // attention row) -> softmax over the valid features (+inf entries share the mass), written out when
-// row.attention is set -> the k valid features ranked first by rank_priority of the score (the
-// attention for the authors' rule, else the blurred logits), found by RadixSearch on team counts
+// row.attention is set -> the k valid features ranked first by rank_priority of the score
+// (authors_score for the authors' rule, else the blurred logit), found by RadixSearch on team counts
 // (several bits per count, early exit) -> the selection in index order: the features ranked above
 // the threshold and the first `needed` tied ones (the last ones when ties go to the higher index),
 // placed by two prefix counts (kRun ballots per run within a group, one scan over the groups) ->
 // mask, lam and the ascending indices.  A row without a result (a NaN among the valid logits, none
 // above -inf; with a blur any NaN or infinity) keeps no feature: NaN lam and attention, mask false,
 // indices -1.  One value per position in registers after the softmax, the key of its score: the
-// attention of the logits rule is recomputed from it where it is summed.  k is clamped to
+// attention is recomputed from it where it is summed (authors_score's -inf gives 0, as the softmax).  k is clamped to
 // [0, #valid].  d <= size() * VPT, VPT a multiple of kRun, at most 32.
 template <int VPT, bool BLUR, typename acc_t, typename Team, typename LoadLogits, typename LoadValid>
 SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& row, LoadLogits load_logits,
@@ -328,6 +339,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
       store_run(row.mask + j0, n, none);
       if (row.attention != nullptr) {
         acc_t nan[kRun];
+        SOPFAST_UNROLL
         for (int c = 0; c < kRun; ++c) nan[c] = quiet_nan<acc_t>();
         store_run(row.attention + j0, n, nan);
       }
@@ -361,7 +373,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
     for (int c = 0; c < kRun; ++c) {
       const int v = q * kRun + c;
       a[c] = attention(s[v], ok(v));
-      keys[v] = rank_priority(row.ties_authors ? a[c] : s[v], row.largest);
+      keys[v] = rank_priority(row.ties_authors ? authors_score(s[v], row_max) : s[v], row.largest);
     }
     const int j0 = run_position(team, vpt, q * kRun);
     if (row.attention != nullptr && q * kRun < vpt && j0 < d) store_run(row.attention + j0, d - j0 < kRun ? d - j0 : kRun, a);
@@ -373,7 +385,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
   if (kk > 0) {
     RadixSearch<Key> search(n_eligible);
     search.exact = kk == n_eligible;  // threshold 0: every eligible feature
-    while (search.running()) {
+    while (search.running()) {  // sass-loop: top_tau_search
       uint64_t packed = 0;
       SOPFAST_UNROLL
       for (int v = 0; v < VPT; ++v) packed += ok(v) ? search.share(keys[v]) : uint64_t{0};
@@ -422,10 +434,7 @@ SOPFAST_TEAM_FN void top_tau_team_row(const Team& team, const TopTauRow<acc_t>& 
       const int tied_rank = tied_before + tied_lower;     // tied features before j
       const bool selected = is_above || (is_tied && (higher_first ? tied_rank >= skipped : tied_rank < needed));
       selected_run[c] = selected;
-      if (selected) {
-        const acc_t score = score_from_priority(keys[v], row.largest);
-        kept += row.ties_authors ? score : attention(score, true);
-      }
+      if (selected) kept += attention(score_from_priority(keys[v], row.largest), true);
       const int tied_selected_before = higher_first ? (tied_rank > skipped ? tied_rank - skipped : 0)
                                                     : (tied_rank < needed ? tied_rank : needed);
       const int position = above_rank + tied_selected_before;
@@ -532,7 +541,7 @@ SOPFAST_TEAM_FN void sparsemax_team_row(const Team& team, int64_t n, Load load, 
   for (int v = 0; v < VPT; ++v) z[v] -= row_max;
   acc_t tau = -1;
   int support = -1;
-  while (true) {
+  while (true) {  // sass-loop: sparsemax_michelot
     acc_t sum = 0;
     int count = 0;
     SOPFAST_UNROLL
@@ -552,6 +561,74 @@ SOPFAST_TEAM_FN void sparsemax_team_row(const Team& team, int64_t n, Load load, 
     const int64_t i = rank + size * v;
     if (i < n) store(i, z[v] > tau ? z[v] - tau : acc_t(0));
   }
+}
+
+// A team of one thread (a row per thread), on the host and the device: every collective is the thread's own
+// value.
+struct SoloTeam {
+  SOPFAST_HD int rank() const { return 0; }
+  SOPFAST_HD int size() const { return 1; }
+  SOPFAST_HD int lanes() const { return 1; }
+  SOPFAST_HD int group() const { return 0; }
+  SOPFAST_HD int lane() const { return 0; }
+  template <typename T>
+  SOPFAST_HD T sum(T v) const {
+    return v;
+  }
+  template <typename T>
+  SOPFAST_HD T max(T v) const {
+    return v;
+  }
+  SOPFAST_HD uint32_t ballot(bool flag) const { return flag ? 1u : 0u; }
+  SOPFAST_HD int groups_before(int count, int* total) const {
+    *total = count;
+    return 0;
+  }
+  SOPFAST_HD void sync() const {}
+};
+
+// Row stride of a chunk's staging tile: odd, so that the threads' rows fall in distinct shared-memory banks.
+SOPFAST_HD constexpr int chunk_row_stride(int n) { return n | 1; }
+
+// Sparsemax of a chunk of `rows` <= team.size() rows of N entries (N a compile-time constant) stored one
+// after the other, one row per thread of the team (on the GPU a warp: 32 rows, 32 * N contiguous entries).
+// The chunk's rows * N entries come in VEC at a time -- load(q, acc_t (&out)[VEC]) reads entries
+// q * VEC .. q * VEC + VEC - 1, consecutive q on consecutive threads (coalesced) -- into tile
+// [team.size() * chunk_row_stride(N)] (entry e -> row e / N, column e % N: a constant divisor, so
+// multiplications, no division); each thread runs its row in registers (sparsemax_team_row alone, every
+// index a constant) and writes it back to the tile; the results leave the same way (store(q, const acc_t
+// (&values)[VEC])).  A team.sync() between the phases (__syncwarp on the GPU), no block barrier.  rows * N
+// must be a multiple of VEC.
+template <int N, int VEC, typename acc_t, typename Team, typename Load, typename Store>
+SOPFAST_TEAM_FN void sparsemax_chunk_rows(const Team& team, int rows, acc_t* tile, Load load, Store store) {
+  constexpr int stride = chunk_row_stride(N);
+  const int vectors = rows * N / VEC;
+  for (int q = team.rank(); q < vectors; q += team.size()) {
+    acc_t values[VEC];
+    load(q, values);
+    SOPFAST_UNROLL
+    for (int c = 0; c < VEC; ++c) {
+      const unsigned e = static_cast<unsigned>(q * VEC + c);
+      tile[(e / N) * stride + e % N] = values[c];
+    }
+  }
+  team.sync();
+  if (team.rank() < rows) {
+    acc_t* mine = tile + team.rank() * stride;
+    sparsemax_team_row<N, acc_t>(
+        SoloTeam{}, N, [mine](int64_t i) { return mine[i]; }, [mine](int64_t i, acc_t p) { mine[i] = p; });
+  }
+  team.sync();
+  for (int q = team.rank(); q < vectors; q += team.size()) {
+    acc_t values[VEC];
+    SOPFAST_UNROLL
+    for (int c = 0; c < VEC; ++c) {
+      const unsigned e = static_cast<unsigned>(q * VEC + c);
+      values[c] = tile[(e / N) * stride + e % N];
+    }
+    store(q, values);
+  }
+  team.sync();  // every thread has read the tile: the next chunk may fill it
 }
 
 // One row of the sparsemax backward by a team: (g - mean_S g) on S = {p > 0}, 0 elsewhere.

@@ -102,6 +102,29 @@ SOPFAST_HD double softmax_exp(double x) {
 #endif
 }
 
+// The score of the authors' tie rule (python/sopfast/ops/top_tau.py, authors_scores): the (blurred)
+// logit s, or -inf where its exp underflows to 0 whatever the softmax's rounding: x = s - row_max <=
+// SoftmaxZero::at, the largest x whose exp rounds to 0 (float: just below -150 ln 2, exp < 2^-150;
+// double: -1075 ln 2).  That includes every finite logit of a row holding +inf (s - inf = -inf), while
+// +inf itself stays (inf - inf is NaN).  Ranking these instead of the attention keeps the authors' order
+// wherever their attention values differ, and makes the groups independent of how exp, the sum and the
+// division round: every backend ranks the same bits.
+template <typename acc_t>
+struct SoftmaxZero;
+template <>
+struct SoftmaxZero<float> {
+  static constexpr float at = -103.97208404541016f;
+};
+template <>
+struct SoftmaxZero<double> {
+  static constexpr double at = -745.1332191019412;
+};
+
+template <typename acc_t>
+SOPFAST_HD acc_t authors_score(acc_t s, acc_t row_max) {
+  return s - row_max <= SoftmaxZero<acc_t>::at ? -positive_infinity<acc_t>() : s;
+}
+
 // Rank priority of a score: a larger priority ranks first.  Scores ordered as torch.sort orders
 // them (-0 == +0, every NaN above +inf), reversed when !largest.
 SOPFAST_HD uint32_t rank_priority(float score, bool largest) {

@@ -155,7 +155,7 @@ def _sparsemax_thread_rows_kernel(
     tau = tl.full(row_max.shape, -1.0, COMPUTE)
     size = tl.full(row_max.shape, -1, tl.int32)
     shrinking = True
-    while shrinking:
+    while shrinking:  # sass-loop: triton_sparsemax_michelot
         support = z > tau
         total = tl.sum(tl.sum(tl.where(support, z, 0.0), axis=2, keep_dims=True), axis=0, keep_dims=True)
         count = tl.sum(tl.sum(support.to(tl.int32), axis=2, keep_dims=True), axis=0, keep_dims=True)

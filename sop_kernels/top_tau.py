@@ -14,8 +14,11 @@ divides), so every reduction over a row stays inside its warp.  Per row:
    The exp keeps subnormal results as torch's softmax does (:func:`_softmax_exp`, the polynomial of
    ``csrc/top_tau_row.h``; ``tl.exp`` flushes them);
 3. the group = the ``k`` valid keys ranked first.  The score is ``s`` (``ties="logits"``: ties to
-   the lower index) or ``a`` (``ties="authors"``: ties to the higher index when ``largest``, the
-   lower otherwise).  Scores map to order-preserving unsigned keys (every NaN the largest, as
+   the lower index) or :func:`_authors_score` (``ties="authors"``: ``s``, ``−inf`` where the attention
+   underflows for sure; ties to the higher index when ``largest``, the lower otherwise) — never the
+   rounded attention, so the groups are the other backends' bit for bit.  A launch that blurs in the
+   kernel is compiled without fused multiply-adds (``enable_fp_fusion=False``): the taps round as in
+   the other backends.  Scores map to order-preserving unsigned keys (every NaN the largest, as
    ``torch.sort``); the ``k``-th largest key is found by a radix search from the top bit,
    ``RADIX_BITS`` bits per reduction (the counts of the ``2^RADIX_BITS − 1`` candidates packed in one
    integer, :func:`_radix_counts`), stopping as soon as every row of the program has
@@ -240,6 +243,17 @@ def _softmax_exp(x):
 
 
 @triton.jit
+def _authors_score(s, row_max):
+    """The score of ``ties="authors"`` (``sopfast.ops.top_tau.authors_scores``): ``s``, or ``−inf`` where
+    ``s − row_max`` is at most the largest value whose exp rounds to 0 (``SOFTMAX_ZERO_AT``)."""
+    if s.dtype == tl.float64:  # a float literal is fp32 in Triton: the fp64 cut as an fp64 constant
+        zero = s - row_max <= tl.full([], -745.1332191019412, tl.float64)
+    else:
+        zero = s - row_max <= -103.97208404541016
+    return tl.where(zero, float("-inf"), s)
+
+
+@triton.jit
 def _top_tau_order_key(score, LARGEST: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr):
     """Unsigned keys ordered like ``score`` as ``torch.sort`` orders it (reversed when not
     ``LARGEST``): ``-0.0`` ties ``+0.0`` and every NaN — whatever its sign bit (x86 makes ``inf − inf``
@@ -415,14 +429,14 @@ def _top_tau_rows_kernel(
 
     # the threshold: the k-th largest key, RADIX bits per reduction from the top
     if TIES_AUTHORS:
-        key = _top_tau_order_key(a, LARGEST, KEY, KEY_BITS)
+        key = _top_tau_order_key(_authors_score(s, row_max), LARGEST, KEY, KEY_BITS)
     else:
         key = _top_tau_order_key(s, LARGEST, KEY, KEY_BITS)
     kth = tl.zeros(row.shape, KEY)
     exact = n_eligible == k
     position_bits = KEY_BITS
     running = _any(~exact, ROWS)
-    while running:
+    while running:  # sass-loop: triton_top_tau_search
         step = tl.minimum(position_bits, RADIX)
         shift = (position_bits - step).to(KEY)
         packed = _row_sum(tl.where(eligible, _radix_digit(key, kth, shift, RADIX, PACK, FIELD, ONES), 0))
@@ -524,21 +538,11 @@ def _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined):
 
 @triton.jit
 def _tiled_key(
-    s,
-    ok,
-    row_max,
-    inv_sum,
-    n_posinf,
-    undefined,
-    LARGEST: tl.constexpr,
-    TIES_AUTHORS: tl.constexpr,
-    KEY: tl.constexpr,
-    KEY_BITS: tl.constexpr,
+    s, row_max, LARGEST: tl.constexpr, TIES_AUTHORS: tl.constexpr, KEY: tl.constexpr, KEY_BITS: tl.constexpr
 ):
-    """Keys of one tile: of the attention (``TIES_AUTHORS``) or of the scores."""
+    """Keys of one tile: of :func:`_authors_score` (``TIES_AUTHORS``) or of the scores."""
     if TIES_AUTHORS:
-        a = _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined)
-        return _top_tau_order_key(a, LARGEST, KEY, KEY_BITS)
+        return _top_tau_order_key(_authors_score(s, row_max), LARGEST, KEY, KEY_BITS)
     return _top_tau_order_key(s, LARGEST, KEY, KEY_BITS)
 
 
@@ -613,7 +617,7 @@ def _top_tau_tiled_kernel(
         packed = tl.zeros([], PACK)
         for start in range(0, d, TILE):
             s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
-            key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+            key = _tiled_key(s, row_max, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
             packed += tl.sum(tl.where(ok, _radix_digit(key, kth, shift, RADIX, PACK, FIELD, ONES), 0), axis=0)
         kth, exact = _radix_step(packed, kth, exact, k, shift, RADIX, PACK, FIELD)
         position_bits -= step
@@ -623,7 +627,7 @@ def _top_tau_tiled_kernel(
     n_tied = tl.zeros([], tl.int32)
     for start in range(0, d, TILE):
         s, ok = _tiled_load(s_ptr, valid_ptr, base, start + lanes, d, COMPUTE, HAS_VALID)
-        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+        key = _tiled_key(s, row_max, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
         above += tl.sum((ok & (key > kth)).to(tl.int32), axis=0)
         n_tied += tl.sum((ok & (key == kth)).to(tl.int32), axis=0)
     needed = k - above
@@ -636,7 +640,7 @@ def _top_tau_tiled_kernel(
         j = start + lanes
         s, ok = _tiled_load(s_ptr, valid_ptr, base, j, d, COMPUTE, HAS_VALID)
         a = _tiled_attention(s, ok, row_max, inv_sum, n_posinf, undefined)
-        key = _tiled_key(s, ok, row_max, inv_sum, n_posinf, undefined, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
+        key = _tiled_key(s, row_max, LARGEST, TIES_AUTHORS, KEY, KEY_BITS)
         tied = (ok & (key == kth)).to(tl.int32)
         through = tied_before + tl.cumsum(tied, axis=0)
         if HIGHER_FIRST:
@@ -713,8 +717,8 @@ def top_tau_forward(
     """Top-τ of ``logits [N, d]`` keeping ``k [N]`` (int64, at most the row's valid count; ``None``:
     ``k_max`` in every row) features.
 
-    ``ties_authors`` ranks the attention (equal values: higher index first when ``largest``), else
-    the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` (int64, int32
+    ``ties_authors`` ranks :func:`_authors_score` (equal values: higher index first when ``largest``),
+    else the blurred logits (equal values: lower index first).  Returns ``indices [N, k_max]`` (int64, int32
     with ``int32_indices``) ascending (``-1`` after a row's ``k``), ``mask [N, d]`` bool, ``lam [N]`` and
     ``attention [N, d]`` (fp32; fp64 for fp64 logits; ``[N, 0]`` without ``need_attention``).  Rows
     without a result keep no feature and get NaN ``lam`` and attention.
@@ -762,14 +766,16 @@ def top_tau_forward(
             _top_tau_tiled_kernel[(n_rows,)](s_ptr=s.to(compute), d=d, TILE=TILE, RAW_CHECK=torch_blur, **common)
             return indices, mask, lam, attention
         shape = _forward_shape(n_rows, d, s.element_size())
+        blur = _blur_args(None if torch_blur else blur_kernel, s, grid_h, grid_w)
         _top_tau_rows_kernel[(triton.cdiv(n_rows, shape["ROWS"]),)](
             logits_ptr=s,
             n_rows=n_rows,
             d=d,
             RAW_CHECK=torch_blur,
-            **_blur_args(None if torch_blur else blur_kernel, s, grid_h, grid_w),
+            **blur,
             **shape,
             **common,
+            enable_fp_fusion=not blur["HAS_BLUR"],  # the blur's taps rounded one by one, as on every backend
         )
     return indices, mask, lam, attention
 

@@ -25,8 +25,8 @@ struct TopTauProblem {
   int64_t d = 0;                       // features per row
   int64_t k_max = 0;                   // columns of indices
   bool largest = true;                 // keep the largest (else the smallest) scores
-  bool ties_authors = false;           // rank the attention, equal values higher index first when
-                                       // largest (else the blurred logits, equal ones lower index first)
+  bool ties_authors = false;           // rank authors_score (top_tau_row.h), equal ones higher index first
+                                       // when largest (else the blurred logits, equal ones lower index first)
   const acc_t* blur_kernel = nullptr;  // [blur_size] or nullptr: no blur
   int64_t blur_size = 0;
   int64_t grid_h = 0, grid_w = 0;  // both > 0: 2-D blur on [grid_h, grid_w]; else 1-D along d
@@ -129,12 +129,12 @@ const acc_t* top_tau_blurred_logits(const TopTauProblem<acc_t>& pb, const scalar
   return s;
 }
 
-// attention[d] = softmax of s over the valid features (invalid -> 0); returns whether the row has a
-// result.  A row with NaN among its valid entries, or whose valid entries are all -inf, has none: NaN
-// everywhere (as torch.softmax answers).  Otherwise a row holding +inf spreads the mass uniformly over
-// its +inf entries.
+// attention[d] = softmax of s over the valid features (invalid -> 0), and row_max = their maximum;
+// returns whether the row has a result.  A row with NaN among its valid entries, or whose valid entries
+// are all -inf, has none: NaN everywhere (as torch.softmax answers).  Otherwise a row holding +inf
+// spreads the mass uniformly over its +inf entries.
 template <typename acc_t>
-bool top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attention) {
+bool top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attention, acc_t& row_max) {
   constexpr acc_t inf = std::numeric_limits<acc_t>::infinity();
   acc_t* a = attention;  // first the logits with invalid features at -inf
   if (valid == nullptr) {
@@ -145,6 +145,7 @@ bool top_tau_softmax(const acc_t* s, const bool* valid, int64_t d, acc_t* attent
   const int32_t n_posinf = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] == inf}; });
   const int32_t n_nan = lane_sum<int32_t>(d, [a](int64_t j) { return int32_t{a[j] != a[j]}; });
   const acc_t max = lane_max<acc_t>(d, [a](int64_t j) { return a[j]; });
+  row_max = max;
   if (n_nan > 0 || max == -inf) {
     std::fill(a, a + d, std::numeric_limits<acc_t>::quiet_NaN());
     return false;
@@ -249,15 +250,23 @@ void top_tau_forward_row(const TopTauProblem<acc_t>& pb, const scalar_t* logits,
                          index_t* indices, bool* mask, acc_t* lam, acc_t* attention, TopTauWorkspace<acc_t>& ws) {
   bool finite = true;
   const acc_t* s = top_tau_blurred_logits(pb, logits, ws, finite);
-  if (!top_tau_softmax(s, valid, pb.d, attention) || !finite) {
+  acc_t row_max = 0;
+  if (!top_tau_softmax(s, valid, pb.d, attention, row_max) || !finite) {
     std::fill(indices, indices + pb.k_max, index_t{-1});
     std::fill(mask, mask + pb.d, false);
     *lam = std::numeric_limits<acc_t>::quiet_NaN();
     std::fill(attention, attention + pb.d, std::numeric_limits<acc_t>::quiet_NaN());
     return;
   }
-  // the authors' rule ranks the attention, equal values higher index first when keeping the largest
-  top_tau_select(pb, pb.ties_authors ? attention : s, valid, k, pb.ties_authors && pb.largest, mask, ws);
+  // the authors' rule ranks authors_score (ws.tmp is free after the blur), equal ones higher index first
+  // when keeping the largest
+  const acc_t* score = s;
+  if (pb.ties_authors) {
+    acc_t* scores = ws.tmp.data();
+    for (int64_t j = 0; j < pb.d; ++j) scores[j] = authors_score(s[j], row_max);
+    score = scores;
+  }
+  top_tau_select(pb, score, valid, k, pb.ties_authors && pb.largest, mask, ws);
   top_tau_write_indices(mask, pb.d, pb.k_max, indices, ws.positions.data());
   *lam = 2 * lane_sum<acc_t>(pb.d, [&](int64_t j) { return mask[j] ? attention[j] : acc_t(0); }) - 1;
 }

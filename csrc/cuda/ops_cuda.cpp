@@ -5,6 +5,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/sopfast_cuda.h"
 #include "op_checks.h"
 #include "ops.h"
@@ -33,6 +36,17 @@ void check_launch(const char* op, int code) {
   TORCH_CHECK(code == 0, op, ": CUDA kernel launch failed: ", cuda::error_string(code));
 }
 
+// Which CUDA kernel takes sparsemax rows of n <= 32: SOPFAST_CUDA_SPARSEMAX=thread-rows (the default) or
+// warp-rows (issue #46: both kept, so that bench/gpu_script.py times them side by side).
+bool sparsemax_warp_rows() {
+  const char* value = std::getenv("SOPFAST_CUDA_SPARSEMAX");
+  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "thread-rows") == 0) return false;
+  TORCH_CHECK(std::strcmp(value, "warp-rows") == 0,
+              "SOPFAST_CUDA_SPARSEMAX must be thread-rows or warp-rows (the kernel for rows of up to 32 entries), "
+              "got '", value, "'");
+  return true;
+}
+
 const void* optional_ptr(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
 at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
@@ -49,7 +63,7 @@ at::Tensor sparsemax_forward<c10::kCUDA>(const at::Tensor& x_in) {
   at::Tensor p = at::empty(x.sizes(), x.options());
   check_launch("sparsemax_forward",
                cuda::sparsemax_forward_launch(x.const_data_ptr(), p.mutable_data_ptr(), x.size(0), x.size(1),
-                                              float_type(x.scalar_type()), current_stream()));
+                                              float_type(x.scalar_type()), sparsemax_warp_rows(), current_stream()));
   return p;
 }
 

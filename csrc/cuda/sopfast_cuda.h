@@ -16,8 +16,11 @@ enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64
 
 const char* error_string(int code);
 
-// x [rows, n] -> p [rows, n] in `dtype`; a row holding NaN, or only -inf, gives NaN.
-int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, void* stream);
+// x [rows, n] -> p [rows, n] in `dtype`; a row holding NaN, or only -inf, gives NaN.  `warp_rows`: rows of
+// n <= 32 (not float64) run the warp-rows kernel (a warp per 32 rows, vector loads, no block barrier) instead
+// of the thread-rows one (a block per 128 rows staged through shared memory); the same results.
+int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, bool warp_rows,
+                             void* stream);
 // p, grad [rows, n] -> grad_x [rows, n], all in `dtype`.
 int sparsemax_backward_launch(const void* p, const void* grad, void* grad_x, int64_t rows, int64_t n, FloatType dtype,
                               void* stream);
@@ -39,7 +42,7 @@ struct TopTauForwardArgs {
   const int64_t* k = nullptr;   // [rows] or nullptr (k_max in every row); clamped to [0, number of valid features]
   int64_t rows = 0, d = 0, k_max = 0;
   bool largest = true;
-  bool ties_authors = false;  // rank the attention, equal values higher index first when largest
+  bool ties_authors = false;  // rank authors_score (top_tau_row.h), equal ones higher index first when largest
   const void* blur_kernel = nullptr;  // [blur_size] or nullptr
   int64_t blur_size = 0, grid_h = 0, grid_w = 0;
   void* scratch = nullptr;     // [rows, d]

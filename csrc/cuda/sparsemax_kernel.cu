@@ -3,10 +3,12 @@
 // memory is read and written in coalesced runs, each thread then reads its own row from there), a
 // warp for n <= 1024, a block of 256 or 512 threads up to kSparsemaxRegisterEntries -- running the
 // per-row algorithm of csrc/team_rows.h (Michelot's exact iteration, sort-free: one read of the row
-// from memory).  Longer rows: a block per row that re-reads the row (from L2) per iteration.
+// from memory).  Rows of n <= 32 in fp32 / fp16 / bf16 may instead run the warp-rows kernel
+// (sparsemax_warp_rows_kernel, issue #46; `warp_rows` of the launcher): both stay, for timing side by side.  Longer rows: a block per row that re-reads the row (from L2) per iteration.
 // Backward: (g - mean_S g) on S = {p > 0} by teams of 4 lanes, a warp or a block.  Math in float32
 // (float64 for double).
 #include <type_traits>
+#include <utility>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/teams.cuh"
@@ -63,6 +65,55 @@ __global__ void __launch_bounds__(kThreadRows)
     scalar_t* out = p + first * n;
     for (int64_t e = threadIdx.x; e < count; e += kThreadRows) out[e] = cast_to<scalar_t>(tile[(e / n) * stride + e % n]);
     __syncthreads();
+  }
+}
+
+// 16 bytes of a row: one vector load or store.
+template <typename T>
+struct alignas(16) Vector16 {
+  T v[16 / sizeof(T)];
+};
+
+// Rows of exactly N <= kThreadRowEntries entries (N a compile-time constant), the warp-rows kernel: each warp
+// owns 32 consecutive rows (32 * N contiguous entries) and runs sparsemax_chunk_rows (csrc/team_rows.h) on
+// them -- 16-byte vector loads and stores (`vectors`: both pointers 16-byte aligned; a warp's chunk then is
+// too) through the warp's own tile of shared memory, each lane's row in registers, no integer division, no
+// runtime-indexed array, __syncwarp only.  A last partial chunk goes entry by entry.
+template <int N, typename scalar_t>
+__global__ void __launch_bounds__(kWarpTeamBlock) sparsemax_warp_rows_kernel(const scalar_t* __restrict__ x,
+                                                                            scalar_t* __restrict__ p, int64_t rows,
+                                                                            bool vectors) {
+  using acc_t = typename AccType<scalar_t>::type;
+  constexpr int kWarps = kWarpTeamBlock / kWarp;
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  __shared__ acc_t tiles[kWarps][kWarp * chunk_row_stride(N)];
+  const WarpTeam<kWarp> warp;
+  acc_t* tile = tiles[threadIdx.x / kWarp];
+  const int64_t chunks_step = int64_t(gridDim.x) * kWarps * kWarp;
+  for (int64_t first = (int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarp) * kWarp; first < rows;
+       first += chunks_step) {
+    const int count = rows - first < kWarp ? static_cast<int>(rows - first) : kWarp;
+    const scalar_t* in = x + first * N;
+    scalar_t* out = p + first * N;
+    if (vectors && count == kWarp) {
+      sparsemax_chunk_rows<N, kVec, acc_t>(
+          warp, count, tile,
+          [in](int q, acc_t(&values)[kVec]) {
+            const Vector16<scalar_t> raw = reinterpret_cast<const Vector16<scalar_t>*>(in)[q];
+#pragma unroll
+            for (int c = 0; c < kVec; ++c) values[c] = load_as<acc_t>(&raw.v[c]);
+          },
+          [out](int q, const acc_t(&values)[kVec]) {
+            Vector16<scalar_t> raw;
+#pragma unroll
+            for (int c = 0; c < kVec; ++c) raw.v[c] = cast_to<scalar_t>(values[c]);
+            reinterpret_cast<Vector16<scalar_t>*>(out)[q] = raw;
+          });
+    } else {
+      sparsemax_chunk_rows<N, 1, acc_t>(
+          warp, count, tile, [in](int q, acc_t(&values)[1]) { values[0] = load_as<acc_t>(in + q); },
+          [out](int q, const acc_t(&values)[1]) { out[q] = cast_to<scalar_t>(values[0]); });
+    }
   }
 }
 
@@ -149,9 +200,30 @@ int launch_thread_rows(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, 
   return static_cast<int>(cudaGetLastError());
 }
 
+// The warp-rows kernel for the row length n, one of Ns + 1 (1 .. kThreadRowEntries).
+template <typename scalar_t, int... Ns>
+int launch_warp_rows(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream,
+                     std::integer_sequence<int, Ns...>) {
+  const bool vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  int code = static_cast<int>(cudaErrorInvalidValue);
+  const unsigned blocks = grid_for(rows, kWarpTeamBlock);  // a row per thread
+  const bool launched = ((n == Ns + 1 ? (sparsemax_warp_rows_kernel<Ns + 1, scalar_t>
+                                         <<<blocks, kWarpTeamBlock, 0, stream>>>(x, p, rows, vectors),
+                                         code = static_cast<int>(cudaGetLastError()), true)
+                                      : false) ||
+                         ...);
+  return launched ? code : static_cast<int>(cudaErrorInvalidValue);
+}
+
 template <typename scalar_t>
-int launch_sparsemax_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, cudaStream_t stream) {
+int launch_sparsemax_forward(const scalar_t* x, scalar_t* p, int64_t rows, int64_t n, bool warp_rows,
+                             cudaStream_t stream) {
   using W32 = WarpTeam<32>;
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (warp_rows && n <= kThreadRowEntries) {
+      return launch_warp_rows(x, p, rows, n, stream, std::make_integer_sequence<int, kThreadRowEntries>{});
+    }
+  }
   if (n <= 8) return launch_thread_rows<8>(x, p, rows, n, stream);
   if (n <= 16) return launch_thread_rows<16>(x, p, rows, n, stream);
   if (n <= kThreadRowEntries) return launch_thread_rows<kThreadRowEntries>(x, p, rows, n, stream);
@@ -176,11 +248,12 @@ int launch_backward(const scalar_t* p, const scalar_t* g, scalar_t* out, int64_t
 
 }  // namespace
 
-int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, void* stream) {
+int sparsemax_forward_launch(const void* x, void* p, int64_t rows, int64_t n, FloatType dtype, bool warp_rows,
+                             void* stream) {
   if (rows == 0 || n == 0) return 0;
   return dispatch_float_type(dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    return launch_sparsemax_forward(static_cast<const scalar_t*>(x), static_cast<scalar_t*>(p), rows, n,
+    return launch_sparsemax_forward(static_cast<const scalar_t*>(x), static_cast<scalar_t*>(p), rows, n, warp_rows,
                                     static_cast<cudaStream_t>(stream));
   });
 }

@@ -22,11 +22,14 @@ __device__ __forceinline__ void load_logits(const void* logits, FloatType dtype,
 template <>
 __device__ __forceinline__ void load_logits<float>(const void* logits, FloatType dtype, int64_t i, int n, float* out) {
   if (dtype == FloatType::kFloat32) return load_run(static_cast<const float*>(logits) + i, n, out);
-  unsigned short bits[kRun];
+  unsigned short bits[kRun] = {};
   load_run(static_cast<const unsigned short*>(logits) + i, n, bits);
-  for (int c = 0; c < n; ++c) {
-    out[c] = dtype == FloatType::kBFloat16 ? __uint_as_float(static_cast<uint32_t>(bits[c]) << 16)
-                                           : __half2float(__ushort_as_half(bits[c]));
+  SOPFAST_UNROLL
+  for (int c = 0; c < kRun; ++c) {  // kRun trips (team_rows.h, load_run): the arrays stay in registers
+    if (c < n) {
+      out[c] = dtype == FloatType::kBFloat16 ? __uint_as_float(static_cast<uint32_t>(bits[c]) << 16)
+                                             : __half2float(__ushort_as_half(bits[c]));
+    }
   }
 }
 template <>
@@ -85,7 +88,8 @@ __global__ void __launch_bounds__(TeamBlock<Team>::threads) top_tau_forward_kern
         },
         [valid](int j0, int n, bool* out) {
           if (valid == nullptr) {
-            for (int c = 0; c < n; ++c) out[c] = true;
+            SOPFAST_UNROLL
+            for (int c = 0; c < kRun; ++c) out[c] = c < n;
           } else {
             load_run(valid + j0, n, out);
           }

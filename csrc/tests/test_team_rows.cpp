@@ -193,6 +193,33 @@ TEST_CASE(top_tau_team_row_keeps_special_rows) {
   }
 }
 
+// The authors' rule ranks the logits, with the logits whose exp underflows to 0 (x <= the cut) in one
+// tie class: higher index first when keeping the largest, lower when keeping the smallest -- on a team
+// (8 lanes, a warp) as in the CPU kernel, with the expected groups of tests/test_ops_top_tau_ties.py.
+TEST_CASE(top_tau_team_row_ranks_the_authors_scores) {
+  const float cut = sopfast::SoftmaxZero<float>::at, above = std::nextafter(cut, 0.0f);
+  TopTauCase c;
+  c.d = 6;
+  c.logits = {0.0f, cut, above, cut, above, cut - 1.0f};
+  c.ties_authors = true;
+  auto kept = [&](const TopTauOutputs& out, int64_t k) {
+    return std::vector<int64_t>(out.indices.begin(), out.indices.begin() + k);
+  };
+  for (int team_size : {8, 32}) {
+    for (bool largest : {true, false}) {
+      c.largest = largest;
+      c.k = 4;
+      const TopTauOutputs out = run_team_for(c, team_size);
+      expect_same(out, run_cpu(c));
+      EXPECT((kept(out, 4) == (largest ? std::vector<int64_t>{0, 2, 4, 5} : std::vector<int64_t>{1, 2, 3, 5})));
+      EXPECT(out.attention[1] == 0.0f && out.attention[2] > 0.0f);
+      c.k = 2;
+      expect_same(run_team_for(c, team_size), run_cpu(c));
+      EXPECT((kept(run_team_for(c, team_size), 2) == (largest ? std::vector<int64_t>{0, 4} : std::vector<int64_t>{1, 3})));
+    }
+  }
+}
+
 // The threshold search stops early: a row of 196 costs a few dozen team collectives in all, not
 // the O(d^2) comparisons of ranking every feature against every other; and the selection costs two
 // scans over the warps whatever the values per thread (ballots within a warp place the rest).
@@ -290,6 +317,53 @@ TEST_CASE(sparsemax_team_row_matches_the_cpu_kernel) {
       EXPECT((got[i] != got[i] && expected[i] != expected[i]) || std::fabs(got[i] - expected[i]) <= 2e-6f);
     }
   }
+}
+
+// The warp-rows kernel's chunk (32 rows of N entries, one per lane of a warp, staged through the tile): every
+// row as the thread-rows kernel's (sparsemax_team_row alone on it), bit for bit, and within 2e-6 of the CPU
+// kernel -- with vector loads (VEC 4) and entry by entry, a full chunk and a last partial one, special rows.
+template <int N, int VEC>
+void check_chunk(std::mt19937& rng, int rows) {
+  std::normal_distribution<float> normal;
+  std::vector<float> x(rows * N), got(rows * N, -7.0f), tile(32 * sopfast::chunk_row_stride(N), -7.0f);
+  for (float& v : x) v = normal(rng) * 3.0f;
+  if (rows >= 4) {
+    x[0] = kInf;                  // row 0: the mass on its +inf entries
+    x[N] = std::nanf("");         // row 1: no result
+    for (int i = 0; i < N; ++i) x[2 * N + i] = -kInf;  // row 2: no result
+    x[3 * N] = x[3 * N + N - 1];  // row 3: a tie
+  }
+  run_host_team(32, [&](const HostTeam& team) {
+    sopfast::sparsemax_chunk_rows<N, VEC, float>(
+        team, rows, tile.data(),
+        [&](int q, float(&values)[VEC]) {
+          for (int c = 0; c < VEC; ++c) values[c] = x[q * VEC + c];
+        },
+        [&](int q, const float(&values)[VEC]) {
+          for (int c = 0; c < VEC; ++c) got[q * VEC + c] = values[c];
+        });
+  });
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> alone(N, -7.0f), expected(N), work(N);
+    sopfast::sparsemax_team_row<32, float>(
+        sopfast::SoloTeam{}, N, [&](int64_t i) { return x[r * N + i]; }, [&](int64_t i, float p) { alone[i] = p; });
+    sopfast::cpu::sparsemax_forward_row<float, float>(x.data() + r * N, expected.data(), N, work.data());
+    for (int i = 0; i < N; ++i) {
+      const float g = got[r * N + i];
+      EXPECT((g != g && alone[i] != alone[i]) || g == alone[i]);
+      EXPECT((g != g && expected[i] != expected[i]) || std::fabs(g - expected[i]) <= 2e-6f);
+    }
+  }
+}
+
+TEST_CASE(sparsemax_chunk_rows_match_the_thread_rows_kernel) {
+  std::mt19937 rng(29);
+  check_chunk<20, 4>(rng, 32);
+  check_chunk<20, 1>(rng, 32);
+  check_chunk<20, 1>(rng, 7);
+  check_chunk<3, 4>(rng, 32);
+  check_chunk<32, 4>(rng, 32);
+  check_chunk<1, 1>(rng, 5);
 }
 
 TEST_CASE(sparsemax_backward_team_row_matches_the_cpu_kernel) {

@@ -87,6 +87,20 @@ TEST_CASE(softmax_exp_keeps_subnormals) {
   EXPECT(sopfast::softmax_exp(-104.1f) == 0.0f);
 }
 
+// The cut of the authors' rule is where exp underflows: the largest x whose exp rounds to 0 (exp in
+// double, below half the smallest subnormal), for softmax_exp too; the next value up is ranked by value.
+TEST_CASE(authors_score_cuts_where_exp_underflows) {
+  const float cut = sopfast::SoftmaxZero<float>::at, above = std::nextafter(cut, 0.0f);
+  EXPECT(std::exp(static_cast<double>(cut)) < std::ldexp(1.0, -150));
+  EXPECT(std::exp(static_cast<double>(above)) > std::ldexp(1.0, -150));
+  EXPECT(sopfast::softmax_exp(cut) == 0.0f && sopfast::softmax_exp(above) > 0.0f);
+  EXPECT(sopfast::authors_score(3.0f + cut, 3.0f) == -kInf);  // x = cut (3 + cut rounds to a float: exact here)
+  EXPECT(sopfast::authors_score(above, 0.0f) == above);
+  EXPECT(sopfast::authors_score(7.0f, kInf) == -kInf && sopfast::authors_score(kInf, kInf) == kInf);
+  const double cut64 = sopfast::SoftmaxZero<double>::at;
+  EXPECT(std::exp(cut64) == 0.0 && std::exp(std::nextafter(cut64, 0.0)) > 0.0);
+}
+
 // KthLargestSearch against sorting, with many ties and early exits.
 TEST_CASE(threshold_search_finds_the_kth_largest) {
   std::mt19937 rng(5);
@@ -178,11 +192,10 @@ TEST_CASE(row_kernel_matches_brute_force_with_ties) {
           float lam = 0;
           sopfast::cpu::top_tau_forward_row(pb, logits.data(), valid_raw.get(), k, indices.data(), mask.get(), &lam,
                                             attention.data(), ws);
-          // the authors' rule ranks the attention: the order of the logits here (softmax is monotone,
-          // equal logits give equal attention) with invalid features all 0, ties to the higher index
-          // if largest
-          std::vector<float> scores = logits;
-          for (int64_t j = 0; j < d; ++j) scores[j] = authors && !valid[j] ? 0.0f : scores[j];
+          // the authors' rule ranks authors_score: the logits here (none near the underflow cut), ties
+          // to the higher index if largest; invalid features (kept only when k exceeds the valid count,
+          // which the op never asks) by their logits too
+          const std::vector<float>& scores = logits;
           const bool any_valid = std::find(valid.begin(), valid.end(), true) != valid.end();
           // a row without a valid feature has no result: no feature kept, NaN lam
           const std::vector<bool> expected =

@@ -4,6 +4,12 @@ A row ``[d]`` is viewed as a ``[h, w]`` grid (2-D, images) or as ``d`` positions
 text), reflect-padded by ``ks // 2`` and convolved with the normalised Gaussian kernel.
 The 2-D blur is applied separably (rows then columns), equal to torchvision's 2-D kernel up
 to float rounding.
+
+The reference rounds as the kernels do (CPU, CUDA, Triton): a tap loop ``out = 0; out += k[t] · x[t]``
+for ``t = 0 … ks − 1``, each product and each sum rounded on its own (no fused multiply-add), so every
+backend blurs a row to the same bits and ties between blurred logits fall alike everywhere.  (A matmul
+sums the taps in an order of its own: one ulp apart, mirrored positions tie on one device and split on
+another.)
 """
 
 from __future__ import annotations
@@ -40,10 +46,14 @@ def _reflect_index(size: int, pad: int, device: torch.device) -> torch.Tensor:
 
 
 def _blur_axis(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """Reflect-pad and correlate the last axis of ``x [..., n]`` with ``kernel [ks]``."""
-    ks = kernel.numel()
-    padded = x.index_select(-1, _reflect_index(x.shape[-1], ks // 2, x.device))
-    return padded.unfold(-1, ks, 1) @ kernel
+    """Reflect-pad and correlate the last axis of ``x [..., n]`` with ``kernel [ks]``, tap by tap in the
+    kernels' order and rounding (the module docstring)."""
+    n, ks = x.shape[-1], kernel.numel()
+    padded = x.index_select(-1, _reflect_index(n, ks // 2, x.device))
+    out = torch.zeros_like(x)
+    for t in range(ks):
+        out = out + kernel[t] * padded[..., t : t + n]
+    return out
 
 
 def _blur_axis_adjoint(g: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:

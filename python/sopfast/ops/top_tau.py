@@ -8,10 +8,19 @@ For each logit row ``s [d]`` (one group's attention logits over the ``d`` featur
 3. the group keeps the ``k`` valid features with the largest (``largest=False``: smallest)
    attention.  How equal values are ordered is ``ties``:
 
-   * ``"authors"`` (default) – rank the fp32 softmax values ``a`` as the authors' code does
-     (a stable ascending sort, flipped for ``largest``): among equal ``a`` — including
-     attention that underflows to exactly 0 — the **higher** feature index comes first
-     (``largest=False``: the lower);
+   * ``"authors"`` (default) – the authors' code ranks the fp32 softmax values ``a`` (a stable
+     ascending sort, flipped for ``largest``): among equal ``a`` — including attention that
+     underflows to exactly 0 — the **higher** feature index comes first (``largest=False``: the
+     lower).  Which values of ``a`` are equal depends on how exp, the sum and the division round,
+     which differs between devices and libraries; so sopfast ranks quantities no such rounding can
+     reorder (:func:`authors_scores`): the blurred logits, where every logit whose exp underflows
+     to 0 — ``s − max(s) < −150·ln 2 ≈ −103.972`` (fp32; ``−1075·ln 2 ≈ −745.133`` for fp64), or a
+     finite logit in a row holding ``+inf`` — joins one tie class below all others.
+     Equal scores are ordered as the authors order equal attention (higher index first;
+     ``largest=False``: lower).  The softmax is monotone, so this is the authors' order wherever
+     their attention values differ; it can differ only among attention values that tie in fp32
+     while their logits differ (e.g. two subnormal values rounded to one), or that round to 0
+     only in the division by the sum (``s − max(s)`` within ``ln(sum)`` above the cut);
    * ``"logits"`` – rank the blurred logits (the same order without softmax rounding),
      ties to the lower feature index: the paper's math at infinite precision;
 4. ``λ = Σ_{j∈g} a_j − Σ_{j∉g} a_j = 2 Σ_{j∈g} a_j − 1``.
@@ -34,8 +43,9 @@ Backward (w.r.t. the un-blurred logits) chains ``∂λ/∂s_j = a_j (σ_j − λ
 ``σ_j = ±1`` inside/outside the group, plus the softmax backward when the attention output
 is used, through the adjoint of the blur.  Under ``create_graph`` the backward runs as
 differentiable torch ops, so second derivatives work on every backend.  The kernels' softmax is
-torch's up to rounding: the authors' rule may order two attention values that differ only in the
-last bit differently from ``torch.sort`` on torch's softmax.
+torch's up to rounding (a few ulps); the groups do not depend on it: every backend blurs in the same
+order and rounding (:mod:`sopfast.ops.blur`) and ranks the same scores, so masks and indices agree
+bit for bit across the CPU, CUDA and Triton kernels and the reference.
 """
 
 from __future__ import annotations
@@ -89,6 +99,19 @@ def _softmax_with_inf(s: torch.Tensor) -> torch.Tensor:
 
 TIES = ("authors", "logits")
 INDEX_DTYPES = (torch.int64, torch.int32)
+# The largest s − max(s) whose exp rounds to 0 (correctly rounded): fp32 −103.972084… (just below
+# −150·ln 2: exp < 2^−150), fp64 −745.133219… (−1075·ln 2).  The kernels use the same constants
+# (csrc/top_tau_row.h, sop_kernels/top_tau.py).
+SOFTMAX_ZERO_AT = {torch.float32: -103.97208404541016, torch.float64: -745.1332191019412}
+
+
+def authors_scores(s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The scores ``ties="authors"`` ranks, ``[N, d]``: the blurred logits ``s [N, d]`` (fp32 or fp64),
+    ``−inf`` where the attention underflows to 0 whatever the softmax's rounding — ``s − max ≤``
+    :data:`SOFTMAX_ZERO_AT` (the maximum over the ``valid [N, d]`` features), which includes every
+    finite logit of a row holding ``+inf`` (``s − inf = −inf``; ``+inf − inf`` is NaN and stays ``+inf``)."""
+    row_max = s.masked_fill(~valid, float("-inf")).amax(dim=-1, keepdim=True)
+    return s.masked_fill(s - row_max <= SOFTMAX_ZERO_AT[s.dtype], float("-inf"))
 
 
 def _ranking(scores: torch.Tensor, valid: torch.Tensor, largest: bool, higher_first: bool) -> torch.Tensor:
@@ -121,7 +144,7 @@ def top_tau_reference(
     row); differentiable in ``lam`` and ``attention`` through autograd (the oracle for the kernels'
     backward).  Rows without a result keep no feature and get NaN ``lam`` and attention.
 
-    ``ties_authors`` ranks the attention with the authors' tie rule (higher index first for
+    ``ties_authors`` ranks :func:`authors_scores` with the authors' tie rule (higher index first for
     ``largest``), else the blurred logits with ties to the lower index (see the module docstring).
     Without ``need_attention`` the attention is ``[N, 0]``; ``int32_indices`` gives int32 indices."""
     n, d = logits.shape
@@ -135,7 +158,7 @@ def top_tau_reference(
         valid = torch.ones(n, d, dtype=torch.bool, device=logits.device)
     a = _softmax_with_inf(s.masked_fill(~valid, float("-inf")))
     if ties_authors:
-        order = _ranking(a.detach(), valid, largest, higher_first=largest)
+        order = _ranking(authors_scores(s.detach(), valid), valid, largest, higher_first=largest)
     else:
         order = _ranking(s.detach(), valid, largest, higher_first=False)
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(d, device=logits.device).expand(n, d))
@@ -307,8 +330,9 @@ def top_tau(
         k: or an explicit count (int or ``[N]``), instead of ``tau``.
         valid: optional ``[N, d]`` bool; invalid features are never kept and get ``a = 0``.
         largest: keep the highest-attention features (``False``: the lowest, for deletion).
-        ties: ``"authors"`` (rank the fp32 attention; equal values → higher index first, as
-            the authors' code) or ``"logits"`` (rank the blurred logits; ties → lower index).
+        ties: ``"authors"`` (the authors' ranking of the attention, equal values → higher index
+            first, made independent of the softmax's rounding: :func:`authors_scores`) or
+            ``"logits"`` (rank the blurred logits; ties → lower index).
         blur_kernel_size, blur_sigma: Gaussian blur of each row before the softmax
             (``kernel_size <= 1`` disables it).
         grid: ``(h, w)`` with ``h · w = d`` to blur on a 2-D grid; ``None`` blurs along ``d``.
