@@ -39,6 +39,7 @@ from ..checks import check_bool, check_int, check_number, check_path
 from ..data.batches import parse_batch
 from ..devices import resolve_device
 from ..integrity import listed, non_finite
+from ..masking.random_groups import random_groups
 from ..model.checkpoint import hash_backbone
 from ..model.state_files import MODEL_PREFIXES, check_model_folder, write_model_folder
 from ..types import FeatureInputs, Groups
@@ -291,13 +292,10 @@ def _training_masks(
     candidates; one share for the whole part where ``mode`` needs groups of one size (a ViT's ``drop``)."""
     low, high = KEEP_RANGE
     candidates = adapter.candidate_mask(inputs).cpu()
-    b, d = candidates.shape
-    size = 1 if mode in adapter.equal_size_modes else b
+    size = 1 if mode in adapter.equal_size_modes else candidates.shape[0]
     keep = torch.rand(size, generator=generator) * (high - low) + low
-    k = (keep * candidates.sum(dim=1)).floor().clamp_min(1)
-    scores = torch.rand(b, d, generator=generator).masked_fill(~candidates, -1.0)
-    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
-    return ((rank < k.view(-1, 1)) & candidates).unsqueeze(1)
+    k = (keep * candidates.sum(dim=1)).floor().clamp_min(1).long()
+    return random_groups(candidates, k, 1, generator)
 
 
 def save_adapted(
