@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..adapters import BackboneAdapter
 from ..checks import check_bool, check_choice, check_class_ids, check_int, check_tau
 from ..data.batches import parse_batch
-from ..devices import resolve_device
+from ..devices import module_device, resolve_device
 from ..integrity import atomic_write_text, non_finite
 from ..masking.forward import adapter_of, run_mask_sets
 from ..masking.random_groups import random_groups
@@ -184,7 +184,7 @@ def diagnose(
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_bool("progress", progress)
-    run_device = resolve_device(device) if device is not None else _device_of(adapter)
+    run_device = resolve_device(device) if device is not None else module_device(adapter.backbone)
     if device is not None:
         (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
     generator = torch.Generator().manual_seed(seed)
@@ -407,8 +407,3 @@ def _batches(data: Any, examples: int, batch_size: int, generator: torch.Generat
     if not isinstance(data, Iterable):
         raise TypeError(f"data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}")
     return data
-
-
-def _device_of(adapter: BackboneAdapter) -> torch.device:
-    parameter = next(iter(adapter.backbone.parameters()), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
