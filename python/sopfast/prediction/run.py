@@ -240,7 +240,7 @@ def _predict(
     manifest = {
         "format": FORMAT,
         "model": model_fingerprint(run.model, settings),
-        "data": data_fingerprint(dataset, examples),
+        "data": data_fingerprint(dataset),
         "settings": settings,
         "examples": examples,
         "shard_size": shard_size,
