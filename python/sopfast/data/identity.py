@@ -66,7 +66,7 @@ def _plain(value: Any) -> Any:
     if not isinstance(value, (torch.Tensor, str, bytes)) and (
         hasattr(value, "__array__") or hasattr(value, "__array_interface__")
     ):
-        return torch.from_numpy(np.ascontiguousarray(np.asarray(value)))
+        return torch.from_numpy(np.array(value))  # a copy: contiguous and writable
     return value
 
 
