@@ -273,3 +273,11 @@ def test_check_adapter_passes_a_builtin_family_and_names_a_missing_module(tmp_pa
     assert "HFViTAdapter on 1 example(s)" in capsys.readouterr().out
     assert main(["check-adapter", "--backbone", str(tmp_path / "vit"), "--import", "no_such_module_45"]) == 2
     assert "--import no_such_module_45: No module named 'no_such_module_45'" in capsys.readouterr().err
+
+
+def test_the_check_runs_a_training_backbone_in_eval_mode_and_leaves_it_training():
+    config = transformers.BertConfig(**{**TINY_HF["hf-bert"][2], "hidden_dropout_prob": 0.3}, num_labels=2)
+    bert = transformers.BertForSequenceClassification(config).train()
+    ids, mask, types = text_batch()
+    report = check(bert, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    assert report.ok and bert.training, str(report)

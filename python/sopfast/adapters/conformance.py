@@ -23,7 +23,8 @@ expected values vary across examples, groups or features — what explanations a
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +197,7 @@ def measure_drop(adapter: BackboneAdapter, inputs: FeatureInputs, tolerance: flo
     a measurement is recorded in :data:`~sopfast.adapters.base.MEASURED_EXACT_MODES` for the class)."""
     tolerance = default_tolerance(adapter) if tolerance is None else tolerance
     masks = probe_groups(adapter, inputs)
-    with torch.no_grad():
+    with torch.no_grad(), evaluating(adapter.backbone):
         exact = _passes(adapter, inputs, masks, "exact")[0]
         drop = _passes(adapter, inputs, masks, "drop")[0]
     claimed = "drop" in adapter.exact_modes
@@ -216,9 +217,6 @@ def check_adapter(adapter: BackboneAdapter, inputs: FeatureInputs, tolerance: fl
     """Every comparison of the module docstring on ``inputs``, with the backbone in eval mode."""
     tolerance = default_tolerance(adapter) if tolerance is None else tolerance
     report = AdapterCheck(type(adapter).__name__, inputs.batch_size, tolerance)
-    backbone = adapter.backbone
-    training = getattr(backbone, "training", False)
-    backbone.eval()
     steps: list[tuple[str, Callable[[], Finding]]] = [
         ("full forward", lambda: _full_forward(adapter, inputs, tolerance)),
         ("classifier", lambda: _classifier(adapter, inputs)),
@@ -228,14 +226,22 @@ def check_adapter(adapter: BackboneAdapter, inputs: FeatureInputs, tolerance: fl
     ]
     if "drop" in adapter.supported_modes:
         steps.append(("drop", lambda: measure_drop(adapter, inputs, tolerance)))
-    try:
-        with torch.no_grad():
-            report.findings = [_run(name, step) for name, step in steps]
-    finally:
-        backbone.train(training)
+    with torch.no_grad(), evaluating(adapter.backbone):
+        report.findings = [_run(name, step) for name, step in steps]
     drop_ok = all(f.passed for f in report.findings if f.name == "drop = exact")
     report.exact_modes = adapter.exact_modes if drop_ok else ("exact",)
     return report
+
+
+@contextmanager
+def evaluating(module: Any) -> Iterator[None]:
+    """``module`` in eval mode inside (no dropout: a comparison must be repeatable), as it was after."""
+    training = bool(getattr(module, "training", False))
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(training)
 
 
 def _run(name: str, step: Callable[[], Finding]) -> Finding:

@@ -49,8 +49,10 @@ def _source(digest: Any, source: Any) -> None:
         digest.update(f"A{array.dtype}|{array.shape}|".encode() + np.ascontiguousarray(array).tobytes())
 
 
-def _labels(digest: Any, labels: Sequence[Any] | torch.Tensor) -> None:
-    if isinstance(labels, torch.Tensor):
+def _labels(digest: Any, labels: Sequence[Any] | torch.Tensor | None) -> None:
+    if labels is None:  # data without labels (what sopfast.predict may read)
+        digest.update(b"no labels|")
+    elif isinstance(labels, torch.Tensor):
         update_with_tensor(digest, labels)
     else:
         digest.update(repr([str(v) for v in labels]).encode())
