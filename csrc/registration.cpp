@@ -1,8 +1,9 @@
 // The kernels of every op in PyTorch's dispatcher, one per dispatch key: the C++ CPU kernels for
 // CPU and, in CUDA builds (SOPFAST_WITH_CUDA), the CUDA kernels for CUDA.  The schemas are declared
-// once, in Python (python/sopfast/ops/_library.py), the autograd once for every device
-// (csrc/autograd.cpp); sopfast registers its Triton kernels for CUDA on top of these when Triton
-// can run.  Any front-end calls the ops as torch.ops.sopfast.<op>.
+// once, in Python (each op's _backends.Op in python/sopfast/ops/<op>.py; the class and the library in
+// python/sopfast/ops/_backends.py), the autograd once for every device (csrc/autograd.cpp); sopfast
+// registers its Triton kernels for CUDA on top of these when Triton can run.  Any front-end calls the
+// ops as torch.ops.sopfast.<op>.
 #include <torch/library.h>
 
 #include "ops.h"

@@ -41,6 +41,8 @@ group, then the adjoint (transpose) of the blur, also as in-register gathers up 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -142,11 +144,25 @@ def _blur_in_kernel(blur_kernel: torch.Tensor | None, d: int) -> bool:
     return blur_kernel is not None and d <= MAX_BLOCK and triton.next_power_of_2(d) <= MAX_GATHER_BLOCK
 
 
-def _torch_blur(rows: torch.Tensor, blur_kernel: torch.Tensor, grid_h: int, grid_w: int, adjoint: bool) -> torch.Tensor:
-    """The blur of ``rows [N, d]`` (or its adjoint) as torch ops, in ``rows``' dtype."""
-    from sopfast.ops.blur import blur_adjoint_reference, blur_reference
+#: The blur as torch ops, for rows too long to blur in registers: ``forward(rows [N, d], kernel [ks], grid)``
+#: and its ``adjoint``, given by sopfast (its reference, ``sopfast.ops.blur``) when it loads these kernels
+#: (``sopfast.ops._backends.triton_kernels``): sop_kernels imports nothing of sopfast, which sits above it.
+_TORCH_BLUR: dict[str, Callable[..., torch.Tensor]] = {}
 
-    blur = blur_adjoint_reference if adjoint else blur_reference
+
+def use_torch_blur(forward: Callable[..., torch.Tensor], adjoint: Callable[..., torch.Tensor]) -> None:
+    """Blur rows above :data:`MAX_GATHER_BLOCK` features with ``forward`` (and the gradient with ``adjoint``)."""
+    _TORCH_BLUR.update(forward=forward, adjoint=adjoint)
+
+
+def _torch_blur(rows: torch.Tensor, blur_kernel: torch.Tensor, grid_h: int, grid_w: int, adjoint: bool) -> torch.Tensor:
+    """The blur of ``rows [N, d]`` (or its adjoint) as torch ops, in ``rows``' dtype (:func:`use_torch_blur`)."""
+    blur = _TORCH_BLUR.get("adjoint" if adjoint else "forward")
+    if blur is None:
+        raise RuntimeError(
+            f"sop_kernels.top_tau blurs rows of more than {MAX_GATHER_BLOCK} features with sopfast's torch blur, "
+            "which sopfast hands over when it loads these kernels: call sopfast.ops._backends.triton_kernels() first"
+        )
     return blur(rows, blur_kernel.to(rows.dtype), _torch_grid(grid_h, grid_w))
 
 

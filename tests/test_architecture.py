@@ -1,5 +1,6 @@
-"""The architecture's promises: every API option is a flag; a metric is one registered function; an
-adapter registers itself; no module of the package is over 500 lines."""
+"""The architecture's promises: the layers (``docs/contributing.md``), no import cycle inside a room and the
+native kernels importing nothing of the package above them; every API option is a flag; a metric is one
+registered function; an adapter registers itself; no module of the package is over 500 lines."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sopfast.evaluation.registry import REGISTRY, Metric, register_metric
 from sopfast.training import TrainConfig
 
 PACKAGE = Path(sopfast.__file__).parent
+KERNELS = PACKAGE.parent.parent / "sop_kernels"
 # docs/contributing.md: the layers, bottom (1) to top (7), by top-level module or package
 LAYERS = {
     "checks": 1,
@@ -74,6 +76,84 @@ def test_modules_import_only_their_own_package_and_lower_layers():
             if LAYERS[target] >= LAYERS[own]:
                 wrong.append(f"{path.relative_to(PACKAGE)} imports {target}")
     assert not wrong, wrong
+
+
+def _module(path: Path, root: Path) -> str:
+    """``path``'s dotted module name under ``root``'s parent (a package ``__init__`` is the package)."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, root: Path) -> set[str]:
+    """Every dotted module (or module.name) ``path`` imports, relative imports resolved, lazy and
+    type-checking imports included."""
+    package = _module(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - (node.level - 1)] if node.level else []
+            module = ".".join(base + (node.module.split(".") if node.module else []))
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _cycles(root: Path) -> list[list[str]]:
+    """The import cycles among the modules of ``root`` (a package ``__init__``, which imports its modules to
+    hand on their names, is no part of one): each strongly connected group of two modules or more."""
+    paths = {_module(p, root): p for p in root.rglob("*.py")}
+    modules = {name for name, p in paths.items() if p.name != "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        targets = set()
+        for imported in _module_imports(paths[name], root):
+            while imported and imported not in paths:
+                imported = imported.rpartition(".")[0]
+            if imported in modules and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reachable = {name: reach(name) for name in graph}
+    groups = {frozenset({n} | {m for m in reachable[n] if n in reachable[m]}) for n in graph if n in reachable[n]}
+    return sorted(sorted(group) for group in groups)
+
+
+def test_no_import_cycle_inside_a_room():
+    """A room's modules import each other one way (type-only imports count: they name what a module needs)."""
+    assert _cycles(PACKAGE) == []
+    assert _cycles(KERNELS) == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path):
+    room = tmp_path / "room"
+    room.mkdir()
+    (room / "__init__.py").write_text("from .a import A\n")
+    (room / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (room / "b.py").write_text("from . import a\n")
+    (room / "c.py").write_text("from .a import A\n")
+    assert _cycles(room) == [["room.a", "room.b"]]
+
+
+def test_native_kernels_import_nothing_of_the_package():
+    """``sop_kernels`` sits below sopfast (``ops/_backends.py`` loads it and hands it what it needs)."""
+    upward = [
+        f"{path.name} imports {name}"
+        for path in KERNELS.rglob("*.py")
+        for name in _module_imports(path, KERNELS)
+        if name.split(".")[0] == "sopfast"
+    ]
+    assert KERNELS.is_dir() and not upward, upward
 
 
 def flags(command: str) -> set[str]:

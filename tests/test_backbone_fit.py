@@ -13,7 +13,7 @@ import sopfast
 from sopfast.adapters import get_adapter
 from sopfast.adapters.sources import load_backbone
 from sopfast.cli.app import main
-from sopfast.masking import masked_forward
+from sopfast.masking import masked_forward, random_groups
 from sopfast.model.checkpoint import hash_backbone
 from sopfast.ops import num_kept
 from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
@@ -23,7 +23,6 @@ from sopfast.training.diagnose import (
     Diagnosis,
     GroupAccuracy,
     informed_group,
-    random_group_masks,
     verdict,
 )
 
@@ -57,7 +56,7 @@ def test_diagnose_measures_whole_inputs_and_random_groups_in_every_mode(vit):
     assert set(report.random_groups) == {"exact", "drop"} and report.mode == "drop" and report.examples == 10
     generator = torch.Generator().manual_seed(0)
     torch.randperm(10, generator=generator)  # the draw of the examples comes first
-    masks = random_group_masks(torch.ones(10, 16, dtype=torch.bool), 0.25, 3, generator)
+    masks = random_groups(torch.ones(10, 16, dtype=torch.bool), 0.25, 3, generator)
     for mode in ("exact", "drop"):
         logits = masked_forward(vit, x, masks, mode=mode)
         correct = logits.argmax(-1) == y[:, None]
@@ -90,7 +89,7 @@ def test_random_groups_hold_k_of_each_examples_candidates():
     ids, attention, types = text_batch()
     adapter = get_adapter(bert)
     valid = adapter.candidate_mask(adapter.prepare(ids, attention, types))
-    masks = random_group_masks(valid, 0.3, 5, torch.Generator().manual_seed(1))
+    masks = random_groups(valid, 0.3, 5, torch.Generator().manual_seed(1))
     assert masks.shape == (3, 5, 14)
     assert not bool((masks & ~valid.unsqueeze(1)).any())
     for b, count in enumerate(valid.sum(1).tolist()):

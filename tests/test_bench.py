@@ -12,6 +12,7 @@ import sopfast
 from sopfast import benchmark
 from sopfast.adapters.flops import ideal_drop_ratio
 from sopfast.demo import run as demo_run
+from sopfast.demo import shared as demo_shared
 from sopfast.demo import text as demo_text
 from sopfast.ops import num_kept
 from sopfast.testing import make_bert, make_cnn, make_hf, make_hf_vit, text_batch
@@ -63,7 +64,7 @@ def test_no_ratio_without_a_drop_mode():
 def test_benchmark_and_demo_read_no_backbone_config():
     """The FLOP model is written once: the bench and demo modules read no HF config field themselves, and
     the benchmark's ResNet gets its feature layer from its adapter."""
-    for module in (benchmark, demo_run, demo_text):
+    for module in (benchmark, demo_run, demo_shared, demo_text):
         source = inspect.getsource(module)
         assert "intermediate_size" not in source and "num_hidden_layers" not in source, module.__name__
     assert "layer3" not in inspect.getsource(benchmark)

@@ -18,6 +18,7 @@ What the test provides, and the only things it changes:
 * ``sopfast.train`` stops after :data:`MAX_STEPS` optimizer steps unless the example gives
   ``max_steps`` (a schedule of ``min_steps``, 1,000, would take minutes on the tiny data).
 * :data:`NOT_RUN` — the blocks that cannot run, each with the reason (keep this list short).
+* The adapters an example registers (``register_adapter``) are gone after it.
 """
 
 from __future__ import annotations
@@ -166,7 +167,10 @@ def _capped_train(train: Callable[..., Any]) -> Callable[..., Any]:
 
 @pytest.mark.parametrize("code", EXAMPLES)
 def test_example_runs(code, tmp_path, monkeypatch):
+    from sopfast.adapters import registry
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(registry, "_REGISTERED", list(registry._REGISTERED))  # an example registers for itself
     monkeypatch.setattr(sopfast, "train", _capped_train(sopfast.train))
     for path, write in FILES.items():
         if path in code:

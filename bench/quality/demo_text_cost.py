@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import text_backbone, text_data, text_inputs, text_training_step
 
-from sopfast.demo.run import CURVE_METRICS
+from sopfast.demo.shared import CURVE_METRICS
 from sopfast.demo.text import (
     COMPARE_TEXTS,
     CURVE_TEXTS,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import testing
-from .devices import adamw
+from .devices import adamw, module_device
 from .model.output import SOPOutput
 from .model.reference import reference_forward
 from .model.sop import SOP
@@ -154,7 +154,7 @@ def compare_modes(
     """Time reference / exact / drop on one batch (``args`` as passed to ``model``), interleaved;
     the peak memory is read during the last round."""
     model.train(train)
-    device = next(model.parameters()).device
+    device = module_device(model)
     batch = int(args[0].shape[0])
     results = []
     measured = measure_interleaved(step_functions(model, args, labels, train), repeats, warmup, device, memory)

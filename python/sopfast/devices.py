@@ -1,4 +1,6 @@
-"""One device resolver for every part of sopfast (Python API and command line)."""
+"""One device resolver for every part of sopfast (Python API and command line): what a device name means
+(:func:`check_device`, :func:`resolve_device`), where a module lives (:func:`module_device`), and the
+optimizer that suits it (:func:`adamw`)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ def resolve_device(device: str | torch.device | None = None, *, local_rank: int 
     elif resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {str(device)!r}: MPS is not available on this machine; use 'cpu'")
     return resolved
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter; the CPU for a module without parameters."""
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
 
 
 #: The floating dtypes ``torch.optim.AdamW(fused=True)`` takes on a CUDA device.

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .adapters.images import upsample_mask
 from .data.batches import parse_batch
+from .devices import module_device
 from .model.pictures import explain_image, explain_text, image_grid
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def quantus_explain_func(model: nn.Module, inputs: Any, targets: Any, **kwargs: 
     sop = model.sop if isinstance(model, SOPClassifier) else model
     if not isinstance(sop, SOP):
         raise TypeError(f"model must be a SOPClassifier or a sopfast.SOP model, got {type(model).__name__}")
-    device = kwargs.get("device") or next(sop.parameters()).device
+    device = kwargs.get("device") or module_device(sop)
     x = torch.as_tensor(inputs, dtype=torch.float32, device=device)
     target = None if targets is None else torch.as_tensor(targets, device=device).long().reshape(-1)
     return attribute(sop, x, target).cpu().numpy()

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -50,12 +50,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..checks import check_text_only
 from ..ops import num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups, HostValues
 from .flops import TransformerSize, ideal_drop_ratio
 from .images import upsample_mask
 
 MODES = ("exact", "drop")
+#: What :func:`feature_inputs` takes: images ``[B, C, H, W]``, a mapping of ``input_ids`` … or FeatureInputs.
+InputsLike = torch.Tensor | Mapping[str, torch.Tensor] | FeatureInputs
+#: Adapter classes whose :attr:`BackboneAdapter.exact_modes` claim was measured (:func:`sopfast.adapters.check`,
+#: or an explainer's first use of the class): the modes found to compute the backbone's own function.
+MEASURED_EXACT_MODES: dict[type, tuple[str, ...]] = {}
 #: About this many tokens (or feature cells) per backbone call when group passes are chunked.
 TOKENS_PER_CALL = 4096
 #: Inference runs the batch in chunks of about this many input tokens (16 ViT-B/16 images), so that
@@ -167,10 +173,16 @@ class BackboneAdapter(ABC):
         return {}
 
     @property
+    def trusted_exact_modes(self) -> tuple[str, ...]:
+        """:attr:`exact_modes`, or the modes a measurement of this class found exact when one was made
+        (:data:`MEASURED_EXACT_MODES`)."""
+        return MEASURED_EXACT_MODES.get(type(self), self.exact_modes)
+
+    @property
     def faithful_mode(self) -> str:
-        """The fastest mode that runs the backbone's own function on a masked input (:attr:`exact_modes`):
+        """The fastest mode that runs the backbone's own function on a masked input (:attr:`trusted_exact_modes`):
         what the explainers of :mod:`sopfast.masking` use unless told otherwise."""
-        return "drop" if "drop" in self.exact_modes and "drop" in self.supported_modes else "exact"
+        return "drop" if "drop" in self.trusted_exact_modes and "drop" in self.supported_modes else "exact"
 
     @classmethod
     def weight_name(cls, name: str) -> str:
@@ -374,6 +386,24 @@ class BackboneAdapter(ABC):
     def cls_attention(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, d]``: last-layer attention from the CLS token to each feature, averaged over heads."""
         raise AdapterHookMissing(self, "cls_attention", "FRESH with source='cls'")
+
+
+def feature_inputs(adapter: BackboneAdapter, inputs: InputsLike) -> FeatureInputs:
+    """``inputs`` as the adapter's checked :class:`~sopfast.types.FeatureInputs`: an image tensor
+    ``[B, C, H, W]``, a mapping with ``input_ids`` / ``attention_mask`` / ``token_type_ids`` (or
+    ``pixel_values``), or FeatureInputs."""
+    if isinstance(inputs, FeatureInputs):
+        return inputs
+    if isinstance(inputs, torch.Tensor):
+        return adapter.prepare(inputs)
+    if isinstance(inputs, Mapping):
+        x = inputs.get("input_ids", inputs.get("pixel_values", inputs.get("pixels")))
+        if x is None:
+            raise ValueError(f"inputs has none of input_ids, pixel_values: keys {sorted(inputs)}")
+        masks = {k: inputs.get(k) for k in ("attention_mask", "token_type_ids")}
+        check_text_only(adapter.modality, **masks)
+        return adapter.prepare(x, masks["attention_mask"], masks["token_type_ids"])
+    raise TypeError(f"inputs must be a tensor, a mapping of tensors or FeatureInputs, got {type(inputs).__name__}")
 
 
 def check_mode(adapter: BackboneAdapter, mode: str) -> str:

@@ -1,7 +1,7 @@
 """Hugging Face ``BeitForImageClassification``, in ``exact`` mode only: the CNN adapter over the patch grid
 of ``hidden_states[-2]`` (the input of the last block), groups masking pixels; keys are the classifier's
 input (the pooled patch states).  ``drop`` is refused: BEiT's relative position bias is laid out on the
-full grid of patches."""
+full grid of patches.  A BEiT-like family (Data2Vec-Vision) is this class with another ``base_model``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class HFBeitAdapter(CNNAdapter):
     mode_refusal = "BEiT's relative position bias is laid out on the full grid of patches; use mode='exact'"
     feature_from_input = True
     num_prefix_tokens = 1
+    #: The classifier's attribute holding the encoder (its ``encoder.layer`` / ``layers`` blocks).
+    base_model = "beit"
 
     def __init__(self, backbone: nn.Module, **options: Any):
         super().__init__(backbone, **options)
@@ -36,7 +38,7 @@ class HFBeitAdapter(CNNAdapter):
     @classmethod
     def defaults(cls, backbone: nn.Module) -> dict[str, Any]:
         model: Any = backbone
-        last = module_name(backbone, vit_layers(model.beit)[-1])
+        last = module_name(backbone, vit_layers(getattr(model, cls.base_model))[-1])
         return {"feature_layer": last, "embed_dim": int(model.config.hidden_size)}
 
     def to_grid(self, captured: Any) -> torch.Tensor:

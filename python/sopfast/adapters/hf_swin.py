@@ -18,6 +18,8 @@ class HFSwinAdapter(CNNAdapter):
     family = "Hugging Face SwinForImageClassification (exact mode)"
     mode_refusal = "Swin's shifted windows need the full grid of patches; use mode='exact'"
     feature_from_input = True
+    #: The classifier's attribute holding the encoder (its ``encoder.layers`` stages).
+    base_model = "swin"
 
     def __init__(self, backbone: nn.Module, **options: Any):
         super().__init__(backbone, **options)
@@ -27,8 +29,8 @@ class HFSwinAdapter(CNNAdapter):
     @classmethod
     def defaults(cls, backbone: nn.Module) -> dict[str, Any]:
         model: Any = backbone
-        last = len(model.swin.encoder.layers) - 1
-        return {"feature_layer": f"swin.encoder.layers.{last}", "embed_dim": int(model.config.hidden_size)}
+        last = len(getattr(model, cls.base_model).encoder.layers) - 1
+        return {"feature_layer": f"{cls.base_model}.encoder.layers.{last}", "embed_dim": int(model.config.hidden_size)}
 
     def to_grid(self, captured: Any) -> torch.Tensor:
         """The last stage's arguments ``(tokens [B, h·w, E], (h, w), …)`` as ``[B, E, h, w]``."""

@@ -12,13 +12,16 @@ each message names the candidates.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch import nn
 
-from .base import BackboneAdapter
+from ..types import FeatureInputs
+from .base import MEASURED_EXACT_MODES, BackboneAdapter, InputsLike, feature_inputs
+from .conformance import AdapterCheck, AdapterCheckError, Finding, check_adapter, measure_drop
 
 Matcher = Callable[[nn.Module], bool]
 AdapterClass = TypeVar("AdapterClass", bound=type[BackboneAdapter])
@@ -46,15 +49,69 @@ def _check_name(name: object) -> str:
     return name
 
 
-def register_adapter(matcher: Matcher, adapter_cls: type[BackboneAdapter], name: str | None = None) -> None:
+def register_adapter(
+    matcher: Matcher,
+    adapter_cls: type[BackboneAdapter],
+    name: str | None = None,
+    *,
+    check_with: tuple[nn.Module, InputsLike] | None = None,
+) -> None:
     """Make :func:`get_adapter` use ``adapter_cls`` for backbones where ``matcher(backbone)`` holds, and
     ``adapter=name`` (default: the class name) choose it; it replaces an adapter registered under that
     name before (a built-in name is refused).
 
+    ``check_with=(backbone, example)``: :func:`check` the adapter on one backbone and an example first, and
+    refuse it (:class:`~sopfast.adapters.conformance.AdapterCheckError`, the report as message) when it computes
+    something else than the backbone; a ``drop = exact`` claim that does not hold only warns (the explainers
+    then run ``exact``).  Without it, the claim is measured when an explainer first runs the adapter.
+
     Registered adapters are tried before the built-in ones, newest first.
     """
     name = _check_name(name or adapter_cls.__name__)
+    if check_with is not None:
+        _check_registration(matcher, adapter_cls, check_with)
     _REGISTERED[:] = [Entry(name, adapter_cls, matcher), *(e for e in _REGISTERED if e.name != name)]
+
+
+def _check_registration(matcher: Matcher, adapter_cls: type[BackboneAdapter], check_with: Any) -> None:
+    if not (isinstance(check_with, tuple) and len(check_with) == 2 and isinstance(check_with[0], nn.Module)):
+        raise TypeError(f"check_with must be a pair (backbone, example), got {type(check_with).__name__}")
+    backbone, example = check_with
+    if not matcher(backbone):
+        raise ValueError(f"check_with: the matcher of {adapter_cls.__name__} does not match {_kind(backbone)}")
+    report = check(adapter_cls(backbone), example)
+    if report.failed(but=("drop = exact",)):
+        raise AdapterCheckError(f"{adapter_cls.__name__} is not registered:\n{report}")
+    if not report.ok:
+        warnings.warn(f"{adapter_cls.__name__}: {report.failed()[0].detail}", UserWarning, stacklevel=3)
+
+
+def check(
+    adapter_or_model: nn.Module | BackboneAdapter, example: InputsLike, *, tolerance: float | None = None
+) -> AdapterCheck:
+    """Whether an adapter computes what its backbone computes, on ``example`` (images ``[B, C, H, W]``, a
+    mapping of ``input_ids`` / ``attention_mask`` / ``token_type_ids``, or FeatureInputs; one or two examples
+    suffice): the full forward, the classifier and feature shapes, the generator embedding, the group passes
+    in ``exact`` and a ``drop = exact`` claim (:mod:`sopfast.adapters.conformance`).  ``adapter_or_model``: an
+    adapter, an :class:`sopfast.SOP` (its adapter) or a backbone (the adapter it gets).  The measured faithful
+    mode is what the explainers of :mod:`sopfast.masking` use from then on.
+
+        report = sopfast.adapters.check(MyAdapter(backbone), images[:2])
+        assert report.ok, report           # print(report): one line per comparison
+    """
+    adapter = adapter_of(adapter_or_model)
+    return check_adapter(adapter, feature_inputs(adapter, example), tolerance)
+
+
+def refuted_drop_claim(adapter: BackboneAdapter, inputs: FeatureInputs) -> Finding | None:
+    """Measure an adapter class's ``drop = exact`` claim once, on the first two examples of ``inputs`` (not the
+    built-in families', which the test suite measures); the finding when the claim does not hold."""
+    cls = type(adapter)
+    claimed = "drop" in adapter.exact_modes and "drop" in adapter.supported_modes
+    if not claimed or cls in MEASURED_EXACT_MODES or cls in builtin_adapter_classes():
+        return None
+    finding = measure_drop(adapter, inputs.rows(slice(0, 2)))
+    return None if finding.passed else finding
 
 
 def builtin_adapter(name: str, matcher: Matcher, *, generic: bool = False) -> Callable[[AdapterClass], AdapterClass]:
@@ -152,6 +209,22 @@ def find_adapter_class(backbone: nn.Module) -> type[BackboneAdapter]:
         "subclass sopfast.adapters.BackboneAdapter (see its docstring) and pass adapter=... to sopfast.SOP, "
         "or register it with sopfast.adapters.register_adapter."
     )
+
+
+def adapter_of(backbone: nn.Module | BackboneAdapter) -> BackboneAdapter:
+    """The adapter of ``backbone``: an adapter itself, an object with ``.adapter`` (an
+    :class:`sopfast.SOP`), or a backbone sopfast knows (TypeError otherwise)."""
+    if isinstance(backbone, BackboneAdapter):
+        return backbone
+    adapter = getattr(backbone, "adapter", None)
+    if isinstance(adapter, BackboneAdapter):
+        return adapter
+    if not isinstance(backbone, nn.Module):
+        raise TypeError(
+            f"backbone must be an nn.Module with a sopfast adapter, an SOP model or a BackboneAdapter, "
+            f"got {type(backbone).__name__}"
+        )
+    return get_adapter(backbone)
 
 
 def get_adapter(backbone: nn.Module, adapter: str | None = None, **kwargs: Any) -> BackboneAdapter:

@@ -10,26 +10,30 @@ hash covers:
   ``"tensor shapes and N rows"`` above that (dtypes, shapes and :data:`SAMPLED_ROWS` evenly spaced rows);
 * a ``Subset`` adds its indices to its dataset's basis;
 * ``"count only"`` – any other dataset (its type named), unless it has an ``identity()`` method returning
-  a string, which is hashed.
+  a string, which is hashed, or the caller gives a ``read`` function: then :data:`PROBES` examples spread
+  over it (first, quartiles, last) are read and hashed (``"N examples read"``; ``sopfast.predict`` does,
+  where reading them costs little beside predicting them all).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from ..integrity import update_with_tensor
+from ..integrity import state_sha256, update_with_tensor
 
 #: A TensorDataset of at most this many bytes is hashed whole (about 0.2 s per 256 MiB).
 FULL_HASH_BYTES = 256 * 2**20
 #: Rows hashed of a larger TensorDataset.
 SAMPLED_ROWS = 4096
+#: Examples read (with ``read``) of a dataset of another kind.
+PROBES = 5
 
 
 def _source(digest: Any, source: Any) -> None:
@@ -45,11 +49,36 @@ def _source(digest: Any, source: Any) -> None:
         digest.update(f"A{array.dtype}|{array.shape}|".encode() + np.ascontiguousarray(array).tobytes())
 
 
-def _labels(digest: Any, labels: Sequence[Any] | torch.Tensor) -> None:
-    if isinstance(labels, torch.Tensor):
+def _labels(digest: Any, labels: Sequence[Any] | torch.Tensor | None) -> None:
+    if labels is None:  # data without labels (what sopfast.predict may read)
+        digest.update(b"no labels|")
+    elif isinstance(labels, torch.Tensor):
         update_with_tensor(digest, labels)
     else:
         digest.update(repr([str(v) for v in labels]).encode())
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every array-like (a NumPy array, a PIL image) a tensor, inside mappings and sequences,
+    so that it hashes by its contents (a repr may hold a memory address)."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    if not isinstance(value, (torch.Tensor, str, bytes)) and (
+        hasattr(value, "__array__") or hasattr(value, "__array_interface__")
+    ):
+        return torch.from_numpy(np.array(value))  # a copy: contiguous and writable
+    return value
+
+
+def _probes(digest: Any, dataset: Any, read: Callable[[int], Any]) -> str:
+    """Feed :data:`PROBES` examples spread over ``dataset``, each as ``read(index)`` returns it, into ``digest``."""
+    n = len(dataset)
+    picked = sorted({(n - 1) * j // (PROBES - 1) for j in range(PROBES)}) if n else []
+    for index in picked:
+        digest.update(f"{index}|{state_sha256(_plain(read(index)))}|".encode())
+    return f"{len(picked)} examples read"
 
 
 def _hash_into(digest: Any, dataset: Dataset) -> str:
@@ -90,8 +119,9 @@ def _hash_into(digest: Any, dataset: Dataset) -> str:
     return f"count only ({type(dataset).__name__} names no examples)"
 
 
-def data_identity(data: Dataset | DataLoader) -> dict[str, Any]:
-    """``{"examples", "sha256", "basis"}`` of a dataset (or a DataLoader's dataset): module docstring."""
+def data_identity(data: Dataset | DataLoader, read: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """``{"examples", "sha256", "basis"}`` of a dataset (or a DataLoader's dataset): module docstring;
+    ``read(index)``: an example of it, to identify a dataset of a kind not listed there by its examples."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     try:
         examples: int | None = len(dataset)  # type: ignore[arg-type]
@@ -99,6 +129,9 @@ def data_identity(data: Dataset | DataLoader) -> dict[str, Any]:
         examples = None
     digest = hashlib.sha256()
     basis = _hash_into(digest, dataset)
+    if read is not None and basis.startswith("count only"):
+        digest = hashlib.sha256(f"{type(dataset).__qualname__}|".encode())
+        basis = _probes(digest, dataset, read)
     return {"examples": examples, "sha256": digest.hexdigest(), "basis": basis}
 
 

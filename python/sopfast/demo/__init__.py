@@ -1,1 +1,2 @@
-"""``sopfast demo``: an end-to-end run on real offline data (see :mod:`sopfast.demo.run`)."""
+"""``sopfast demo`` — what this room owns: the image demo (``run.py``), the text demo (``text.py``), what both
+share (``shared.py``), the demo's small backbones (``backbones.py``) and its printed tables (``report.py``)."""

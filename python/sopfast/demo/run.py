@@ -25,14 +25,14 @@ from torch import nn
 
 from ..benchmark import compare_modes, format_table
 from ..data import builtin as data
-from ..data.batches import Batch, parse_batch
+from ..data.batches import Batch
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
 from ..integrity import atomic_write_text
 from ..model.sop import SOP
-from ..model.state_files import write_model_folder
 from ..training.records import check_run_folder
 from .report import COMPARISON_COLUMNS, format_results
+from .shared import CURVE_METRICS, parsed_batches, record_accuracy, save_demo_backbone, sop_accuracy, train_sop
 
 # Test images the demo's comparison covers (every baseline runs insertion and deletion on each; the text
 # demo's counts are in ``text.py``). bench/quality/compare.py makes the same table for any count.
@@ -41,7 +41,6 @@ COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversit
 # The image demo scores accuracy, curves, groups and grounding on COMPARE_IMAGES test images, and
 # fidelity, insertion and deletion on the first CURVE_IMAGES of them (ten forwards per image and method).
 IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding")
-CURVE_METRICS = ("fidelity", "insertion", "deletion")
 CURVE_IMAGES = 250
 #: Images (from SOP's training images, which the backbone never saw) the diagnostic and the adaptation's
 #: report measure.
@@ -88,33 +87,6 @@ def _load_images(quick: bool) -> tuple[data.ImageData, data.ImageData]:
     return train, test
 
 
-def _parsed_batches(dataset: torch.utils.data.Dataset, device: torch.device, batch_size: int = 64) -> list[Batch]:
-    """Every batch of ``dataset`` (in order) as :func:`sopfast.data.batches.parse_batch` reads it, on ``device``."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
-    return [parse_batch(raw).to(device) for raw in loader]
-
-
-def _labels(batch: Batch) -> torch.Tensor:
-    if batch.labels is None:
-        raise ValueError("the demo's evaluation batches need labels")
-    return batch.labels
-
-
-def _sop_accuracy(model: SOP, batches: list[Batch], mode: str) -> tuple[float, float]:
-    """Accuracy and the mean number of groups used for the predicted class."""
-    model.eval()
-    correct = total = active = 0
-    with torch.no_grad():
-        for batch in batches:
-            labels = _labels(batch)
-            out = model(**batch.model_inputs(), mode=mode)
-            pred = out.logits.argmax(-1)
-            correct += int((pred == labels).sum())
-            active += int(out.active_groups.gather(1, pred[:, None]).sum())
-            total += len(labels)
-    return correct / max(1, total), active / max(1, total)
-
-
 def _epoch_times(
     model: SOP, x: torch.Tensor, y: torch.Tensor, steps_per_epoch: int, repeats: int = 7
 ) -> tuple[dict, str]:
@@ -122,29 +94,6 @@ def _epoch_times(
     ideal = model.adapter.drop_flop_ratio(model.prepare(x), model.tau, model.num_groups, train=True)
     model.train()
     return {r.name: r.seconds * steps_per_epoch for r in results}, format_table(results, ideal)
-
-
-def _train_sop(
-    model: SOP, dataset, run_dir: str, device: torch.device, seed: int, epochs: int, batch_size: int = 32
-) -> float:
-    """Train the demo's SOP with its recipe's lr and warm-up (no resume, run files in ``run_dir``);
-    returns wall seconds."""
-    from ..training.trainer import train
-
-    start = time.perf_counter()
-    train(
-        model,
-        dataset,
-        None,
-        epochs=epochs,
-        batch_size=batch_size,
-        output_dir=run_dir,
-        resume=False,
-        device=device,
-        seed=seed,
-        diagnose=False,  # the study runs the diagnostic once, on held-out images
-    )
-    return time.perf_counter() - start
 
 
 def _image_eval_loader(x: torch.Tensor, y: torch.Tensor) -> torch.utils.data.DataLoader:
@@ -215,7 +164,7 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, s
     run = ImageRun(
         sop_train=torch.utils.data.TensorDataset(sop_x, sop_y),
         check=torch.utils.data.TensorDataset(sop_x[:CHECK_IMAGES], sop_y[:CHECK_IMAGES]),
-        test_batches=_parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device),
+        test_batches=parsed_batches(torch.utils.data.TensorDataset(x_test[:n_eval], y_test[:n_eval]), device),
         loaders=(
             _image_eval_loader(x_test[:n_compare], y_test[:n_compare]),
             _image_eval_loader(x_test[:n_curve], y_test[:n_curve]),
@@ -258,15 +207,6 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, s
     return results
 
 
-def save_demo_backbone(out_dir: str, *parts: Any) -> None:
-    """The demo's trained backbone (``parts``: the model, its tokenizer, each with ``save_pretrained``) in
-    ``<out_dir>/backbone``, all-or-nothing; an earlier demo's (``results.json`` beside it) is replaced."""
-    earlier = os.path.isfile(os.path.join(out_dir, "results.json"))
-    write_model_folder(
-        os.path.join(out_dir, "backbone"), lambda folder: [p.save_pretrained(folder) for p in parts], overwrite=earlier
-    )
-
-
 def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str | tuple) -> dict:
     """One backbone's study: its accuracy and diagnostic, SOP trained with every seed and evaluated
     against random groups and ``baselines``, the curves, pictures and the first seed's model in
@@ -286,8 +226,8 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
         if i == 0:
             study.update(recipe=model.config["recipe"], mode=model.mode)
             study["diagnosis"] = diagnose(model, run.check, device=device).to_dict()
-            study["untrained_accuracy"] = _sop_accuracy(model, run.test_batches, "drop")[0]
-        seconds = _train_sop(
+            study["untrained_accuracy"] = sop_accuracy(model, run.test_batches, "drop")[0]
+        seconds = train_sop(
             model, run.sop_train, os.path.join(out_dir, f"sop{suffix}-run-seed{run_seed}"), device, run_seed, run.epochs
         )
         study.setdefault("sop_train_seconds", []).append(seconds)
@@ -296,7 +236,7 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
         study.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
         models.append(model)
     model = models[0]
-    _record_accuracy(study, model, run.test_batches)
+    record_accuracy(study, model, run.test_batches)
     study["per_seed"] = runs
     study["comparison"], study["spread"] = combine_seeds(runs)
     study["curves_png"] = plot_curves(study["comparison"], os.path.join(out_dir, f"curves{suffix}.png"))
@@ -311,21 +251,6 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
         class_names=run.classes,
     )
     return study
-
-
-def _record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
-    for mode in ("exact", "drop"):
-        acc, active = _sop_accuracy(model, batches, mode)
-        results[f"sop_{mode}_accuracy"] = acc
-        results[f"active_groups_{mode}"] = active
-    final, group = [], []
-    with torch.no_grad():
-        for batch in batches:
-            exact, drop = model(**batch.model_inputs(), mode="exact"), model(**batch.model_inputs(), mode="drop")
-            final.append((exact.logits.argmax(-1) == drop.logits.argmax(-1)).float().mean())
-            group.append((exact.group_logits.argmax(-1) == drop.group_logits.argmax(-1)).float().mean())
-    results["exact_drop_agreement"] = float(torch.stack(final).mean())
-    results["exact_drop_group_agreement"] = float(torch.stack(group).mean())
 
 
 def run_demo(

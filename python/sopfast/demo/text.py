@@ -15,14 +15,14 @@ from ..data import builtin as data
 from ..data.datasets import TextDataset
 from ..explain import write_explanations
 from ..model.sop import SOP
-from .run import (
+from .shared import (
     CURVE_METRICS,
-    _labels,
-    _parsed_batches,
-    _record_accuracy,
-    _sop_accuracy,
-    _train_sop,
+    batch_labels,
+    parsed_batches,
+    record_accuracy,
     save_demo_backbone,
+    sop_accuracy,
+    train_sop,
 )
 
 # Test texts the comparison covers (every baseline runs on each; the text baselines are slow per input).
@@ -77,10 +77,10 @@ def _backbone_text_accuracy(model: Any, dataset: TextDataset, device: torch.devi
     """Accuracy of the plain HF classifier ``model`` (read by attribute name) on ``dataset``."""
     correct = 0
     with torch.no_grad():
-        for batch in _parsed_batches(dataset, device):
+        for batch in parsed_batches(dataset, device):
             text = {k: v for k, v in batch.model_inputs().items() if v is not None}
             logits = model(**text).logits
-            correct += int((logits.argmax(-1) == _labels(batch)).sum())
+            correct += int((logits.argmax(-1) == batch_labels(batch)).sum())
     return correct / max(1, len(dataset))
 
 
@@ -187,7 +187,7 @@ def text_study(
         "seeds": seeds,
         "long_text": LONG_TEXT,
     }
-    test_batches = _parsed_batches(test_set, device)
+    test_batches = parsed_batches(test_set, device)
     sop_train = train_set.subset(torch.arange(min(96 if quick else TEXT_SOP_TEXTS, len(train_set))))
     runs, models = [], []
     for i, run_seed in enumerate(seeds):
@@ -196,16 +196,16 @@ def text_study(
         if i == 0:
             results.update(recipe=model.config["recipe"], mode=model.mode)
             results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
-            results["untrained_accuracy"] = _sop_accuracy(model, test_batches, "drop")[0]
+            results["untrained_accuracy"] = sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
-        seconds = _train_sop(model, sop_train, run_dir, device, run_seed, 1 if quick else TEXT_EPOCHS, batch_size=16)
+        seconds = train_sop(model, sop_train, run_dir, device, run_seed, 1 if quick else TEXT_EPOCHS, batch_size=16)
         results.setdefault("sop_train_seconds", []).append(seconds)
         start = time.perf_counter()
         runs.append(_evaluate_text_seed(model, parts, device, i == 0))
         results.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
         models.append(model)
     model = models[0]
-    _record_accuracy(results, model, test_batches)
+    record_accuracy(results, model, test_batches)
     results["per_seed"] = runs
     results["comparison"], results["spread"] = combine_seeds([r["all"] for r in runs])
     if "long" in parts:

@@ -4,8 +4,6 @@ FRESH reads.  Each is an :data:`AttributionFn` ``(model, inputs, target [B]) →
 
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -14,7 +12,7 @@ import torch
 from torch import nn
 
 from ..checks import check_int
-from ..masking import MaskedForward, rise
+from ..masking import EXPLAINERS
 from ..types import FeatureInputs
 
 if TYPE_CHECKING:
@@ -23,12 +21,6 @@ if TYPE_CHECKING:
 # (model, inputs, target [B], mode) → [B, d]; gradient methods run the full input whatever the mode
 AttributionFn = Callable[["SOP", FeatureInputs, torch.Tensor, str], torch.Tensor]
 FORWARD_BUDGET = 20
-INPUT_FIELDS = ("pixels", "input_ids", "attention_mask", "token_type_ids")
-
-
-def _fields(inputs: FeatureInputs) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
-    names = tuple(n for n in INPUT_FIELDS if getattr(inputs, n) is not None)
-    return names, tuple(getattr(inputs, n) for n in names)
 
 
 def soft_forward(model: SOP, inputs: FeatureInputs, z: torch.Tensor) -> torch.Tensor:
@@ -90,19 +82,20 @@ def grad_cam(model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str 
     return torch.relu((act * grad.mean(dim=1, keepdim=True)).sum(-1)).float()
 
 
+#: The Captum methods of the "-F" baselines (:data:`sopfast.masking.EXPLAINERS`).
 CAPTUM_METHODS = ("ig", "occlusion", "lime", "kernelshap")
 
 
 def captum_available(method: str = "ig") -> bool:
     """Whether Captum (and scikit-learn for LIME / KernelSHAP) can be imported."""
-    needed = ["captum"] + (["sklearn"] if method in ("lime", "kernelshap") else [])
-    return all(importlib.util.find_spec(n) is not None for n in needed)
+    return not EXPLAINERS[method].missing()
 
 
 def captum_attribution(
     method: str, budget: int = FORWARD_BUDGET, window: int = 1, mode: str | None = None
 ) -> AttributionFn:
-    """A Captum attribution over the ``d`` features, as an :data:`AttributionFn`.
+    """A Captum attribution over the ``d`` features, as an :data:`AttributionFn`: the explainer ``method``
+    of :data:`sopfast.masking.EXPLAINERS`.
 
     ``"ig"``: Integrated Gradients from the blank input along :func:`soft_forward`, ``budget``
     steps.  ``"lime"`` / ``"kernelshap"``: ``budget`` binary feature masks per example;
@@ -118,50 +111,16 @@ def captum_attribution(
     check_int("window", window, 1)
     if not captum_available(method):
         raise ImportError(f"the {method!r} baseline needs Captum (and scikit-learn): pip install captum scikit-learn")
+    explainer = EXPLAINERS[method]
+    options = {"window": window} if method == "occlusion" else explainer.budget(budget)
 
     def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, _group_mode: str = "exact") -> torch.Tensor:
-        return _captum(method, budget, window, model, inputs, target, mode)
+        extra = dict(options)
+        if method == "ig":  # the interpolated inputs in calls of SOP's chunk size
+            extra["internal_batch_size"] = model.group_chunk_size(model.adapter.num_features(inputs) + 1)
+        return explainer(model.adapter, inputs, target, mode=mode, **extra)
 
     return attribute
-
-
-def _captum(
-    method: str, budget: int, window: int, model: SOP, inputs: FeatureInputs, target: torch.Tensor, mode: str | None
-) -> torch.Tensor:
-    import captum.attr as ca
-
-    if method == "ig":
-        names, tensors = _fields(inputs)
-        ones = torch.ones(inputs.batch_size, model.adapter.num_features(inputs), device=inputs.device)
-
-        def forward(z, *t):
-            return soft_forward(model, FeatureInputs(**dict(zip(names, t))), z)
-
-        with torch.enable_grad():
-            return (
-                ca.IntegratedGradients(forward)
-                .attribute(
-                    ones,
-                    baselines=0.0,
-                    target=target,
-                    additional_forward_args=tensors,
-                    n_steps=budget,
-                    internal_batch_size=model.group_chunk_size(ones.shape[1] + 1),
-                )
-                .detach()
-                .float()
-            )
-    forward = MaskedForward(model.adapter, inputs, mode=mode)
-    common = {"target": target, "additional_forward_args": forward.example_ids}
-    if method == "occlusion":
-        windows = -(-forward.presence.shape[1] // window)
-        occlusion = ca.Occlusion(forward)
-        return occlusion.attribute(
-            forward.presence, sliding_window_shapes=(window,), strides=window, perturbations_per_eval=windows, **common
-        ).float()
-    explainer = ca.Lime(forward) if method == "lime" else ca.KernelShap(forward)
-    with _quiet_surrogate_fit():
-        return explainer.attribute(forward.presence, n_samples=budget, perturbations_per_eval=budget, **common).float()
 
 
 def rise_attribution(
@@ -173,26 +132,9 @@ def rise_attribution(
     check_int("num_masks", num_masks, 1)
 
     def attribute(model: SOP, inputs: FeatureInputs, target: torch.Tensor, _group_mode: str = "exact") -> torch.Tensor:
-        return rise(model.adapter, inputs, target, num_masks=num_masks, keep=keep, cells=cells, mode=mode)
+        return EXPLAINERS["rise"](model.adapter, inputs, target, mode=mode, num_masks=num_masks, keep=keep, cells=cells)
 
     return attribute
-
-
-@contextmanager
-def _quiet_surrogate_fit() -> Iterator[None]:
-    """Without two warnings that say nothing here: scikit-learn's ``ConvergenceWarning`` from LIME's
-    Lasso surrogate (at a budget of a few hundred samples its coordinate descent often stops at
-    ``max_iter``; the attribution is still the fitted coefficients, what Captum returns), and
-    Captum's note that a batch fits one surrogate per example (it does, as intended)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
-        try:
-            from sklearn.exceptions import ConvergenceWarning
-        except ImportError:
-            yield
-            return
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        yield
 
 
 def has_cls_attention(model: SOP) -> bool:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..checks import check_int
+from ..masking.random_groups import random_group_scores
 from ..types import FeatureInputs
 from .attributions import (
     CAPTUM_METHODS,
@@ -127,7 +128,8 @@ class Fresh(ScoreBaseline):
 
 
 class RandomGroups(ScoreBaseline):
-    """``num_groups`` groups of random features (seeded once), combined by SOP's selector
+    """``num_groups`` groups of random features (seeded once; :func:`sopfast.masking.random_group_scores`,
+    whose top-τ sets are :func:`sopfast.masking.random_groups`), combined by SOP's selector
     (``combine="selector"``) or averaged (``"mean"``)."""
 
     def __init__(self, num_groups: int | None = None, seed: int = 0, combine: str = "selector"):
@@ -142,8 +144,7 @@ class RandomGroups(ScoreBaseline):
 
     def scores(self, model: SOP, inputs: FeatureInputs, mode: str = "exact") -> torch.Tensor:
         m = self.num_groups or model.num_groups
-        d = model.adapter.num_features(inputs)
-        return torch.rand(inputs.batch_size, m, d, generator=self.generator).to(inputs.device)
+        return random_group_scores(candidate_mask(model, inputs), m, self.generator).to(inputs.device)
 
 
 # -- fixed groups ---------------------------------------------------------------------------

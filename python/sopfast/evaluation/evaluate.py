@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..adapters.base import check_mode
 from ..checks import check_bool, check_class_ids, check_number
 from ..data.batches import FORMATS, parse_batch
-from ..devices import resolve_device
+from ..devices import module_device, resolve_device
 from ..types import FeatureInputs
 from . import metrics as M
 from .baselines import available_baselines, make_baseline
@@ -299,7 +299,7 @@ def evaluate(
         )
     methods: list[Method] = [SOPMethod(), *_resolve_baselines(baselines)]
     if device is None:
-        device = next(model.parameters()).device
+        device = module_device(model)
     else:
         device = resolve_device(device)
         model.to(device)

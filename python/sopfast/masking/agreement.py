@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -18,12 +19,11 @@ from ..adapters import BackboneAdapter
 from ..adapters.base import check_mode
 from ..checks import check_int, check_tau
 from .captum import MaskedForward
+from .explainers import EXPLAINERS, Explainer
 from .forward import InputsLike, UnfaithfulModeWarning, adapter_of, feature_inputs
-from .rise import rise
 
-#: Explainers by name: Captum's perturbation methods on :class:`MaskedForward`, and :func:`rise`.
-EXPLAINERS = ("kernelshap", "lime", "occlusion", "feature_ablation", "shapley_sampling", "rise")
-Explainer = Callable[[MaskedForward, torch.Tensor], torch.Tensor]
+#: An explainer of your own: ``explainer(forward, target [B]) → [B, d]`` on a :class:`MaskedForward`.
+ExplainerFn = Callable[[MaskedForward, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -65,7 +65,7 @@ def agreement(
     inputs: InputsLike,
     target: torch.Tensor | None = None,
     *,
-    explainer: str | Explainer = "kernelshap",
+    explainer: str | ExplainerFn = "kernelshap",
     modes: tuple[str, str] = ("exact", "drop"),
     samples: int = 200,
     top: float = 0.2,
@@ -77,8 +77,10 @@ def agreement(
         backbone: a backbone sopfast has an adapter for, an :class:`sopfast.SOP` or an adapter.
         inputs: a few examples (images ``[B, C, H, W]`` or a mapping of ``input_ids`` ...).
         target: ``[B]`` classes to explain (default: the backbone's prediction on the full input).
-        explainer: one of :data:`EXPLAINERS` or ``explainer(forward, target) → [B, d]`` on a
-            :class:`MaskedForward` (Captum's methods need ``pip install captum``).
+        explainer: the name of an explainer that runs masked inputs (:data:`sopfast.masking.EXPLAINERS`:
+            ``kernelshap``, ``lime``, ``occlusion``, ``feature_ablation``, ``shapley_sampling``, ``rise``) or
+            ``explainer(forward, target) → [B, d]`` on a :class:`MaskedForward` (Captum's methods need
+            ``pip install captum``).
         modes: the two modes to compare (``exact`` is the backbone's own function).
         samples: perturbations per example: KernelSHAP / LIME samples, RISE masks, ``samples // 10``
             Shapley permutations (occlusion and feature ablation remove one feature at a time).
@@ -92,7 +94,7 @@ def agreement(
         check_mode(adapter, mode)
     check_int("samples", samples, 1)
     check_tau(top, "top")
-    run = explainer if callable(explainer) else _named_explainer(explainer, samples, seed)
+    named = None if callable(explainer) else _masked_explainer(explainer)
     name = explainer if isinstance(explainer, str) else getattr(explainer, "__name__", "explainer")
     batch = feature_inputs(adapter, inputs)
     if target is None:
@@ -103,9 +105,13 @@ def agreement(
         with warnings.catch_warnings():  # the modes are compared on purpose; Captum's note on batches says nothing
             warnings.simplefilter("ignore", UnfaithfulModeWarning)
             warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
+            if named is not None:
+                results[mode] = named(adapter, batch, target, mode=mode, seed=seed, **named.budget(samples))
+                continue
             forward = MaskedForward(adapter, batch, mode=mode)
-            torch.manual_seed(seed)
-            results[mode] = run(forward, target).detach().float()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                results[mode] = cast(ExplainerFn, explainer)(forward, target).detach().float()
     valid = adapter.candidate_mask(batch)
     first, second = (results[m] for m in modes)
     rho = torch.stack([spearman(first[i][valid[i]], second[i][valid[i]]) for i in range(batch.batch_size)])
@@ -113,31 +119,12 @@ def agreement(
     return Agreement(name, modes, top, rho, overlap, results)
 
 
-def _named_explainer(name: str, samples: int, seed: int) -> Explainer:
-    if name not in EXPLAINERS:
-        raise ValueError(f"explainer must be one of {EXPLAINERS} or a callable, got {name!r}")
-    if name == "rise":
-        return lambda forward, target: rise(
-            forward.adapter, forward.inputs, target, num_masks=samples, mode=forward.mode, seed=seed
-        )
-    import captum.attr as ca
-
-    def captum(forward: MaskedForward, target: torch.Tensor) -> torch.Tensor:
-        common = {"target": target, "additional_forward_args": forward.example_ids}
-        if name == "kernelshap":
-            return ca.KernelShap(forward).attribute(forward.presence, n_samples=samples, **common)
-        if name == "lime":
-            return ca.Lime(forward).attribute(forward.presence, n_samples=samples, **common)
-        if name == "shapley_sampling":
-            return ca.ShapleyValueSampling(forward).attribute(
-                forward.presence, n_samples=max(1, samples // 10), perturbations_per_eval=64, **common
-            )
-        method = ca.Occlusion(forward) if name == "occlusion" else ca.FeatureAblation(forward)
-        if name == "occlusion":
-            return method.attribute(forward.presence, sliding_window_shapes=(1,), perturbations_per_eval=64, **common)
-        return method.attribute(forward.presence, perturbations_per_eval=64, **common)
-
-    return captum
+def _masked_explainer(name: object) -> Explainer:
+    """The registered explainer ``name``, one that runs masked inputs (the modes are what it compares)."""
+    masked = tuple(n for n, e in EXPLAINERS.items() if e.masked)
+    if not isinstance(name, str) or name not in masked:
+        raise ValueError(f"explainer must be one of {masked} or a callable, got {name!r}")
+    return EXPLAINERS[name]
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:

@@ -47,10 +47,10 @@ class MaskedForward(nn.Module):
     ):
         super().__init__()
         self.adapter = adapter_of(backbone)
-        self.mode = explainer_mode(self.adapter, mode)
         self.tokens_per_call = check_int("tokens_per_call", tokens_per_call, 1)
         self.probabilities = check_bool("probabilities", probabilities)
         self.inputs = feature_inputs(self.adapter, inputs)
+        self.mode = explainer_mode(self.adapter, mode, self.inputs)
         valid = self.adapter.candidate_mask(self.inputs)
         self.presence = valid.float()
         self.example_ids = (torch.arange(self.inputs.batch_size, device=self.inputs.device),)

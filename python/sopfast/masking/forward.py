@@ -16,19 +16,18 @@ sequences without padding.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..adapters import BackboneAdapter, get_adapter
-from ..adapters.base import check_mode
-from ..checks import check_bool, check_int, check_text_only
+from ..adapters import BackboneAdapter
+from ..adapters.base import InputsLike, check_mode, feature_inputs
+from ..adapters.registry import adapter_of, refuted_drop_claim
+from ..checks import check_bool, check_int
 from ..types import FeatureInputs, Groups
 
-InputsLike = torch.Tensor | Mapping[str, torch.Tensor] | FeatureInputs
 #: Tokens per backbone call: inference keeps no activations, so calls are larger than SOP's training
 #: chunks (4,096 tokens); on 2 CPU cores 16,384 ran a ViT-B layer 1.1–1.25× faster than 4,096.
 MASKED_TOKENS_PER_CALL = 16384
@@ -45,48 +44,23 @@ class MaskedOutputs:
     embeddings: torch.Tensor
 
 
-def adapter_of(backbone: nn.Module | BackboneAdapter) -> BackboneAdapter:
-    """The adapter of ``backbone``: an adapter itself, an object with ``.adapter`` (an
-    :class:`sopfast.SOP`), or a backbone sopfast knows (TypeError otherwise)."""
-    if isinstance(backbone, BackboneAdapter):
-        return backbone
-    adapter = getattr(backbone, "adapter", None)
-    if isinstance(adapter, BackboneAdapter):
-        return adapter
-    if not isinstance(backbone, nn.Module):
-        raise TypeError(
-            f"backbone must be an nn.Module with a sopfast adapter, an SOP model or a BackboneAdapter, "
-            f"got {type(backbone).__name__}"
-        )
-    return get_adapter(backbone)
-
-
-def feature_inputs(adapter: BackboneAdapter, inputs: InputsLike) -> FeatureInputs:
-    """``inputs`` as the adapter's checked :class:`~sopfast.types.FeatureInputs`: an image tensor
-    ``[B, C, H, W]``, a mapping with ``input_ids`` / ``attention_mask`` / ``token_type_ids`` (or
-    ``pixel_values``), or FeatureInputs."""
-    if isinstance(inputs, FeatureInputs):
-        return inputs
-    if isinstance(inputs, torch.Tensor):
-        return adapter.prepare(inputs)
-    if isinstance(inputs, Mapping):
-        x = inputs.get("input_ids", inputs.get("pixel_values", inputs.get("pixels")))
-        if x is None:
-            raise ValueError(f"inputs has none of input_ids, pixel_values: keys {sorted(inputs)}")
-        masks = {k: inputs.get(k) for k in ("attention_mask", "token_type_ids")}
-        check_text_only(adapter.modality, **masks)
-        return adapter.prepare(x, masks["attention_mask"], masks["token_type_ids"])
-    raise TypeError(f"inputs must be a tensor, a mapping of tensors or FeatureInputs, got {type(inputs).__name__}")
-
-
-def explainer_mode(adapter: BackboneAdapter, mode: str | None) -> str:
+def explainer_mode(adapter: BackboneAdapter, mode: str | None, inputs: FeatureInputs | None = None) -> str:
     """``mode`` checked for ``adapter``; ``None`` is the adapter's ``faithful_mode`` (``exact`` for a ViT,
-    ``drop`` for BERT, where it computes the same logits).  A mode that does not compute the backbone's
-    own function (a ViT's ``drop``) warns once per place it is chosen from."""
+    ``drop`` for BERT, where it computes the same logits).  An adapter of your own that claims ``drop``
+    computes the backbone's function has the claim measured on ``inputs`` the first time (once per class;
+    a claim that does not hold warns, and the faithful mode is ``exact``).  A mode that does not compute the
+    backbone's own function (a ViT's ``drop``) warns once per place it is chosen from."""
     if mode is None:
+        refuted = None if inputs is None else refuted_drop_claim(adapter, inputs)
+        if refuted is not None:
+            warnings.warn(
+                f"{type(adapter).__name__}: {refuted.detail}; sopfast.adapters.check(...) says more",
+                UnfaithfulModeWarning,
+                stacklevel=3,
+            )
         return adapter.faithful_mode
     check_mode(adapter, mode)
-    if mode not in adapter.exact_modes:
+    if mode not in adapter.trusted_exact_modes:
         warnings.warn(
             f"mode={mode!r} on {type(adapter).__name__} runs a different function than the backbone (only the kept "
             "tokens attend to each other), so its explanations can differ from the backbone's; measure it on your "
@@ -144,11 +118,11 @@ def masked_forward(
         return_embeddings: also return the final [CLS] / pooled embeddings ``[B, M, H]``.
     """
     adapter = adapter_of(backbone)
-    mode = explainer_mode(adapter, mode)
     check_int("tokens_per_call", tokens_per_call, 1)
     check_bool("allow_empty", allow_empty)
     check_bool("return_embeddings", return_embeddings)
     batch = feature_inputs(adapter, inputs)
+    mode = explainer_mode(adapter, mode, batch)
     masks = check_masks(masks, batch.batch_size, adapter.num_features(batch))
     out = run_mask_sets(adapter, batch, masks, mode, tokens_per_call, allow_empty)
     return out if return_embeddings else out.logits

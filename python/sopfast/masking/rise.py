@@ -53,8 +53,8 @@ def rise(
     M_ij / (num_masks · keep)``.  Masks that keep nothing run as the input with every feature removed.
     """
     adapter = adapter_of(backbone)
-    mode = explainer_mode(adapter, mode)
     batch = feature_inputs(adapter, inputs)
+    mode = explainer_mode(adapter, mode, batch)
     check_int("num_masks", num_masks, 1)
     check_int("cells", cells, 1)
     check_int("seed", seed, 0)

@@ -41,6 +41,7 @@ from torch import nn
 
 from ..adapters.sources import source_folders
 from ..checks import check_bool, check_path
+from ..devices import module_device
 from ..integrity import CHECKSUMS_FROM, check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
 from .recipes import RECIPES
@@ -448,10 +449,6 @@ def check_backbone(
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _device_of(module: nn.Module) -> torch.device:
-    return next((p.device for p in module.parameters()), torch.device("cpu"))
-
-
 @dataclass
 class Pretrained:
     """A pretrained directory, read and checked against the backbone it is to be loaded over:
@@ -494,5 +491,5 @@ def read_pretrained(directory: str | os.PathLike, backbone: nn.Module, *, strict
     upgrade_legacy_state(state, options)
     if "selector.class_queries" in state:
         # The saved queries stand in for a classifier the backbone may not have.
-        options["class_weights"] = state["selector.class_queries"].to(_device_of(backbone))
+        options["class_weights"] = state["selector.class_queries"].to(module_device(backbone))
     return Pretrained(options, state, meta["adapter"], weights_path, dict(meta.get("provenance") or {}))

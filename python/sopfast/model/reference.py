@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..adapters.conformance import masked_inputs
 from ..ops import num_kept
 from ..ops.counts import canonical_for_sort
 from ..ops.sparsemax import sparsemax_reference
@@ -108,28 +109,6 @@ def _binarise(model: SOP, a: torch.Tensor, s: torch.Tensor, valid: torch.Tensor,
     return masks
 
 
-def _masked_inputs(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, grid) -> FeatureInputs:
-    """The ``B·m`` masked inputs, with full-resolution masks for images."""
-    b, m, d = masks.shape
-    if inputs.pixels is not None:
-        full = F.interpolate(masks.float().view(b * m, 1, *grid), size=inputs.pixels.shape[-2:], mode="nearest")
-        pixels = inputs.pixels.unsqueeze(1) * full.view(b, m, 1, *inputs.pixels.shape[-2:])
-        return FeatureInputs(pixels=pixels.flatten(0, 1))
-    attention_mask = inputs.require_attention_mask()
-    token_type_ids = inputs.require_token_type_ids()
-    keep = masks | (attention_mask.bool() & (token_type_ids == 1)).unsqueeze(1)
-    ids = inputs.require_input_ids().unsqueeze(1).expand(b, m, d)
-    # Text adapters (HFBertAdapter) mask a token with their ``pad_token_id``; the protocol does not declare it.
-    pad = getattr(model.adapter, "pad_token_id", None)
-    if not isinstance(pad, int):
-        raise TypeError(f"{type(model.adapter).__name__} has no int pad_token_id, which the text reference needs")
-    return FeatureInputs(
-        input_ids=torch.where(keep, ids, torch.full_like(ids, pad)).flatten(0, 1),
-        attention_mask=(attention_mask.unsqueeze(1) * keep).flatten(0, 1),
-        token_type_ids=token_type_ids.unsqueeze(1).expand(b, m, d).flatten(0, 1),
-    )
-
-
 # options that change the forward pass beyond the authors' algorithm (the others only add training losses)
 BEYOND_THE_PAPER = (
     "normalize_logits",
@@ -182,7 +161,7 @@ def reference_forward(
     a = torch.softmax(s, dim=-1)
     masks = _binarise(model, a, s, valid, tau)
     lam = (a * masks).sum(-1) - (a * ~masks).sum(-1)
-    masked = _masked_inputs(model, inputs, masks, grid)
+    masked = masked_inputs(adapter, inputs, masks)
     outputs = [adapter.full_forward(_rows(masked, slice(s, s + CHUNK))) for s in range(0, b * m, CHUNK)]
     y = torch.cat([o[0] for o in outputs]).view(b, m, -1).float()
     z = torch.cat([o[1] for o in outputs]).view(b, m, -1).float()

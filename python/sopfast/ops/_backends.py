@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from .blur import blur_adjoint_reference, blur_reference
+
 BACKENDS = ("torch", "cpp", "triton", "cuda")
 NAMESPACE = "sopfast"
 
@@ -85,9 +87,11 @@ def triton_kernels() -> ModuleType | None:
     if not (torch.cuda.is_available() or _triton_interpreting()):
         return None
     try:
-        return importlib.import_module("sop_kernels")
+        kernels = importlib.import_module("sop_kernels")
     except ImportError:
         return None
+    kernels.top_tau.use_torch_blur(blur_reference, blur_adjoint_reference)  # sop_kernels imports no sopfast
+    return kernels
 
 
 def available_backends() -> dict[str, bool]:

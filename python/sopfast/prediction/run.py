@@ -25,6 +25,7 @@ from ..checks import check_bool, check_choice, check_int, check_path
 from ..data.batches import check_ground_truth_key, parse_batch
 from ..devices import check_device, resolve_device
 from ..evaluation.registry import feature_ground_truth
+from ..masking.explainers import ExplainerName
 from ..masking.forward import adapter_of
 from ..model.output import SOPOutput
 from ..model.sop import SOP
@@ -106,7 +107,7 @@ def predict(
     batch_size: int = 32,
     num_workers: int | None = None,
     outputs: Sequence[Output] | None = None,
-    explainer: Literal["rise", "kernelshap", "lime", "occlusion"] | None = None,
+    explainer: ExplainerName | None = None,
     explainer_options: dict[str, Any] | None = None,
     attribution_shape: Literal["features", "input"] = "features",
     mode: Literal["exact", "drop"] | None = None,
@@ -135,10 +136,12 @@ def predict(
         num_workers: DataLoader worker processes reading the data (0: this process; default: half
             the CPU cores, at most 4).
         outputs: the optional columns to write (default: all but attributions).
-        explainer: also write this perturbation explainer's attributions of the predicted class,
-            run on sopfast's masked inference, each example alone with the same seed.
-        explainer_options: the explainer's options (rise: num_masks, keep, cells; kernelshap, lime:
-            n_samples, perturbations_per_eval; occlusion: window, perturbations_per_eval).
+        explainer: also write this explainer's attributions of the predicted class (one of
+            :data:`sopfast.masking.EXPLAINERS`), run on sopfast's masked inference, each example alone
+            with the same seed.
+        explainer_options: the explainer's options (rise: num_masks, keep, cells; kernelshap, lime,
+            shapley_sampling: n_samples, perturbations_per_eval; occlusion: window, perturbations_per_eval;
+            feature_ablation: perturbations_per_eval; ig: n_steps, internal_batch_size).
         attribution_shape: attributions per feature (features) or per pixel (input; images).
         mode: group execution of SOP and of the explainer (default: the model's mode for SOP,
             sopfast.masking's default for the explainer).
@@ -237,7 +240,7 @@ def _predict(
     manifest = {
         "format": FORMAT,
         "model": model_fingerprint(run.model, settings),
-        "data": data_fingerprint(dataset, examples),
+        "data": data_fingerprint(dataset),
         "settings": settings,
         "examples": examples,
         "shard_size": shard_size,

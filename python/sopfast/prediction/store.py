@@ -23,7 +23,6 @@ SHA-256, its ids are the recorded ones, and with the examples it skipped they ar
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -35,21 +34,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..integrity import listed, sha256_bytes
+from ..data.identity import data_identity
+from ..integrity import listed, sha256_bytes, state_sha256
 from ..model.state_files import atomic_write, remove_stale_temp_files
 from .loading import ShardPlan, Skipped, read_example
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-FORMAT = "sopfast-predict/1"
+#: The layout and fingerprints of ``predict.json``.  /1 (sopfast 0.5.3 and earlier) hashed with BLAKE2 in a way
+#: of its own, which this version does not recompute: a directory of /1 is refused, saying so.
+FORMAT = "sopfast-predict/2"
 MANIFEST = "predict.json"
 SKIPPED = "skipped.tsv"
 DATA = "data"
 RECORDS = ".records"
 SKIPPED_KEY = b"sopfast.skipped"
-#: Examples hashed into the data fingerprint (first, quartiles, last).
-PROBES = 5
 #: Manifest entries that must match for a run to continue in a directory.
 FINGERPRINT = ("format", "model", "data", "settings", "examples", "shard_size")
 
@@ -57,39 +57,16 @@ logger = logging.getLogger(__name__)
 
 
 def model_fingerprint(model: torch.nn.Module, settings: Mapping[str, Any]) -> str:
-    """A hash of every parameter and buffer of ``model`` (names, dtypes, shapes, values) and ``settings``."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps({"class": type(model).__name__, **settings}, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        _update(digest, name, tensor)
-    return digest.hexdigest()
+    """The SHA-256 (:func:`sopfast.integrity.state_sha256`) of ``model``'s class, ``settings`` and every
+    parameter and buffer (names, dtypes, shapes, values)."""
+    return state_sha256({"class": type(model).__name__, "settings": dict(settings), "state": model.state_dict()})
 
 
-def data_fingerprint(dataset: Any, examples: int) -> str:
-    """A hash of the dataset's length and of :data:`PROBES` examples spread over it (reading all
-    of a large dataset to hash it would cost as much as predicting it)."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{type(dataset).__name__}:{examples}".encode())
-    for index in sorted({(examples - 1) * j // (PROBES - 1) for j in range(PROBES)}):
-        item, error = read_example(dataset, index)
-        _update(digest, str(index), item if error is None else error)
-    return digest.hexdigest()
-
-
-def _update(digest: Any, name: str, value: Any) -> None:
-    digest.update(name.encode())
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().contiguous()
-        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, Mapping):
-        for key in sorted(value, key=str):
-            _update(digest, str(key), value[key])
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _update(digest, str(i), item)
-    else:
-        digest.update(repr(value).encode())
+def data_fingerprint(dataset: Any) -> dict[str, Any]:
+    """The dataset's identity (:func:`sopfast.data.identity.data_identity`): its examples' count and a hash of
+    what names them; a dataset of another kind by :data:`~sopfast.data.identity.PROBES` examples read (all of
+    a large one would cost as much as predicting it)."""
+    return data_identity(dataset, read=lambda index: read_example(dataset, index))
 
 
 def spans(ids: Sequence[int]) -> list[list[int]]:
@@ -148,6 +125,12 @@ class OutputDir:
         files this run does not write in ``data/``, or anything without a manifest."""
         if os.path.exists(self.manifest_path):
             found = self._manifest()
+            if found.get("format") != manifest["format"] and str(found.get("format")).startswith("sopfast-predict/"):
+                raise ValueError(
+                    f"output_dir {self.path} holds predictions of an earlier sopfast ({found['format']}), whose "
+                    f"fingerprints this version ({manifest['format']}) computes otherwise: it cannot tell whether "
+                    "they are this run's. Give a new directory, or delete it to start again"
+                )
             differs = [k for k in FINGERPRINT if found.get(k) != manifest[k]]
             if differs:
                 raise ValueError(

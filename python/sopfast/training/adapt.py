@@ -37,8 +37,9 @@ from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.sources import Backbone, source_folders
 from ..checks import check_bool, check_int, check_number, check_path
 from ..data.batches import parse_batch
-from ..devices import resolve_device
+from ..devices import module_device, resolve_device
 from ..integrity import listed, non_finite
+from ..masking.random_groups import random_groups
 from ..model.checkpoint import hash_backbone
 from ..model.state_files import MODEL_PREFIXES, check_model_folder, write_model_folder
 from ..types import FeatureInputs, Groups
@@ -146,7 +147,7 @@ def adapt_backbone(
         check_path("output_dir", output_dir, directory=True)
         check_model_folder(output_dir, overwrite=overwrite, inputs=source_folders(source, original))
     _check_finite_parameters(original)
-    run_device = resolve_device(device) if device is not None else _device_of(original)
+    run_device = resolve_device(device) if device is not None else module_device(original)
     original = original.to(run_device).eval()
     teacher = get_adapter(original, **adapter_kwargs)
     adapted = copy.deepcopy(original).requires_grad_(True)
@@ -291,13 +292,10 @@ def _training_masks(
     candidates; one share for the whole part where ``mode`` needs groups of one size (a ViT's ``drop``)."""
     low, high = KEEP_RANGE
     candidates = adapter.candidate_mask(inputs).cpu()
-    b, d = candidates.shape
-    size = 1 if mode in adapter.equal_size_modes else b
+    size = 1 if mode in adapter.equal_size_modes else candidates.shape[0]
     keep = torch.rand(size, generator=generator) * (high - low) + low
-    k = (keep * candidates.sum(dim=1)).floor().clamp_min(1)
-    scores = torch.rand(b, d, generator=generator).masked_fill(~candidates, -1.0)
-    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
-    return ((rank < k.view(-1, 1)) & candidates).unsqueeze(1)
+    k = (keep * candidates.sum(dim=1)).floor().clamp_min(1).long()
+    return random_groups(candidates, k, 1, generator)
 
 
 def save_adapted(
@@ -382,11 +380,6 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    parameter = next(iter(model.parameters()), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 __all__ = ["AdaptResult", "adapt_backbone", "save_adapted"]

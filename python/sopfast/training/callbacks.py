@@ -2,7 +2,8 @@
 :class:`TrainerCallback`, override the events you need, pass ``callbacks=[MyCallback()]`` to
 :func:`sopfast.train`.  Each event gets the :class:`~sopfast.training.trainer.Trainer` (set
 ``trainer.should_stop = True`` to stop after the current step; the state is saved) and the event's
-record (a dict, also what ``log.jsonl`` holds for it).
+record (a dict, also what ``log.jsonl`` holds for it).  This module names the trainer's parts a callback
+reads (:class:`TrainerView`) without importing the trainer, which imports it.
 
 The functions of earlier releases, ``fn(trainer, event, record)`` with the events ``"step"``,
 ``"log"``, ``"eval"`` and ``"end"``, still work for this release, with a ``DeprecationWarning``.
@@ -12,13 +13,33 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    import torch
+
+    from ..model.sop import SOP
+    from .config import TrainConfig
+
+
+class TrainerView(Protocol):
+    """What a callback is given: the running :class:`~sopfast.training.trainer.Trainer`, here by the parts
+    callbacks read — the model, the resolved options, the optimizer, the counters, the validation
+    metrics, and ``should_stop``, which a callback sets to stop after the current step."""
+
+    model: SOP
+    config: TrainConfig
+    optimizer: torch.optim.Optimizer
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    best_metric: float | None
+    best_step: int | None
+    should_stop: bool
+
 
 Record = dict[str, Any]
-LegacyCallback = Callable[["Trainer", str, Record], None]
+LegacyCallback = Callable[[TrainerView, str, Record], None]
 #: The trainer's events and the :class:`TrainerCallback` method each calls.
 EVENTS = {
     "begin": "on_train_begin",
@@ -35,23 +56,23 @@ LEGACY_EVENTS = ("step", "log", "eval", "end")
 class TrainerCallback:
     """Override the events you need; every method is a no-op here."""
 
-    def on_train_begin(self, trainer: Trainer, record: Record) -> None:
+    def on_train_begin(self, trainer: TrainerView, record: Record) -> None:
         """Before the first step (after a resume: the restored ``step``), with ``step`` and ``total_steps``."""
 
-    def on_step_end(self, trainer: Trainer, record: Record) -> None:
+    def on_step_end(self, trainer: TrainerView, record: Record) -> None:
         """After every optimizer step, with ``step``, ``epoch`` and ``lr``."""
 
-    def on_log(self, trainer: Trainer, record: Record) -> None:
+    def on_log(self, trainer: TrainerView, record: Record) -> None:
         """After the per-step train records are written, with the last one (``loss``, ``grad_norm``, ``lr``)."""
 
-    def on_evaluate(self, trainer: Trainer, record: Record) -> None:
+    def on_evaluate(self, trainer: TrainerView, record: Record) -> None:
         """After validation, with the ``val_*`` metrics, ``best`` and ``best_step``."""
 
-    def on_save(self, trainer: Trainer, record: Record) -> None:
+    def on_save(self, trainer: TrainerView, record: Record) -> None:
         """After a file is written: ``what`` is ``"state"`` (the training state), ``"best"`` or ``"last"``
         (a checkpoint), ``path`` where."""
 
-    def on_train_end(self, trainer: Trainer, record: Record) -> None:
+    def on_train_end(self, trainer: TrainerView, record: Record) -> None:
         """After the last step, the final evaluation and the last checkpoint, with ``best`` and ``best_step``."""
 
 
@@ -61,16 +82,16 @@ class _Legacy(TrainerCallback):
     def __init__(self, fn: LegacyCallback):
         self.fn = fn
 
-    def on_step_end(self, trainer: Trainer, record: Record) -> None:
+    def on_step_end(self, trainer: TrainerView, record: Record) -> None:
         self.fn(trainer, "step", record)
 
-    def on_log(self, trainer: Trainer, record: Record) -> None:
+    def on_log(self, trainer: TrainerView, record: Record) -> None:
         self.fn(trainer, "log", record)
 
-    def on_evaluate(self, trainer: Trainer, record: Record) -> None:
+    def on_evaluate(self, trainer: TrainerView, record: Record) -> None:
         self.fn(trainer, "eval", record)
 
-    def on_train_end(self, trainer: Trainer, record: Record) -> None:
+    def on_train_end(self, trainer: TrainerView, record: Record) -> None:
         self.fn(trainer, "end", record)
 
 
@@ -102,7 +123,7 @@ def as_callbacks(callbacks: Iterable[TrainerCallback | LegacyCallback] | None) -
     return out
 
 
-def emit(callbacks: Iterable[TrainerCallback], trainer: Trainer, event: str, record: Record) -> None:
+def emit(callbacks: Iterable[TrainerCallback], trainer: TrainerView, event: str, record: Record) -> None:
     """Call each callback's method for ``event`` (a key of :data:`EVENTS`)."""
     method = EVENTS[event]
     for callback in callbacks:

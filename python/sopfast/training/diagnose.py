@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from ..adapters import BackboneAdapter
 from ..checks import check_bool, check_choice, check_class_ids, check_int, check_tau
 from ..data.batches import parse_batch
-from ..devices import resolve_device
+from ..devices import module_device, resolve_device
 from ..integrity import atomic_write_text, non_finite
 from ..masking.forward import adapter_of, run_mask_sets
+from ..masking.random_groups import random_groups
 from ..model.sop import SOP
 from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
@@ -183,7 +184,7 @@ def diagnose(
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_bool("progress", progress)
-    run_device = resolve_device(device) if device is not None else _device_of(adapter)
+    run_device = resolve_device(device) if device is not None else module_device(adapter.backbone)
     if device is not None:
         (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
     generator = torch.Generator().manual_seed(seed)
@@ -206,7 +207,7 @@ def diagnose(
                 truth = check_labels(batch.labels[:n], int(logits.shape[-1]))
             counts = _count(counts, truth)
             full += int((logits.argmax(-1) == truth).sum())
-            masks = random_group_masks(adapter.candidate_mask(inputs), tau, num_groups, generator)
+            masks = random_groups(adapter.candidate_mask(inputs), tau, num_groups, generator)
             for group_mode in adapter.supported_modes:
                 group_logits = run_mask_sets(adapter, inputs, masks.to(run_device), group_mode).logits.float()
                 check_finite(group_logits, adapter, f"its output on random groups in {group_mode} mode")
@@ -332,20 +333,6 @@ _ADAPT = (
 _RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
 
 
-def random_group_masks(
-    candidates: torch.Tensor, tau: float, num_groups: int, generator: torch.Generator
-) -> torch.Tensor:
-    """``[B, m, d]`` bool: ``m`` groups per example, each ``num_kept(tau, candidates)`` of its candidate
-    features (``candidates [B, d]``) drawn uniformly at random with ``generator`` (on the CPU)."""
-    valid = candidates.cpu()
-    b, d = valid.shape
-    table = torch.tensor(num_kept_table(float(tau), d))
-    k = table[valid.sum(dim=1)]
-    scores = torch.rand(b, num_groups, d, generator=generator).masked_fill(~valid.unsqueeze(1), -1.0)
-    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
-    return (rank < k.view(b, 1, 1)) & valid.unsqueeze(1)
-
-
 def informed_group(
     adapter: BackboneAdapter, inputs: FeatureInputs, target: torch.Tensor, tau: float, mode: str
 ) -> torch.Tensor:
@@ -420,8 +407,3 @@ def _batches(data: Any, examples: int, batch_size: int, generator: torch.Generat
     if not isinstance(data, Iterable):
         raise TypeError(f"data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}")
     return data
-
-
-def _device_of(adapter: BackboneAdapter) -> torch.device:
-    parameter = next(iter(adapter.backbone.parameters()), None)
-    return parameter.device if parameter is not None else torch.device("cpu")

@@ -17,6 +17,7 @@ COMMANDS = {
     "evaluate": "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …).",
     "explain": "Write explanation pictures (PNG per image, HTML per text).",
     "predict": "Write every example's prediction, groups and scores (or an explainer's attributions) as Parquet.",
+    "check-adapter": "Check that a backbone's adapter computes what the backbone computes (a line per comparison).",
     "bench": "Reference vs exact vs drop, side by side, on random weights.",
     "convert": "Convert an authors' SOP checkpoint (exlib SOPImageCls) to sopfast's format.",
     "theory": "Lower bounds on per-feature SANN error vs the group construction.",
@@ -24,8 +25,8 @@ COMMANDS = {
 
 
 def load(name: str) -> ModuleType:
-    """The module of subcommand ``name`` (a key of :data:`COMMANDS`)."""
-    return importlib.import_module(f"{__name__}.{name}")
+    """The module of subcommand ``name`` (a key of :data:`COMMANDS`; ``check-adapter``: ``check_adapter``)."""
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
 
 
 __all__ = ["COMMANDS", "load"]
