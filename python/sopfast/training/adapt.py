@@ -63,13 +63,13 @@ class AdaptResult:
         mode, tau = self.after.mode, self.after.tau
         b, a = self.before, self.after
         if isinstance(b, RegressionDiagnosis) and isinstance(a, RegressionDiagnosis):
-            what, full, digits = "MSE", (b.full_mse, a.full_mse), 4
+            what, full, digits = " (MSE)", (b.full_mse, a.full_mse), 4
         elif isinstance(b, Diagnosis) and isinstance(a, Diagnosis):
-            what, full, digits = "accuracy", (b.full_accuracy, a.full_accuracy), 3
+            what, full, digits = "", (b.full_accuracy, a.full_accuracy), 3
         else:
             raise TypeError("before and after must be diagnoses of the same task")
         return [
-            f"whole inputs ({what}): original {full[0]:.{digits}f}, adapted {full[1]:.{digits}f}",
+            f"whole inputs{what}: original {full[0]:.{digits}f}, adapted {full[1]:.{digits}f}",
             f"one random group of tau={tau:g} ({mode}): original {b.random_groups[mode].one_group:.{digits}f}, "
             f"adapted {a.random_groups[mode].one_group:.{digits}f}",
             f"verdict on the adapted backbone: {a.verdict}",
