@@ -42,8 +42,9 @@ def test_sigma_8_scales_the_power_and_omega_m_its_amplitude_shape_and_shift():
 def test_the_maps_follow_the_power_spectrum_and_the_lognormal_skewness():
     sim = Simulator()
     rng = np.random.default_rng(0)
-    low, high = sim.convergence(np.full(64, 0.3), np.full(64, 0.6), rng), sim.convergence(
-        np.full(64, 0.3), np.full(64, 1.2), rng
+    low, high = (
+        sim.convergence(np.full(64, 0.3), np.full(64, 0.6), rng),
+        sim.convergence(np.full(64, 0.3), np.full(64, 1.2), rng),
     )
     ratio = high.var(axis=(1, 2)).mean() / low.var(axis=(1, 2)).mean()
     assert ratio == pytest.approx(4.0, rel=0.15)  # the variance follows C_ℓ ∝ σ_8²
@@ -53,8 +54,9 @@ def test_the_maps_follow_the_power_spectrum_and_the_lognormal_skewness():
         return float(((centred**3).mean(axis=(1, 2)) / maps.std(axis=(1, 2)) ** 3).mean())
 
     # at about the same variance (σ_8² Ω_m^1.5 alike), a smaller shift (low Ω_m) skews the map more
-    lean, dense = sim.convergence(np.full(64, 0.15), np.full(64, 1.2), rng), sim.convergence(
-        np.full(64, 0.45), np.full(64, 0.55), rng
+    lean, dense = (
+        sim.convergence(np.full(64, 0.15), np.full(64, 1.2), rng),
+        sim.convergence(np.full(64, 0.45), np.full(64, 0.55), rng),
     )
     assert lean.var(axis=(1, 2)).mean() / dense.var(axis=(1, 2)).mean() == pytest.approx(1.0, abs=0.1)
     assert skewness(lean) > skewness(dense) + 0.1
@@ -74,6 +76,7 @@ def test_the_builtin_reads_disjoint_roles():
     read = BUILTIN["weak-lensing"].read
     train, text = read("train", 6, None, None, 0.1)
     val, val_text = read("val", 6, None, None, 0.1)
+    assert "validation part of the train split (1000 of 10000), the first 6" in val_text
     test, test_text = read("test", 6, None, None, None)
     assert len(train) == len(val) == len(test) == 6
     x, y = train[0]
