@@ -232,6 +232,28 @@ def test_train_evaluate_predict_on_a_map_folder(tmp_path, capsys):
     assert "does not apply" in capsys.readouterr().err
 
 
+def test_diagnose_adapt_and_unlabelled_maps_from_the_command_line(tmp_path, capsys):
+    folder, _ = _map_folder(tmp_path)
+    backbone = tmp_path / "cnn.pt"
+    torch.save(_cnn(), backbone)
+    given = ["--backbone", str(backbone), "--trust-pickle", "--task", "regression", "--feature-layer", FEATURE_LAYER]
+    given += ["--data", str(folder)]
+    assert main(["diagnose", *given, "--examples", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    assert "MSE against targets" in capsys.readouterr().out
+    adapted = tmp_path / "adapted"
+    assert main(["adapt", *given, "--steps", "2", "--output-dir", str(adapted), "--no-progress"]) == 0
+    assert "whole inputs (MSE)" in capsys.readouterr().err and (adapted / "backbone.pt").exists()
+    (folder / "targets.csv").write_text("file\n" + "".join(f"map_{i:03d}.npy\n" for i in range(12)))
+    assert main(["train", *given, "--output-dir", str(tmp_path / "run"), *FAST]) == 2
+    assert "have no labels" in capsys.readouterr().err
+    model = tmp_path / "sop"
+    sopfast.SOP(_cnn(), num_groups=3, task="regression", feature_layer=FEATURE_LAYER).save_pretrained(model)
+    loaded = ["--checkpoint", str(model), "--backbone", str(backbone), "--trust-pickle", "--data", str(folder)]
+    assert main(["predict", *loaded, "--output-dir", str(tmp_path / "p"), "--no-progress"]) == 0
+    rows = pq.read_table(tmp_path / "p" / "data").to_pydict()
+    assert len(rows["id"]) == 12 and rows["label"] == [None] * 12
+
+
 def test_train_on_the_builtin_weak_lensing_maps(tmp_path, capsys):
     backbone = tmp_path / "cnn.pt"
     torch.save(_cnn(), backbone)

@@ -8,20 +8,20 @@ field κ whose two-point statistics and skewness follow from the cosmological pa
    (Bardeen et al. 1986) of shape ``Γ = Ω_m h``, the growth factor ``D`` of Carroll, Press & Turner
    (1992) in flat ΛCDM, and ``A`` fixed by σ_8 (top hat of 8 Mpc/h).  No non-linear correction.
 2. **Convergence power.** Limber's projection onto one source plane at ``z_s``:
-   ``C_ℓ = (9/4) Ω_m² (H₀/c)⁴ ∫₀^χs dχ (1+z)² ((χs − χ)/χs)² P(ℓ/χ, z)`` — the amplitude grows
-   about as ``σ_8² Ω_m^1.5`` (the S_8 degeneracy), the shape changes with Γ.
+   ``C_ℓ = (9/4) Ω_m² (H₀/c)⁴ ∫₀^χs dχ (1+z)² ((χs − χ)/χs)² P(ℓ/χ, z)`` — it grows as σ_8²
+   and with Ω_m, more at small scales than at large ones (the shape changes with Γ).
 3. **Lognormal field.** ``κ = λ (exp(G − σ_G²/2) − 1)`` with ``G`` Gaussian, whose correlation
    ``ξ_G = ln(1 + ξ_κ/λ²)`` makes κ's correlation ``ξ_κ`` that of ``C_ℓ`` (Hilbert, Hartlap &
    Schneider 2011; Xavier, Abdalla & Joachimi 2016).  The shift ``λ`` is the magnitude of the
    empty-beam convergence ``κ_empty = −(3/2) Ω_m (H₀/c)² ∫ dχ (1+z) χ (χs − χ)/χs`` (the least κ a
    line of sight can have), which grows with Ω_m: at a fixed variance a map of low Ω_m is more
-   skewed — deeper voids relative to its spread, brighter peaks.  This is what separates Ω_m from
-   σ_8 beyond the power spectrum's shape.
+   skewed — a longer bright tail, and a floor at −λ nearer the mean (shallower voids relative to its
+   spread).  So beside the spectrum's shape, the skewness depends on Ω_m at a fixed amplitude.
 4. **Shape noise (optional).** White Gaussian noise of ``σ_e / sqrt(2 n_gal A_pix)`` per pixel.
 
 Maps are drawn on a periodic box at least twice the map's width and cropped (no wrap-around at the edges).
-Parameters are drawn uniformly from :data:`PRIOR`, the Ω_m and σ_8 ranges of CosmoGridV1's grid (which
-samples them unevenly, within a band of S_8; here the box is sampled uniformly).  Maps are seeded in
+Parameters are drawn uniformly from :data:`PRIOR`, a box like CosmoGridV1's (whose own sampling of
+its grid is not reproduced).  Maps are seeded in
 blocks of :data:`BLOCK`: map ``i`` of a seed is the same whatever the number drawn.
 
 Pixels are ``κ / KAPPA_UNIT`` (no offset: the sign of a pixel, which defines a void, is kept);

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..data.weak_lensing import PARAMETERS, LensingMaps, Simulator
 from ..evaluation import metrics as M
+from ..evaluation.baselines import available_baselines
 from ..model.sop import SOP
 from .lensing_cnn import FEATURE_LAYER, LensingCNN, predict, r_squared, train_regressor
 from .run import _train_sop
@@ -188,7 +189,7 @@ def _sop_study(backbone: nn.Module, run: CosmologyRun, suffix: str) -> dict:
         )
         study.setdefault("sop_train_seconds", []).append(seconds)
         start = time.perf_counter()
-        baselines = [b for b in run.baselines if b in _available()] if i == 0 else ["random"]
+        baselines = [b for b in run.baselines if b in available_baselines()] if i == 0 else ["random"]
         runs.append(
             evaluate(
                 model,
@@ -219,12 +220,6 @@ def _sop_study(backbone: nn.Module, run: CosmologyRun, suffix: str) -> dict:
     study["pictures"].append(plot_weights(rq7[0]["weights"], os.path.join(out_dir, f"weights{suffix}.png")))
     study["curves_png"] = plot_curves(study["comparison"], os.path.join(out_dir, f"curves{suffix}.png"), metric="mse")
     return study
-
-
-def _available() -> list[str]:
-    from ..evaluation.baselines import available_baselines
-
-    return available_baselines()
 
 
 @torch.no_grad()

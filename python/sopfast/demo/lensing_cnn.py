@@ -1,13 +1,14 @@
 """The cosmology demo's backbone: a CNN that regresses (Ω_m, σ_8) from a convergence map, trained the
 ordinary way (whole maps, MSE), as a cosmologist's own network would be.
 
-Its layout follows the weak-lensing CNNs the paper cites (Ribli et al. 2019; Matilla et al. 2020):
-convolutions with batch normalisation and leaky ReLU, then blocks of two 3×3 convolutions closed by
-average pooling, channels doubling from block to block, global average pooling and a dense head with
+It is a small CNN of the kind the paper cites for weak lensing (Ribli et al. 2019; Matilla et al.
+2020): convolutions with batch normalisation and leaky ReLU, then blocks of two 3×3 convolutions closed
+by average pooling, channels doubling from block to block, global average pooling and a dense head with
 one output per parameter.  It is smaller than theirs, to train on a CPU in minutes: the first block is
-one 6×6 convolution of stride 3 (66 → 22 pixels; a 3×3 convolution at full resolution and pooling
-cost about 20 times as much on the CPU), then two blocks (16–64 channels).  On a 66×66 map the second
-block's output is an 11×11 grid of 6×6-pixel patches: SOP's features (``feature_layer="block2"``).
+one 6×6 convolution of stride 3 (66 → 22 pixels: fewer operations and far less memory traffic than a
+3×3 convolution at full resolution followed by pooling), then two blocks (32 and 64 channels).  On a
+66×66 map the second block's output is an 11×11 grid of 6×6-pixel patches: SOP's features
+(``feature_layer="block2"``).
 """
 
 from __future__ import annotations
