@@ -79,8 +79,8 @@ def test_diagnose_without_labels_scores_against_the_backbone_and_reads_an_sop_mo
     model = sopfast.SOP(vit, num_groups=4, tau=0.5, mode="exact")
     from_model = sopfast.diagnose(model, _images(4), progress=False)
     assert (from_model.tau, from_model.num_groups, from_model.mode) == (0.5, 4, "exact")
-    regression = sopfast.SOP(vit, num_groups=2, task="regression")
-    with pytest.raises(ValueError, match="classification"):
+    regression = sopfast.SOP(vit, num_groups=2, task="regression")  # measured in MSE: class ids are no targets
+    with pytest.raises(ValueError, match=r"regression targets must be real numbers of shape \[B, 3\]"):
         sopfast.diagnose(regression, _images(4), progress=False)
 
 

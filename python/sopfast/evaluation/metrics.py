@@ -286,10 +286,23 @@ def cosmogrid_purity(
     numbers are this mean of the two rates (the authors' code), which lies in [0, 1].
     ``used [N, C, m]`` (default: every group for one output).
     """
+    void, cluster = cosmogrid_alignment(pixel_masks, maps)
+    return purity_of_alignments(void, cluster, used, tau_v, tau_c, reduction)
+
+
+def purity_of_alignments(
+    void: torch.Tensor,
+    cluster: torch.Tensor,
+    used: torch.Tensor | None = None,
+    tau_v: float = 0.6,
+    tau_c: float = 0.015,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """:func:`cosmogrid_purity` from the alignments ``void, cluster [N, m]`` (:func:`cosmogrid_alignment`),
+    so that several thresholds score the same groups; NaN for an example whose outputs use no group."""
     for name, value in (("tau_v", tau_v), ("tau_c", tau_c)):
         if not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"{name} must lie in [0, 1], got {value}")
-    void, cluster = cosmogrid_alignment(pixel_masks, maps)
     n, m = void.shape
     if used is None:
         used = torch.ones(n, 1, m, dtype=torch.bool, device=void.device)
@@ -302,6 +315,36 @@ def cosmogrid_purity(
     per_example = (per_output * has_group).sum(dim=-1) / has_group.sum(dim=-1).clamp_min(1)
     per_example = torch.where(has_group.any(dim=-1), per_example, torch.full_like(per_example, float("nan")))
     return reduce(per_example, reduction)
+
+
+def merged_group_weights(masks: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``[N, C, m]``: the selector weights ``scores [N, C, m]`` with the weights of identical groups (``masks
+    [N, m, d]``, the same features) summed onto the first of them, the others 0 — one weight per distinct group."""
+    check_rank("masks", masks, 3, "[N, m, d]")
+    check_rank("scores", scores, 3, "[N, C, m]")
+    if scores.shape[0] != masks.shape[0] or scores.shape[2] != masks.shape[1]:
+        raise ValueError(f"masks [N, m, d] and scores [N, C, m] disagree: {tuple(masks.shape)}, {tuple(scores.shape)}")
+    same = (masks.unsqueeze(2) == masks.unsqueeze(1)).all(dim=-1)  # [N, m, m]
+    first = same.int().argmax(dim=-1)  # the first identical group (a group is identical to itself)
+    index = first.unsqueeze(1).expand(-1, scores.shape[1], -1)
+    return torch.zeros_like(scores, dtype=torch.float32).scatter_add_(-1, index, scores.float())
+
+
+def structure_weights(
+    void: torch.Tensor, cluster: torch.Tensor, weights: torch.Tensor, tau_v: float = 0.6, tau_c: float = 0.015
+) -> dict[str, list[torch.Tensor]]:
+    """The weights of the used groups that are voids and clusters, output by output (paper RQ7):
+    ``{"void": [w of output 0, …], "cluster": […]}``, each a 1-D tensor of the weights ``> 0`` of groups
+    whose alignment (``void, cluster [N, m]``, :func:`cosmogrid_alignment`) exceeds ``τ_v`` / ``τ_c``;
+    ``weights [N, C, m]`` (:func:`merged_group_weights`)."""
+    check_rank("weights", weights, 3, "[N, C, m]")
+    if void.shape != cluster.shape or void.shape != (weights.shape[0], weights.shape[2]):
+        raise ValueError(f"void and cluster must be [N, m] = {(weights.shape[0], weights.shape[2])}")
+    kinds = {"void": void > tau_v, "cluster": cluster > tau_c}
+    return {
+        kind: [weights[:, c][is_kind & (weights[:, c] > 0)] for c in range(weights.shape[1])]
+        for kind, is_kind in kinds.items()
+    }
 
 
 __all__ = [
@@ -320,14 +363,17 @@ __all__ = [
     "groups_used",
     "insertion",
     "leakage_probe",
+    "merged_group_weights",
     "mse",
     "mse_curve",
     "object_ratio",
     "object_ratio_by_correctness",
     "pairwise_iou",
     "probability_curve",
+    "purity_of_alignments",
     "relative_auc",
     "sparsity_curve",
+    "structure_weights",
     "task_score",
     "union_coverage",
 ]

@@ -389,7 +389,21 @@ register_metric(
 )
 
 
+#: The paper's purity threshold ablation (appendix, "CosmoGrid Purity Threshold Ablations"): ``(τ_v, τ_c)``,
+#: τ_v varied at τ_c = 0.015, then τ_c at τ_v = 0.6.
+PURITY_THRESHOLDS = (
+    (0.2, 0.015),
+    (0.4, 0.015),
+    (0.6, 0.015),
+    (0.8, 0.015),
+    (0.6, 0.005),
+    (0.6, 0.01),
+    (0.6, 0.02),
+)
+
+
 def _purity(step: Step) -> Values:
+    """Each group's void and cluster alignment (at pixel resolution) and the groups each output uses."""
     inputs = step.inputs
     grid = step.model.adapter.feature_grid(inputs)
     if grid is None:
@@ -398,14 +412,25 @@ def _purity(step: Step) -> Values:
     masks = step.base.group_masks
     b, m, _ = masks.shape
     pixel_masks = upsample_mask(masks.reshape(b * m, *grid), (int(pixels.shape[-2]), int(pixels.shape[-1])))
-    maps = pixels.float().mean(dim=1).flatten(1)
-    purity = M.cosmogrid_purity(
-        pixel_masks.reshape(b, m, -1), maps, step.base.used, step.plan.tau_v, step.plan.tau_c, reduction="none"
-    )
-    return {"purity": purity}
+    void, cluster = M.cosmogrid_alignment(pixel_masks.reshape(b, m, -1), pixels.float().mean(dim=1).flatten(1))
+    return {"purity_void": void, "purity_cluster": cluster, "purity_used": step.base.used}
 
 
-register_metric(Metric("purity", _purity, _mean("purity")))
+def _purity_finalize(kept: dict[str, torch.Tensor], plan: Plan, model: Any) -> dict[str, Any]:
+    """``purity`` at the plan's thresholds and ``purity_thresholds`` ``{"τ_v/τ_c": purity}`` at
+    :data:`PURITY_THRESHOLDS` (means over examples whose outputs use a group)."""
+
+    def purity(tau_v: float, tau_c: float) -> float:
+        values = M.purity_of_alignments(
+            kept["purity_void"], kept["purity_cluster"], kept["purity_used"], tau_v, tau_c, reduction="none"
+        )
+        return float(values.nanmean())
+
+    grid = {f"{v:g}/{c:g}": purity(v, c) for v, c in PURITY_THRESHOLDS}
+    return {"purity": purity(plan.tau_v, plan.tau_c), "purity_thresholds": grid}
+
+
+register_metric(Metric("purity", _purity, _purity_finalize))
 
 
 # -- the groups themselves --------------------------------------------------------------------------

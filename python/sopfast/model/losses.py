@@ -85,31 +85,38 @@ def mean_saliency(model, inputs, levels: Sequence[float]) -> torch.Tensor:
     """``[B, d]``: :func:`feature_saliency` averaged over the presence ``levels`` (one backbone backward
     each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients).  The full-input
     prediction every level differentiates runs once, not once per level."""
-    target = predicted_class(model, inputs)
+    target = full_prediction(model, inputs)
     return torch.stack([feature_saliency(model, inputs, z, target) for z in levels]).mean(dim=0)
 
 
-def predicted_class(model, inputs) -> torch.Tensor:
-    """``[B]`` long: the frozen backbone's prediction on the full ``inputs`` (no gradient)."""
+def full_prediction(model, inputs) -> torch.Tensor:
+    """The frozen backbone on the full ``inputs`` (no gradient): its predicted class ``[B]`` (long), or for a
+    regression model (``model.task == "regression"``) its outputs ``[B, C]``."""
     with torch.no_grad():
-        return model.adapter.full_forward(inputs)[0].argmax(dim=-1)
+        logits = model.adapter.full_forward(inputs)[0]
+    return logits.float() if getattr(model, "task", "classification") == "regression" else logits.argmax(dim=-1)
 
 
 def feature_saliency(model, inputs, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
-    """``[B, d]``: how much each feature raises the frozen backbone's logit for its own full-input
-    prediction, ``∂f_ŷ/∂z_j`` at a uniform feature presence ``z = level`` (the adapter's ``soft_forward``:
-    pixels scaled by ``z``, or token embeddings blended with [PAD]).  One forward and one backward
-    of the backbone; no gradient flows back.  With ``level = τ`` it ranks features about as well as
-    Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost of gradient × input.
-    ``target [B]``: the class ids to differentiate (default :func:`predicted_class`, one more forward).
+    """``[B, d]``: how much each feature moves the frozen backbone towards its own full-input prediction,
+    at a uniform feature presence ``z = level`` (the adapter's ``soft_forward``: pixels scaled by ``z``, or
+    token embeddings blended with [PAD]): ``∂f_ŷ/∂z_j``, the gradient of the logit of the predicted class,
+    or for regression ``−∂/∂z_j ½‖f(z) − f(1)‖²``, of the outputs' closeness to the full-input outputs.
+    One forward and one backward of the backbone; no gradient flows back.  With ``level = τ`` it ranks
+    features about as well as Integrated Gradients on the demo backbone (``docs/quality.md``) at the cost
+    of gradient × input.  ``target``: :func:`full_prediction` (default: computed, one more forward).
     """
     adapter = model.adapter
-    target = predicted_class(model, inputs) if target is None else target
+    target = full_prediction(model, inputs) if target is None else target
     z = torch.full((inputs.batch_size, adapter.num_features(inputs)), float(level), device=inputs.device)
     z.requires_grad_(True)
     with torch.enable_grad():
         logits = adapter.soft_forward(inputs, z).float()
-        (grad,) = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), z)
+        if target.is_floating_point():
+            objective = -0.5 * (logits - target).pow(2).sum()
+        else:
+            objective = logits.gather(1, target.view(-1, 1)).sum()
+        (grad,) = torch.autograd.grad(objective, z)
     return grad.detach()
 
 

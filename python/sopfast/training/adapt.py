@@ -5,7 +5,8 @@ whole inputs may predict little from them (:func:`sopfast.diagnose` measures it)
 little.  :func:`adapt_backbone` fine-tunes a *copy* under random feature masking (in each mode the
 backbone supports: masked features removed as ``exact`` removes them, and only the kept tokens run as in
 ``drop``), with the original's full-input prediction as a teacher beside the labels, so that the copy
-still predicts as the original does on whole inputs.  It reports both backbones' accuracy, on whole
+still predicts as the original does on whole inputs (a regression backbone, ``task="regression"``: the
+MSE to the targets and to the original's outputs).  It reports both backbones' accuracy, on whole
 inputs and on random groups, and saves the copy as a separate backbone that records where it came from.
 It changes the model SOP explains: the explanations are of the adapted copy, never of the original.
 
@@ -35,16 +36,18 @@ from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.sources import Backbone, source_folders
-from ..checks import check_bool, check_int, check_number, check_path
+from ..checks import check_bool, check_choice, check_int, check_number, check_path
 from ..data.batches import parse_batch
 from ..devices import module_device, resolve_device
 from ..integrity import listed, non_finite
 from ..masking.random_groups import random_groups
 from ..model.checkpoint import hash_backbone
+from ..model.sop import TASKS
 from ..model.state_files import MODEL_PREFIXES, check_model_folder, write_model_folder
 from ..types import FeatureInputs, Groups
 from ..version import __version__
 from .diagnose import Diagnosis, diagnose
+from .regression_diagnosis import RegressionDiagnosis
 
 PROVENANCE_NAME = "sopfast_adaptation.json"
 #: The share of the features a masked training input keeps is drawn uniformly from this range.
@@ -60,18 +63,24 @@ class AdaptResult:
     random groups) and the provenance saved beside it (``output_dir``, when one was given)."""
 
     backbone: nn.Module
-    before: Diagnosis
-    after: Diagnosis
+    before: Diagnosis | RegressionDiagnosis
+    after: Diagnosis | RegressionDiagnosis
     provenance: dict[str, Any] = field(default_factory=dict)
     output_dir: str | None = None
 
     def lines(self) -> list[str]:
         mode, tau = self.after.mode, self.after.tau
         b, a = self.before, self.after
+        if isinstance(b, RegressionDiagnosis) and isinstance(a, RegressionDiagnosis):
+            what, full, digits = " (MSE)", (b.full_mse, a.full_mse), 4
+        elif isinstance(b, Diagnosis) and isinstance(a, Diagnosis):
+            what, full, digits = "", (b.full_accuracy, a.full_accuracy), 3
+        else:
+            raise TypeError("before and after must be diagnoses of the same task")
         return [
-            f"whole inputs: original {b.full_accuracy:.3f}, adapted {a.full_accuracy:.3f}",
-            f"one random group of tau={tau:g} ({mode}): original {b.random_groups[mode].one_group:.3f}, "
-            f"adapted {a.random_groups[mode].one_group:.3f}",
+            f"whole inputs{what}: original {full[0]:.{digits}f}, adapted {full[1]:.{digits}f}",
+            f"one random group of tau={tau:g} ({mode}): original {b.random_groups[mode].one_group:.{digits}f}, "
+            f"adapted {a.random_groups[mode].one_group:.{digits}f}",
             f"verdict on the adapted backbone: {a.verdict}",
         ]
 
@@ -96,6 +105,7 @@ def adapt_backbone(
     output_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    task: str = "classification",
     **adapter_kwargs: Any,
 ) -> AdaptResult:
     """Fine-tune a copy of ``backbone`` to predict from random groups of its features.
@@ -127,6 +137,7 @@ def adapt_backbone(
             new folder (checked before training), never the backbone's own.
         overwrite: replace the model ``output_dir`` holds (another one, or an earlier adaptation).
         progress: progress bars.
+        task: ``"classification"`` or ``"regression"`` (the backbone's outputs are regressed values).
         **adapter_kwargs: the adapter's options (``feature_layer`` for CNNs).
     """
     source = backbone.describe() if isinstance(backbone, Backbone) else None
@@ -142,6 +153,7 @@ def adapt_backbone(
         raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
     check_int("seed", seed, 0)
     check_bool("progress", progress)
+    check_choice("task", task, TASKS)
     check_bool("overwrite", overwrite)
     if output_dir is not None:
         check_path("output_dir", output_dir, directory=True)
@@ -159,6 +171,7 @@ def adapt_backbone(
         "seed": seed,
         "device": run_device,
         "progress": progress,
+        "task": task,
     }
     before = diagnose(teacher, val_data, **diagnostics)
     loader = _batches(train_data, batch_size, seed)
@@ -173,12 +186,13 @@ def adapt_backbone(
     bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
     for step, raw in zip(range(total), _cycle(loader)):
         batch = parse_batch(raw).to(run_device)
-        if label_weight > 0 and (batch.labels is None or batch.labels.dim() != 1):
+        if label_weight > 0 and (batch.labels is None or (batch.labels.dim() == 1) != (task == "classification")):
+            what = "class labels" if task == "classification" else "regression targets [B, C]"
             raise ValueError(
-                "adapt_backbone needs class labels in every batch ((x, y) pairs or 'labels'), or label_weight=0"
+                f"adapt_backbone needs {what} in every batch ((x, y) pairs or 'labels'), or label_weight=0"
             )
         inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
-        loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
+        loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator, task)
         value = float(loss.detach())
         if not math.isfinite(value):
             raise ValueError(_non_finite_loss(value, step + 1, lr, adapted, teacher, inputs))
@@ -199,6 +213,7 @@ def adapt_backbone(
         "teacher_weight": teacher_weight,
         "label_weight": label_weight,
         "seed": seed,
+        "task": task,
     }
     provenance = {
         "adapted_from": source or {"spec": getattr(original, "name_or_path", None) or type(original).__name__},
@@ -258,9 +273,10 @@ def _loss(
     labels: torch.Tensor | None,
     weights: tuple[float, float],
     generator: torch.Generator,
+    task: str = "classification",
 ) -> torch.Tensor:
-    """Cross-entropy with ``labels`` and KL to the teacher (``weights``) over the batch cut in parts: one
-    per supported mode with random groups, one whole."""
+    """Cross-entropy with ``labels`` and KL to the teacher (``weights``; regression: the MSE to both) over
+    the batch cut in parts: one per supported mode with random groups, one whole."""
     modes = list(student.supported_modes)
     parts = torch.arange(inputs.batch_size).tensor_split(len(modes) + 1)
     device = inputs.device
@@ -275,6 +291,14 @@ def _loss(
     predicted = torch.cat(logits).float()
     label_weight, teacher_weight = weights
     loss = predicted.new_zeros(())
+    if task == "regression":
+        if label_weight > 0 and labels is not None:
+            loss = loss + label_weight * F.mse_loss(predicted, labels.float()[order])
+        if teacher_weight > 0:
+            with torch.no_grad():
+                target = teacher.full_forward(inputs)[0].float()[order]
+            loss = loss + teacher_weight * F.mse_loss(predicted, target)
+        return loss
     if label_weight > 0 and labels is not None:
         loss = loss + label_weight * F.cross_entropy(predicted, labels.long()[order])
     if teacher_weight > 0:

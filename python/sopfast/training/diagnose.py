@@ -9,6 +9,10 @@ model's size in each mode, and says in plain words what that means for SOP and w
 
     report = sopfast.diagnose(backbone, val_data, tau=0.2)
     print(report)           # the table and the verdict; report.to_dict() for files
+
+A regression model (``SOP(task="regression")``, or ``task="regression"``) is measured in mean squared
+error instead (:class:`sopfast.training.regression_diagnosis.RegressionDiagnosis`): always predicting the
+examples' mean target, the full input, and random groups.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import torch
 from torch import nn
@@ -33,10 +37,13 @@ from ..devices import module_device, resolve_device
 from ..integrity import atomic_write_text, non_finite
 from ..masking.forward import adapter_of, run_mask_sets
 from ..masking.random_groups import random_groups
-from ..model.sop import SOP
+from ..model.sop import SOP, TASKS
 from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
 from ..types import FeatureInputs
+
+if TYPE_CHECKING:
+    from .regression_diagnosis import RegressionDiagnosis
 
 DIAGNOSIS_NAME = "diagnosis.json"
 logger = logging.getLogger("sopfast.training")
@@ -127,6 +134,42 @@ class Diagnosis:
         return "\n".join(self.lines())
 
 
+@overload
+def diagnose(
+    backbone: BackboneAdapter,
+    data: Dataset | DataLoader | Iterable,
+    *,
+    tau: float | None = None,
+    num_groups: int | None = None,
+    mode: str | None = None,
+    examples: int = 128,
+    informed_examples: int = 32,
+    batch_size: int = 32,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    task: Literal["classification"] | None = None,
+) -> Diagnosis: ...
+
+
+@overload
+def diagnose(
+    backbone: nn.Module,
+    data: Dataset | DataLoader | Iterable,
+    *,
+    tau: float | None = None,
+    num_groups: int | None = None,
+    mode: str | None = None,
+    examples: int = 128,
+    informed_examples: int = 32,
+    batch_size: int = 32,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    task: str | None = None,
+) -> Diagnosis | RegressionDiagnosis: ...
+
+
 def diagnose(
     backbone: nn.Module | BackboneAdapter | SOP,
     data: Dataset | DataLoader | Iterable,
@@ -140,7 +183,8 @@ def diagnose(
     seed: int = 0,
     device: str | torch.device | None = None,
     progress: bool = True,
-) -> Diagnosis:
+    task: str | None = None,
+) -> Diagnosis | RegressionDiagnosis:
     """Measure the frozen ``backbone`` on ``data``: on the full inputs, and on ``num_groups`` random
     groups of ``tau`` of the features per example in every mode the backbone supports.
 
@@ -164,15 +208,19 @@ def diagnose(
         device: where to run (default: where the backbone is; given, the backbone or model is moved
             there, as :func:`sopfast.adapt_backbone` moves it); one this machine lacks is a ValueError.
         progress: show a progress bar.
+        task: ``"classification"`` (accuracy) or ``"regression"`` (MSE, a ``RegressionDiagnosis``);
+            default: the SOP model's task, else classification.
 
-    ``chance`` is the share of the measured examples in their most common class.  A backbone whose
+    ``chance`` is the share of the measured examples in their most common class.  For a regression
+    :class:`sopfast.SOP` the report is a :class:`RegressionDiagnosis` (MSE against the targets ``[B, C]``,
+    else against the backbone's full-input predictions; no informed group).  A backbone whose
     outputs are not finite is a ValueError naming its first non-finite parameter or buffer, else the
     output (non-finite inputs are refused by the adapter): accuracies over NaN logits mean nothing.
     """
     adapter = adapter_of(backbone)
     sop = backbone if isinstance(backbone, SOP) else None
-    if sop is not None and sop.task != "classification":
-        raise ValueError("diagnose measures accuracy: it needs a classification model, got task='regression'")
+    default_task = sop.task if sop is not None else "classification"
+    chosen_task = check_choice("task", task if task is not None else default_task, TASKS)
     tau = check_tau(tau if tau is not None else (sop.tau if sop is not None else 0.2))
     num_groups = check_int(
         "num_groups", num_groups if num_groups is not None else (sop.num_groups if sop is not None else 20), 1
@@ -188,6 +236,13 @@ def diagnose(
     if device is not None:
         (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
     generator = torch.Generator().manual_seed(seed)
+    if chosen_task == "regression":
+        from .regression_diagnosis import diagnose_regression
+
+        batches = _batches(data, examples, batch_size, generator)
+        return diagnose_regression(
+            adapter, batches, tau, num_groups, chosen_mode, examples, generator, run_device, progress
+        )
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}
     full = seen = informed = informed_seen = 0
     counts = torch.zeros(0, dtype=torch.long)  # examples per class of the truth measured against
