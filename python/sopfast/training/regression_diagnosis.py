@@ -15,8 +15,10 @@ from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter
 from ..data.batches import parse_batch
+from ..integrity import atomic_write_text
 from ..masking.forward import run_mask_sets
-from .diagnose import BLIND, ROBUST, check_finite, random_group_masks
+from ..masking.random_groups import random_groups
+from .diagnose import BLIND, ROBUST, check_finite
 
 
 @dataclass
@@ -79,9 +81,8 @@ class RegressionDiagnosis:
         return "\n".join(self.lines())
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` as JSON."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
+        """Write :meth:`to_dict` as JSON, all-or-nothing (:func:`sopfast.integrity.atomic_write_text`)."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2))
 
 
 def diagnose_regression(
@@ -111,7 +112,7 @@ def diagnose_regression(
                 used_labels, truth = False, full
             else:
                 truth = check_targets(batch.labels[:n], int(full.shape[-1]))
-            masks = random_group_masks(adapter.candidate_mask(inputs), tau, num_groups, generator).to(device)
+            masks = random_groups(adapter.candidate_mask(inputs), tau, num_groups, generator).to(device)
             for group_mode in adapter.supported_modes:
                 logits = run_mask_sets(adapter, inputs, masks, group_mode).logits.float()
                 check_finite(logits, adapter, f"its output on random groups in {group_mode} mode")
