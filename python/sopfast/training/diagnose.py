@@ -34,22 +34,20 @@ from ..adapters import BackboneAdapter
 from ..checks import check_bool, check_choice, check_class_ids, check_int, check_tau
 from ..data.batches import parse_batch
 from ..devices import module_device, resolve_device
-from ..integrity import atomic_write_text, non_finite
+from ..integrity import atomic_write_text
 from ..masking.forward import adapter_of, run_mask_sets
 from ..masking.random_groups import random_groups
 from ..model.sop import SOP, TASKS
 from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
 from ..types import FeatureInputs
+from .verdicts import BLIND, ROBUST, check_finite
 
 if TYPE_CHECKING:
     from .regression_diagnosis import RegressionDiagnosis
 
 DIAGNOSIS_NAME = "diagnosis.json"
 logger = logging.getLogger("sopfast.training")
-#: Share of the backbone's accuracy above chance kept on one random group, at or above which SOP has room
-#: to learn groups better than random ones, and below which it learns little.
-ROBUST, BLIND = 0.5, 0.2
 
 
 @dataclass
@@ -420,21 +418,6 @@ def check_labels(labels: torch.Tensor, classes: int) -> torch.Tensor:
         )
     check_class_ids("data: labels", labels.cpu(), classes, "classes of the backbone")  # on the host: an error
     return labels.long()
-
-
-def check_finite(values: torch.Tensor, adapter: BackboneAdapter, what: str) -> None:
-    """A ValueError when ``values`` (the backbone's logits) hold NaN or ±Inf, naming why: the first
-    non-finite parameter or buffer of the backbone, else ``what`` (the adapters refuse non-finite inputs)."""
-    if bool(torch.isfinite(values).all()):
-        return
-    backbone = adapter.backbone
-    weights = non_finite({**dict(backbone.named_parameters()), **dict(backbone.named_buffers())})
-    if weights:
-        more = f" ({len(weights) - 1} more)" if weights[1:] else ""
-        cause = f"its parameter {weights[0]!r} holds NaN or Inf{more}"
-    else:
-        cause = f"{what} holds NaN or Inf"
-    raise ValueError(f"diagnose: the backbone's outputs are not finite: {cause}; accuracies over them mean nothing")
 
 
 def _count(counts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from ..data.batches import parse_batch
 from ..integrity import atomic_write_text
 from ..masking.forward import run_mask_sets
 from ..masking.random_groups import random_groups
-from .diagnose import BLIND, ROBUST, check_finite
+from .verdicts import BLIND, ROBUST, check_finite
 
 
 @dataclass
