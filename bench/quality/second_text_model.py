@@ -187,7 +187,7 @@ def _header(quick: bool, size: RobertaSize, n_train: int, accuracy: float, secon
 
 def main(argv: list[str] | None = None) -> dict:
     from sopfast.demo.report import format_results
-    from sopfast.demo.text import _backbone_text_accuracy, text_splits, text_study
+    from sopfast.demo.text import TEXT_SCALES, _backbone_text_accuracy, text_splits, text_study
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few texts, one seed")
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
         return check
     accuracy = _backbone_text_accuracy(backbone, test_set, device)
     print(f"RoBERTa backbone: test accuracy {accuracy:.3f} on {len(test_set)} tweets, trained in {seconds:.0f} s")
-    results = text_study(backbone, train_set, test_set, out_dir, args.quick, device, [0] if args.quick else [0, 1])
+    scale = TEXT_SCALES["quick" if args.quick else "full"]
+    results = text_study(backbone, train_set, test_set, out_dir, scale, device, [0] if args.quick else [0, 1])
     results["backbone"] = {
         "architecture": "RobertaForSequenceClassification",
         "size": size.__dict__,

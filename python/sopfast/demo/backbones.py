@@ -4,11 +4,64 @@ predict from groups of its patches."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import testing
+from ..integrity import sha256_bytes
+from ..model.checkpoint import hash_backbone
+from ..model.state_files import write_model_folder
+from ..version import __version__
+
+logger = logging.getLogger("sopfast.demo")
+#: What a cached backbone's folder records besides the model: its settings and its weights' SHA-256.
+CACHE_RECORD = "sopfast_demo_backbone.json"
+
+
+def cache_root() -> Path:
+    """Where the demo keeps what it trained for a later run: ``$SOPFAST_CACHE``, else ``~/.cache/sopfast``."""
+    return Path(os.environ.get("SOPFAST_CACHE") or Path.home() / ".cache" / "sopfast")
+
+
+def cached_backbone(name: str, settings: dict[str, Any], make: Callable[[], nn.Module]) -> nn.Module:
+    """The Hugging Face classifier ``make()`` trains, kept in ``<cache_root()>/demo/<name>-<key>`` (``key``:
+    a hash of ``settings`` and the versions of sopfast, torch and transformers) so that a later run with the
+    same settings loads it instead of training it again.  The folder records the weights' SHA-256; a copy
+    that does not match it (damaged, edited) is trained again, with a warning."""
+    import transformers
+
+    record = {**settings, "sopfast": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    key = sha256_bytes(json.dumps(record, sort_keys=True).encode())[:16]
+    folder = cache_root() / "demo" / f"{name}-{key}"
+    saved = folder / CACHE_RECORD
+    if saved.is_file():
+        try:
+            expected = json.loads(saved.read_text(encoding="utf-8"))["sha256"]
+            model = transformers.AutoModelForImageClassification.from_pretrained(folder).eval()
+            if hash_backbone(model) == expected:
+                logger.info("demo: backbone loaded from %s (an earlier run trained it; delete to retrain)", folder)
+                return model
+            reason = "its weights do not match the SHA-256 it recorded"
+        except (OSError, ValueError, KeyError) as err:
+            reason = f"it cannot be read ({err})"
+        logger.warning("demo: the cached backbone in %s is not used: %s; training it again", folder, reason)
+    model = make()
+
+    def write(target: Path) -> None:
+        model.save_pretrained(target)
+        text = json.dumps({**record, "sha256": hash_backbone(model)}, indent=2)
+        (target / CACHE_RECORD).write_text(text, encoding="utf-8")
+
+    write_model_folder(folder, write, overwrite=folder.exists(), name="the demo's backbone cache")
+    return model
 
 
 def small_vit(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,9 +35,32 @@ TEXT_METRICS = ("accuracy", "diversity", "curves")
 CURVE_TEXTS = 200
 #: The paper's curves on text: group counts m at each inference τ.
 TEXT_CURVE_COUNTS = (1, 3, 8)
-#: SOP's training tweets and epochs in the text demo (batch 16).
+#: SOP's training tweets and epochs in the full text demo (batch 16).
 TEXT_SOP_TEXTS = 3000
 TEXT_EPOCHS = 2
+
+
+@dataclass(frozen=True)
+class TextScale:
+    """How much of the text study one run does: the test texts compared (fidelity, insertion and deletion
+    on the first ``curve``), SOP's training texts and epochs, the baselines and the default number of seeds."""
+
+    compare: int
+    curve: int
+    sop_texts: int
+    epochs: int
+    baselines: str | tuple[str, ...]
+    seeds: int
+
+
+TEXT_SCALES = {
+    # ``sopfast demo --task text``: one seed, one epoch, random groups and two -F baselines
+    "default": TextScale(200, 50, TEXT_SOP_TEXTS, 1, ("random", "ig-f", "occlusion-f"), 1),
+    # ``--full``: the committed study (bench/quality/demo_text.md), every baseline
+    "full": TextScale(COMPARE_TEXTS, CURVE_TEXTS, TEXT_SOP_TEXTS, TEXT_EPOCHS, "all", 2),
+    # ``--quick``: the full study's every path on small data (CI)
+    "quick": TextScale(24, 8, 96, 1, "all", 2),
+}
 
 
 def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: int):
@@ -115,14 +139,16 @@ def text_parts(compared: TextDataset, n_curve: int) -> dict[str, tuple]:
     return parts
 
 
-def _evaluate_text_seed(model: SOP, parts: dict[str, tuple], device: torch.device, first: bool) -> dict:
-    """SOP and random groups (each seed), every other baseline (the first seed only) on each part of the
+def _evaluate_text_seed(
+    model: SOP, parts: dict[str, tuple], device: torch.device, first: bool, baselines: str | tuple
+) -> dict:
+    """SOP and random groups (each seed), the other ``baselines`` (the first seed only) on each part of the
     test texts (``{name: (loader, curve loader)}``): accuracy, curves and groups on the loader, fidelity,
     insertion and deletion on the curve loader; ``{part: results}`` plus ``"all"``, the parts combined."""
     from ..evaluation.evaluate import evaluate
     from ..evaluation.parts import combine_parts
 
-    baselines = "all" if first else ("random",)
+    baselines = baselines if first else ("random",)
     options: dict[str, Any] = {
         "baselines": baselines,
         "device": device,
@@ -148,12 +174,15 @@ def _joined(main: dict, curves: dict) -> dict:
     return main
 
 
-def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, seeds: int = 2) -> dict:
-    """The text demo; returns the results dict (also written to ``<out>/results.json``): the frozen MiniLM
-    classifier (:func:`_text_backbone`) and :func:`text_study` on it."""
+def run_text_demo(out_dir: str, scale: str, device: torch.device, seed: int, seeds: int | None = None) -> dict:
+    """The text demo at ``scale`` (a key of :data:`TEXT_SCALES`); returns the results dict (also written to
+    ``<out>/results.json``): the frozen MiniLM classifier (:func:`_text_backbone`) and :func:`text_study` on it."""
+    quick, size = scale == "quick", TEXT_SCALES[scale]
+    print("[1/3] the backbone: MiniLM (frozen) with a classifier head trained on tweets", flush=True)
     train_set, test_set = text_splits(quick, seed)
     backbone = _text_backbone(train_set, device, quick, seed)
-    results = text_study(backbone, train_set, test_set, out_dir, quick, device, list(range(seed, seed + seeds)))
+    runs = list(range(seed, seed + (seeds or size.seeds)))
+    results = text_study(backbone, train_set, test_set, out_dir, size, device, runs)
     save_demo_backbone(out_dir, backbone, train_set.tokenizer)
     return results
 
@@ -163,12 +192,12 @@ def text_study(
     train_set: TextDataset,
     test_set: TextDataset,
     out_dir: str,
-    quick: bool,
+    scale: TextScale,
     device: torch.device,
     seeds: list[int],
 ) -> dict:
     """SOP (the default recipe, 8 groups, τ = 0.2, drop) trained on a text classifier with each of ``seeds``
-    and compared with the baselines on the first ``COMPARE_TEXTS`` of ``test_set``, all lengths
+    and compared with ``scale``'s baselines on its first ``scale.compare`` texts of ``test_set``, all lengths
     (``"comparison"``) and those of at least ``LONG_TEXT`` tokens (``"long"``), each the mean ± spread
     over the seeds; the first seed's model in ``<out>/sop`` and its pages in ``<out>/explanations``."""
     from ..evaluation.plots import plot_curves
@@ -176,8 +205,8 @@ def text_study(
     from ..model.checkpoint import save_pretrained
     from ..training.diagnose import diagnose
 
-    compared = test_set.subset(torch.arange(min(len(test_set), 24 if quick else COMPARE_TEXTS)))
-    parts = text_parts(compared, 8 if quick else CURVE_TEXTS)
+    compared = test_set.subset(torch.arange(min(len(test_set), scale.compare)))
+    parts = text_parts(compared, scale.curve)
     share = float(compared.labels.float().mean())
     results: dict = {
         "dataset": "tweets",
@@ -188,7 +217,7 @@ def text_study(
         "long_text": LONG_TEXT,
     }
     test_batches = parsed_batches(test_set, device)
-    sop_train = train_set.subset(torch.arange(min(96 if quick else TEXT_SOP_TEXTS, len(train_set))))
+    sop_train = train_set.subset(torch.arange(min(scale.sop_texts, len(train_set))))
     runs, models = [], []
     for i, run_seed in enumerate(seeds):
         torch.manual_seed(run_seed)
@@ -198,10 +227,12 @@ def text_study(
             results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
             results["untrained_accuracy"] = sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
-        seconds = train_sop(model, sop_train, run_dir, device, run_seed, 1 if quick else TEXT_EPOCHS, batch_size=16)
+        print(f"[2/3] training SOP (seed {run_seed}: {scale.epochs} epoch(s) of {len(sop_train)} tweets)", flush=True)
+        seconds = train_sop(model, sop_train, run_dir, device, run_seed, scale.epochs, batch_size=16)
         results.setdefault("sop_train_seconds", []).append(seconds)
         start = time.perf_counter()
-        runs.append(_evaluate_text_seed(model, parts, device, i == 0))
+        print(f"[3/3] evaluating SOP against {scale.baselines} (seed {run_seed})", flush=True)
+        runs.append(_evaluate_text_seed(model, parts, device, i == 0, scale.baselines))
         results.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
         models.append(model)
     model = models[0]

@@ -16,13 +16,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="image",
         help="which demo (default: image; cosmology: a CNN regressing Ω_m and σ_8 from simulated weak-lensing maps)",
     )
-    p.add_argument("--out", default="sopfast-demo", help="output directory (pictures, checkpoints, results.json)")
-    p.add_argument("--quick", action="store_true", help="a much smaller run (about a minute), for smoke tests")
+    p.add_argument(
+        "--out", default="sopfast-demo", help="output directory (report.md, results.json, pictures, checkpoints)"
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the committed study instead of the default run: 2 SOP seeds, every baseline, longer training "
+        "(image: about an hour on 2 CPU cores; text: about 2 hours)",
+    )
+    size.add_argument(
+        "--quick", action="store_true", help="the full study's every path on small data (a minute or two)"
+    )
     p.add_argument(
         "--seeds",
         type=int_at_least(1),
-        default=2,
-        help="SOP training seeds, reported as mean ± spread (default: 2)",
+        default=None,
+        help="SOP training seeds, reported as mean ± spread (default: 1; --full and --quick: 2)",
+    )
+    p.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="train the image demo's backbone even when an earlier run kept it (in $SOPFAST_CACHE, else "
+        "~/.cache/sopfast)",
     )
 
 
@@ -37,5 +55,7 @@ def run(args: argparse.Namespace) -> int:
         device=device(args.device),
         seed=args.seed,
         seeds=args.seeds,
+        full=args.full,
+        cache=args.cache,
     )
     return 0
