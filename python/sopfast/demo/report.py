@@ -5,6 +5,8 @@ from __future__ import annotations
 
 COMPARISON_COLUMNS = (
     ("accuracy", "accuracy ↑", "{:.3f}"),
+    ("agreement", "agrees with the backbone ↑", "{:.3f}"),
+    ("agreement_kl", "KL from the backbone ↓", "{:.3f}"),
     ("insertion", "insertion ↑", "{:.3f}"),
     ("deletion", "deletion ↓", "{:.3f}"),
     ("distinct_groups", "distinct groups", "{:.1f}"),
@@ -40,7 +42,13 @@ def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | Non
             value = r.get(key, float("nan"))
             if value != value:
                 text = "–"
-            elif spread.get(name, {}).get(key) and key in ("accuracy", "insertion", "deletion", "on_object"):
+            elif spread.get(name, {}).get(key) and key in (
+                "accuracy",
+                "agreement",
+                "insertion",
+                "deletion",
+                "on_object",
+            ):
                 text = format_with_spread(value, spread[name][key])
             else:
                 text = fmt.format(value)

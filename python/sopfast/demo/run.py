@@ -34,10 +34,10 @@ from .report import COMPARISON_COLUMNS, format_results
 # Test images the demo's comparison covers (every baseline runs insertion and deletion on each; the text
 # demo's counts are in ``text.py``). bench/quality/compare.py makes the same table for any count.
 COMPARE_IMAGES = 1000
-COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity", "curves")
+COMPARISON_METRICS = ("accuracy", "agreement", "fidelity", "insertion", "deletion", "diversity", "curves")
 # The image demo scores accuracy, curves, groups and grounding on COMPARE_IMAGES test images, and
 # fidelity, insertion and deletion on the first CURVE_IMAGES of them (ten forwards per image and method).
-IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding")
+IMAGE_METRICS = ("accuracy", "agreement", "bounds", "diversity", "curves", "grounding")
 CURVE_METRICS = ("fidelity", "insertion", "deletion")
 CURVE_IMAGES = 250
 #: Images (from SOP's training images, which the backbone never saw) the diagnostic and the adaptation's

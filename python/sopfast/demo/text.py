@@ -22,7 +22,7 @@ COMPARE_TEXTS = 500
 #: The text comparison also reports the texts of at least this many tokens ([CLS] and [SEP] included).
 LONG_TEXT = 12
 #: Text metrics on every compared text (fidelity, insertion and deletion on the first CURVE_TEXTS).
-TEXT_METRICS = ("accuracy", "diversity", "curves")
+TEXT_METRICS = ("accuracy", "agreement", "bounds", "diversity", "curves")
 CURVE_TEXTS = 200
 #: The paper's curves on text: group counts m at each inference τ.
 TEXT_CURVE_COUNTS = (1, 3, 8)

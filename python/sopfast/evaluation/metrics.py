@@ -329,3 +329,43 @@ __all__ = [
     "task_score",
     "union_coverage",
 ]
+
+
+# -- agreement with the backbone the model explains -------------------------------------------------
+def agreement(logits: torch.Tensor, reference_logits: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Whether the top-1 class of ``logits [B, C]`` is the frozen backbone's on the whole input
+    (``reference_logits [B, C]``): 1/0 per example, or their mean."""
+    same = (logits.argmax(dim=-1) == reference_logits.argmax(dim=-1)).float()
+    return same if reduction == "none" else same.mean()
+
+
+def agreement_kl(logits: torch.Tensor, reference_logits: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """``KL(p_backbone ‖ p_model)`` per example (or the mean): how far the class distribution of ``logits
+    [B, C]`` is from the backbone's on the whole input (``reference_logits [B, C]``); 0 when they are equal."""
+    target = torch.log_softmax(reference_logits.float(), dim=-1)
+    kl = (target.exp() * (target - torch.log_softmax(logits.float(), dim=-1))).sum(dim=-1)
+    return kl if reduction == "none" else kl.mean()
+
+
+def group_bounds(
+    group_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Where a grouped prediction can lose, per example (1/0), from the backbone's logits on each group
+    ``group_logits [B, m, C]`` and on the whole input ``reference_logits [B, C]``:
+
+    * ``generator_bound`` – some group alone makes the backbone predict its full-input class;
+    * ``generator_bound_correct`` – some group alone is predicted correctly (with ``labels [B]``);
+    * ``selector_bound`` – the label-free rule "the first group that agrees with the backbone, else the
+      most confident group" predicts correctly (with ``labels``): what a selector that finds the agreeing
+      group would score with these groups;
+    * ``one_group_agrees`` – the share of the ``m`` groups that alone agree with the backbone.
+    """
+    group_class = group_logits.argmax(dim=-1)
+    agrees = group_class == reference_logits.argmax(dim=-1).unsqueeze(1)
+    out = {"generator_bound": agrees.any(dim=1).float(), "one_group_agrees": agrees.float().mean(dim=1)}
+    if labels is not None:
+        out["generator_bound_correct"] = (group_class == labels.unsqueeze(1)).any(dim=1).float()
+        confident = torch.softmax(group_logits.float(), dim=-1).amax(dim=-1).argmax(dim=1)
+        pick = torch.where(agrees.any(dim=1), agrees.float().argmax(dim=1), confident)
+        out["selector_bound"] = (group_class.gather(1, pick.unsqueeze(1)).squeeze(1) == labels).float()
+    return out

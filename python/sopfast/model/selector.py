@@ -1,11 +1,22 @@
-"""The group selector (docs/method.md, step 9): sparse cross-attention from class queries to group keys."""
+"""The group selector (docs/method.md, step 9): sparse cross-attention from class queries to group keys,
+optionally with an agreement prior (``SOP(agreement_prior=α)``, beyond the paper)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..ops import group_select
+from ..ops import group_select, sparsemax
+from ..ops.group_select import selector_scores
+
+
+def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+    """``[B, m]``: ``log p_i(ŷ)``, the log-probability each group's logits ``[B, m, C]`` give to the class
+    ``ŷ`` the frozen backbone predicts on the whole input (``reference_logits [B, C]``): how well a group
+    alone makes the backbone say what it says on the full input (fp32, no gradient)."""
+    target = reference_logits.detach().argmax(dim=-1)
+    logp = torch.log_softmax(group_logits.detach().float(), dim=-1)
+    return logp.gather(2, target.view(-1, 1, 1).expand(-1, logp.shape[1], 1)).squeeze(2)
 
 
 def check_class_weights(class_weights: object, key_dim: int, num_classes: int | None) -> torch.Tensor:
@@ -43,6 +54,11 @@ class GroupSelector(nn.Module):
             self.query_proj.weight.copy_(torch.eye(hidden))
             self.key_proj.weight.copy_(torch.eye(hidden))
 
-    def forward(self, keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``[B, Cls, m]`` (fp32) from group keys ``[B, m, H]``."""
-        return group_select(self.class_queries, keys, self.query_proj.weight, self.key_proj.weight, self.scale)
+    def forward(self, keys: torch.Tensor, prior: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``[B, Cls, m]`` (fp32) from group keys ``[B, m, H]``; ``prior [B, m]`` (the agreement prior,
+        :func:`agreement_scores` times its weight) is added to every class's score of a group before the
+        sparsemax."""
+        weights = (self.class_queries, keys, self.query_proj.weight, self.key_proj.weight, self.scale)
+        if prior is None:
+            return group_select(*weights)
+        return sparsemax(selector_scores(*weights) + prior.unsqueeze(1), dim=-1)

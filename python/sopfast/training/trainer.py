@@ -452,6 +452,8 @@ class Trainer:
             stopped=self._stopped(),
         )
         logger.info(self._stopped())
+        if self.info.is_main and (verdict := self._against_diagnosis()):
+            logger.warning(verdict)
         self.log.plot()
         self._emit("end", record)
         barrier(self.info)
@@ -464,6 +466,20 @@ class Trainer:
             output_dir,
             stop_reason=self.stopping.reason,
             diagnosis=self.diagnosis,
+        )
+
+    def _against_diagnosis(self) -> str | None:
+        """The best validation accuracy (and agreement with the backbone) against the diagnostic's bar, in
+        words, when SOP stayed below it (``None`` otherwise, or without a diagnostic or validation)."""
+        bar = (self.diagnosis or {}).get("to_beat")
+        if bar is None or self.best_metric is None or self.metric != "accuracy" or self.best_metric >= bar:
+            return None
+        agreement = self.model.provenance.get("validation", {}).get("val_agreement")
+        agrees = "" if agreement is None else f"; at the last evaluation it agreed with the backbone on {agreement:.1%}"
+        return (
+            f"SOP's best validation accuracy {self.best_metric:.3f} stayed below {bar:.3f}, what groups that are "
+            f'not learned reach in the diagnostic{agrees}: train longer, or see docs/training.md ("Before the '
+            'first step: what the backbone allows")'
         )
 
     def _stopped(self) -> str:
