@@ -41,7 +41,8 @@ def _hang_writing(shard: int) -> None:
             return write(self, index, table, skipped)
         import pyarrow.parquet as pq
 
-        temporary = self._temporary(index)
+        path = self.shard_path(index)  # the temporary file atomic_write fills before renaming it
+        temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.0123abcd.tmp")
         pq.write_table(table, temporary)
         os.truncate(temporary, os.path.getsize(temporary) // 2)
         print("hanging", flush=True)

@@ -66,7 +66,8 @@ def test_diagnose_measures_whole_inputs_and_random_groups_in_every_mode(vit):
         assert got.best_of_groups == pytest.approx(float(correct.any(1).float().mean()))
         averaged = logits.softmax(-1).mean(1).argmax(-1) == y
         assert got.mean_of_groups == pytest.approx(float(averaged.float().mean()))
-    assert report.chance == pytest.approx(1 / 3) and report.labels == "labels"
+    assert report.chance == pytest.approx(float(torch.bincount(y).max()) / 10)  # the most common class's share
+    assert report.labels == "labels"
     text = str(report)
     assert "full input" in text and "verdict:" in text and "SOP's should beat it" in text
 

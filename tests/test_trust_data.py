@@ -31,7 +31,7 @@ def ids(labels, prep, class_names=None, label_map=None) -> list[int]:
         (
             ["cat", "dog", "Owl"],
             NAMED,
-            r"labels \['Owl'\] are not classes .*differently spelt: 'Owl' \(the backbone has 'owl'\)",
+            r"labels \['Owl'\] are not classes .*did you mean: 'Owl' → 'owl'\?",
         ),
         (["cat", "dog", "owl"], PARTLY, r"labels \['owl'\] are not classes of the backbone"),
         (["cat", "1", "dog"], NAMED, r"labels \['1'\] are not classes"),
@@ -61,7 +61,7 @@ def test_a_label_map_maps_every_label():
         ids(["cat", "Owl"], NAMED, label_map={"cat": 0})
     with pytest.raises(DataError, match=r"label_map 'cat' → 5 is outside the backbone's 3 classes"):
         ids(["cat"], NAMED, label_map={"cat": 5})
-    with pytest.raises(DataError, match=r"label_map 'cat' → 'lion' is neither a class id nor a class name"):
+    with pytest.raises(DataError, match=r"'cat' → 'lion' is neither a class id \(an integer\) nor a class name"):
         ids(["cat"], NAMED, label_map={"cat": "lion"})
 
 

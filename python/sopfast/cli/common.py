@@ -4,6 +4,7 @@ the data (``--data`` …), the device and seed, output paths, and what a command
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -27,7 +28,7 @@ logger = logging.getLogger("sopfast.cli")
 LOAD_OVERRIDES = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
 # the data flags a model trained by `sopfast train` records (its provenance["data"]) and a command that
 # loads it takes again when they are not given (with the preprocessing, recorded apart)
-RECORDED_DATA = ("data", "holdout", "image_column", "text_column", "text_pair_column", "label_column")
+RECORDED_DATA = ("data", "holdout", "image_column", "text_column", "text_pair_column", "label_column", "label_map")
 DEFAULT_DATA = "fashion-mnist"
 
 
@@ -85,7 +86,8 @@ def add_data(p: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         help=f"a built-in dataset ({', '.join(BUILTIN)}), an image folder (ImageFolder layout), a "
-        "saved Hugging Face dataset (save_to_disk) or a CSV/TSV/JSONL file or folder (default: the data "
+        "saved Hugging Face dataset (save_to_disk) or a CSV/TSV/JSONL file or folder; an existing path wins "
+        "over a built-in name, with a warning (default: the data "
         f"--checkpoint was trained on, else the built-in {DEFAULT_DATA})",
     )
     d.add_argument(
@@ -104,8 +106,9 @@ def add_data(p: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="LABEL=CLASS",
-        help="map each label of the data to a class id or a class name of the backbone (--label-map cat=0 dog=1); "
-        "without it, names map through the backbone's label2id, and one it does not name is an error",
+        help="map labels of the data to class ids or class names of the backbone (--label-map cat=0 dog=1; "
+        "each label once); labels it leaves out map through the backbone's label2id, and one neither names "
+        "is an error; a model trained with it records it (default: the map --checkpoint was trained with)",
     )
     d.add_argument(
         "--holdout",
@@ -211,8 +214,9 @@ def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = 
     ``provenance``; the columns and ``--holdout`` only with the data it was trained on), else the defaults
     (the built-in Fashion-MNIST, said as a warning).  A path given to ``--data`` becomes absolute.  Each
     choice is reported once: afterwards every flag is set."""
-    from ..data.builtin import BUILTIN
+    from ..data.splits import is_builtin
 
+    args.label_map = label_map(args.label_map)
     recorded = dict((saved or {}).get("data") or {})
     whole = getattr(args, "whole_split", False)  # sopfast predict: a single split whole unless --holdout
     if args.data is None or args.data == recorded.get("data"):
@@ -221,7 +225,7 @@ def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = 
         for name, value in taken.items():
             setattr(args, name, value)
         if taken:
-            shown = ", ".join(f"--{n.replace('_', '-')} {v}" for n, v in taken.items())
+            shown = ", ".join(f"--{n.replace('_', '-')} {_shown(v)}" for n, v in taken.items())
             report(f"data as the model was trained: {shown} (a flag changes one)")
     elif recorded.get("data"):
         report(f"--data {args.data}: the model was trained on {recorded['data']}")
@@ -234,8 +238,31 @@ def resolve_data_flags(args: argparse.Namespace, saved: dict[str, Any] | None = 
         )
     if args.holdout is None and not whole:
         args.holdout = HOLDOUT
-    if args.data not in BUILTIN and os.path.exists(args.data):
+    if not is_builtin(args.data) and os.path.exists(args.data):
         args.data = os.path.abspath(args.data)
+
+
+def label_map(pairs: Any) -> dict[str, Any] | None:
+    """``--label-map``'s ``(label, target)`` pairs (or a recorded mapping) as a mapping: a label given
+    twice is a CLIError naming both targets."""
+    if pairs is None or isinstance(pairs, dict):
+        return pairs
+    out: dict[str, Any] = {}
+    for label, target in pairs:
+        if label in out:
+            raise CLIError(
+                f"--label-map names {label!r} twice ({label}={json.dumps(out[label])} and "
+                f"{label}={json.dumps(target)}): give each label once"
+            )
+        out[label] = target
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A flag's value as typed: a label map as ``NAME=ID`` pairs."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={json.dumps(v)}" for k, v in value.items())
+    return str(value)
 
 
 def load_adapter_split(
@@ -265,7 +292,8 @@ def load_adapter_split(
         max_length=args.max_length,
         object_masks=None if args.object_masks is None else ObjectMasks.parse(args.object_masks),
         saved_preprocessing=(saved or {}).get("preprocessing"),
-        label_map=None if args.label_map is None else dict(args.label_map),
+        label_map=args.label_map,
+        labels_optional=getattr(args, "labels_optional", False),  # sopfast predict: unlabelled data is fine
     )
     loaded = load_split(args.data, role, adapter, backbone, options, limit)
     report(loaded.description)

@@ -2,7 +2,8 @@
 
 Every subcommand takes ``--config FILE`` (YAML or JSON with the same keys as the long flags,
 dashes or underscores); its values become command-line tokens, so they are parsed and checked
-exactly like flags, and flags given on the command line win over the file.
+exactly like flags, and flags given on the command line win over the file.  A ``NAME=VALUE`` flag
+(``--label-map``, ``--backbone-option``) takes a mapping there.
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ def _tokens_for(action: argparse.Action, flag: str, by_flag: bool, key: Any, val
         if not isinstance(items, list):
             items = [items]
         return [token for item in items for token in (flag, str(item))]
+    if action.type is key_value and action.nargs in ("+", "*") and isinstance(value, (dict, list)):  # --label-map
+        pairs = value.items() if isinstance(value, dict) else value  # a list of pairs: sopfast <= 0.5.3 wrote it
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+            raise CLIError(f"{where} must be a mapping of NAME: VALUE, got {value!r}")
+        return [flag, *(f"{k}={json.dumps(v)}" for k, v in pairs)]
     if isinstance(value, bool) and getattr(action.type, "takes_bool", False):  # e.g. compile: yes, no or auto
         return [f"{flag}={'yes' if value else 'no'}"]
     if isinstance(value, (dict, bool)):

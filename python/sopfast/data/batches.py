@@ -94,6 +94,15 @@ def _first(batch: Mapping, keys: Sequence[str]) -> tuple[str | None, Any]:
     return next(((k, batch[k]) for k in keys if k in batch), (None, None))
 
 
+def check_ground_truth_key(ground_truth_key: Any) -> str | int | None:
+    """``ground_truth_key`` if it is a dict key (str), a tuple position (int) or None; TypeError naming it."""
+    if isinstance(ground_truth_key, bool) or not isinstance(ground_truth_key, (str, int, type(None))):
+        raise TypeError(
+            f"ground_truth_key must be a dict key (str), a tuple position (int) or None, got {ground_truth_key!r}"
+        )
+    return ground_truth_key
+
+
 def parse_batch(batch: Any, ground_truth_key: str | int | None = None) -> Batch:
     """Parse one loader item (forms: the module docstring).
 
@@ -101,10 +110,7 @@ def parse_batch(batch: Any, ground_truth_key: str | int | None = None) -> Batch:
     tuple position (default 2) of the ground-truth mask.  Raises ``TypeError`` / ``ValueError``
     naming what was found and what is allowed.
     """
-    if isinstance(ground_truth_key, bool) or not isinstance(ground_truth_key, (str, int, type(None))):
-        raise TypeError(
-            f"ground_truth_key must be a dict key (str), a tuple position (int) or None, got {ground_truth_key!r}"
-        )
+    check_ground_truth_key(ground_truth_key)
     if isinstance(batch, Mapping):
         return _parse_dict(batch, ground_truth_key)
     if isinstance(batch, torch.Tensor):
@@ -153,7 +159,16 @@ def _parse_dict(batch: Mapping, ground_truth_key: str | int | None) -> Batch:
     return Batch(x=_tensor(image_key, x), **common)
 
 
-__all__ = ["FORMATS", "GROUND_TRUTH_KEYS", "IMAGE_KEYS", "LABEL_KEYS", "TEXT_KEYS", "Batch", "parse_batch"]
+__all__ = [
+    "FORMATS",
+    "GROUND_TRUTH_KEYS",
+    "IMAGE_KEYS",
+    "LABEL_KEYS",
+    "TEXT_KEYS",
+    "Batch",
+    "check_ground_truth_key",
+    "parse_batch",
+]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -38,12 +38,13 @@ def warn_if_mostly_unknown(tokenizer: Any, input_ids: torch.Tensor, attention_ma
 
 class TextDataset(torch.utils.data.Dataset):
     """Tokenised texts as dict items ``{"input_ids", "attention_mask", "token_type_ids", "labels"}``
-    (each ``encoded`` tensor ``[N, T]``, ``labels [N]``); the ``tokenizer`` and class names kept."""
+    (each ``encoded`` tensor ``[N, T]``, ``labels [N]``; ``labels=None``: unlabelled texts, items
+    without ``"labels"``); the ``tokenizer`` and class names kept."""
 
     def __init__(
         self,
         encoded: dict[str, torch.Tensor],
-        labels: torch.Tensor,
+        labels: torch.Tensor | None,
         tokenizer: Any = None,
         classes: Sequence[str] | None = None,
     ):
@@ -57,7 +58,7 @@ class TextDataset(torch.utils.data.Dataset):
         cls,
         tokenizer: Any,
         texts: Sequence[str],
-        labels: Sequence[int] | torch.Tensor,
+        labels: Sequence[int] | torch.Tensor | None,
         pairs: Sequence[str] | None = None,
         max_length: int = MAX_LENGTH,
         padding: str = "longest",
@@ -78,20 +79,20 @@ class TextDataset(torch.utils.data.Dataset):
             "token_type_ids": enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
         }
         warn_if_mostly_unknown(tokenizer, encoded["input_ids"], encoded["attention_mask"])
-        return cls(encoded, torch.as_tensor(labels, dtype=torch.long), tokenizer, classes)
+        return cls(encoded, None if labels is None else torch.as_tensor(labels, dtype=torch.long), tokenizer, classes)
 
     def subset(self, index: torch.Tensor | Sequence[int]) -> TextDataset:
         """The examples at ``index`` (a bool mask or positions), as a new dataset."""
         index = torch.as_tensor(index)
-        return TextDataset(
-            {k: v[index] for k, v in self.encoded.items()}, self.labels[index], self.tokenizer, self.classes
-        )
+        labels = None if self.labels is None else self.labels[index]
+        return TextDataset({k: v[index] for k, v in self.encoded.items()}, labels, self.tokenizer, self.classes)
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.encoded["input_ids"])
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {**{k: v[i] for k, v in self.encoded.items()}, "labels": self.labels[i]}
+        item = {k: v[i] for k, v in self.encoded.items()}
+        return item if self.labels is None else {**item, "labels": self.labels[i]}
 
 
 class ImageDataset(torch.utils.data.Dataset):
@@ -99,15 +100,17 @@ class ImageDataset(torch.utils.data.Dataset):
     tensor by ``preprocess``, its class id ``label_of(labels[i])``; ``classes`` names the class ids and
     ``sources`` says where each example comes from (a path, bytes, an array).  With ``object_mask``
     (``i → [H, W]`` bool, the object's pixels) items are ``(x, y, mask)``.  ``preprocess_many``
-    (images → ``[B, C, H, W]``, equal to ``preprocess`` of each) serves a batch of items at once."""
+    (images → ``[B, C, H, W]``, equal to ``preprocess`` of each) serves a batch of items at once.
+    Unlabelled images (``labels`` and ``label_of`` ``None``) are dict items ``{"pixel_values": x}``
+    (with ``"ground_truth": mask``)."""
 
     def __init__(
         self,
         sources: Sequence[Any],
-        labels: Sequence[Any],
+        labels: Sequence[Any] | None,
         read: Callable[[Any], Any],
         preprocess: Callable[[Any], torch.Tensor],
-        label_of: Callable[[Any], int],
+        label_of: Callable[[Any], int] | None,
         classes: Sequence[str],
         object_mask: Callable[[int], torch.Tensor] | None = None,
         preprocess_many: Callable[[list[Any]], torch.Tensor] | None = None,
@@ -119,23 +122,29 @@ class ImageDataset(torch.utils.data.Dataset):
         self.preprocess_many = preprocess_many
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.sources)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
-        return self._item(i, self.sources[i], self.labels[i])
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...] | dict[str, torch.Tensor]:
+        return self._item(i, self.sources[i], None if self.labels is None else self.labels[i])
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, ...] | dict[str, torch.Tensor]]:
         """The items at ``indices`` (a DataLoader's batch): a Hugging Face column is read once for
         them all (~20× faster per example than one access each), the images preprocessed at once
         with ``preprocess_many``."""
-        sources, labels = take(self.sources, indices), take(self.labels, indices)
+        sources = take(self.sources, indices)
+        labels = [None] * len(indices) if self.labels is None else take(self.labels, indices)
         if self.preprocess_many is None:
             return [self._item(i, s, y) for i, s, y in zip(indices, sources, labels)]
         xs = self.preprocess_many([self.read(s) for s in sources])
         return [self._item(i, None, y, x) for i, y, x in zip(indices, labels, xs)]
 
-    def _item(self, i: int, source: Any, label: Any, x: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def _item(
+        self, i: int, source: Any, label: Any, x: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...] | dict[str, torch.Tensor]:
         x = self.preprocess(self.read(source)) if x is None else x
+        if self.label_of is None:
+            item = {"pixel_values": x}
+            return item if self.object_mask is None else {**item, "ground_truth": self.object_mask(i)}
         y = torch.tensor(self.label_of(label), dtype=torch.long)
         return (x, y) if self.object_mask is None else (x, y, self.object_mask(i))
 

@@ -2,7 +2,8 @@
 
 ``datasets``' ``imagefolder`` silently leaves out what it cannot read as a file — a broken symbolic link,
 a FIFO, a directory named ``x.png`` — and a class folder without images (which shifts every later class
-id of a backbone that names no classes).  :func:`check_image_folder` refuses each, naming the path;
+id of a backbone that names no classes) — and a folder with no image at all fails inside ``datasets``
+with a message that names no folder.  :func:`check_image_folder` refuses each, naming the path;
 hidden entries (``.name``) are ignored, as ``imagefolder`` ignores them.
 """
 
@@ -35,9 +36,9 @@ def _problem(path: str) -> str | None:
 
 def check_image_folder(root: str) -> None:
     """Raise :class:`DataError` naming the first entry of the image folder ``root`` that would be skipped
-    (module docstring) or the first folder that holds no image."""
+    (module docstring), the first folder that holds no image, or ``root`` when it holds no image at all."""
     extensions = _image_extensions()
-    empty = []
+    empty, found = [], 0
     for directory, folders, files in os.walk(root, followlinks=True):
         folders[:] = sorted(f for f in folders if not f.startswith("."))
         names = sorted(
@@ -48,8 +49,16 @@ def check_image_folder(root: str) -> None:
             if problem is not None:
                 raise DataError(f"image folder {root}: {os.path.join(directory, name)} {problem}")
         images = [n for n in names if n in files]
+        found += len(images)
         if directory != root and not images and not folders:
             empty.append(directory)
+    if not found:
+        shown = sorted(n for n in os.listdir(root) if not n.startswith("."))
+        what = f"holds no images (found {shown[:10]})" if shown else "is an empty folder"
+        raise DataError(
+            f"{root} {what}: give an image folder ({root}/<class>/<image>), CSV/TSV/JSONL files or a saved "
+            "Hugging Face dataset"
+        )
     if empty:
         raise DataError(
             f"image folder {root}: {empty[0]} holds no images (a class folder without examples); remove it or add "

@@ -1,16 +1,21 @@
 """Labels of your own data → the backbone's class ids, with no silent guess.
 
-* ``label_map`` (``--label-map NAME=ID``) given: it maps every label (to a class id, or to a class name of
-  the backbone); a label it does not name is an error listing them.
+* ``label_map`` (``--label-map NAME=ID``) given: it maps the labels it names, each to a class id (an
+  integer: ``true`` or ``1.5`` is refused) or to a class name of the backbone; the other labels map
+  through the backbone's ``label2id`` (a partial map completes the backbone's names), and a label
+  neither names is an error listing them.
 * Integer labels (ints, integral floats, digit strings) are class ids.
 * Names (strings, ``ClassLabel`` names) map through the backbone's ``label2id`` when the backbone names its
   classes; a name it does not name (another spelling, another case, an id among names) is an error
-  listing them — never a fallback to another order.  A backbone that names no classes (Hugging Face's
-  ``LABEL_0`` …) takes names in sorted order (``ClassLabel`` columns: in their own order).
+  listing them (every one, with the near matches among the backbone's names) — never a fallback to
+  another order.  A backbone that names no classes (Hugging Face's ``LABEL_0`` …) takes names in sorted
+  order (``ClassLabel`` columns: in their own order); there, labels that mix class ids and names
+  (``cat``, ``dog``, ``2``) are an error: ``2`` could be class 2 or a third name.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,29 +39,54 @@ def as_int(value: Any) -> int | None:
     return None
 
 
+def _map_target(target: Any, label2id: Mapping[str, int]) -> int | None:
+    """A ``label_map`` value as a class id: a class name of the backbone, an integer or a digit string
+    (a bool or a float is neither)."""
+    if isinstance(target, str):
+        return label2id[target] if target in label2id else as_int(target)
+    if isinstance(target, (int, np.integer)) and not isinstance(target, (bool, np.bool_)):
+        return int(target)
+    return None
+
+
 def _resolve_map(
     label_map: Mapping[Any, Any], label2id: Mapping[str, int], n: int | None, where: str
 ) -> dict[str, int]:
     """``label_map`` as ``{label: class id}``: values are ids or class names of the backbone."""
     out = {}
     for label, target in label_map.items():
-        class_id = as_int(target) if not isinstance(target, str) or target not in label2id else label2id[target]
+        class_id = _map_target(target, label2id)
         if class_id is None:
-            named = f"; the backbone's class names: {sorted(label2id)}" if label2id else ""
-            raise DataError(f"{where}: label_map {label!r} → {target!r} is neither a class id nor a class name{named}")
+            near = _near([str(target)], label2id)
+            named = f"; the backbone's class names: {sorted(label2id)}{near}" if label2id else ""
+            raise DataError(
+                f"{where}: label_map {label!r} → {target!r} is neither a class id (an integer) nor a class name{named}"
+            )
         if class_id < 0 or (n is not None and class_id >= n):
-            raise DataError(f"{where}: label_map {label!r} → {class_id} is outside the backbone's {n} classes")
+            raise DataError(
+                f"{where}: label_map {label!r} → {class_id} is outside the backbone's {n} classes (0..{(n or 1) - 1})"
+            )
         out[str(label)] = class_id
     return out
 
 
-def _unnamed(names: Sequence[str], label2id: Mapping[str, int], where: str) -> DataError:
+def _near(names: Sequence[str], label2id: Mapping[str, int]) -> str:
+    """``"; did you mean: 'a' → 'A', …?"`` for the ``names`` close to a class name of the backbone
+    (:func:`difflib.get_close_matches`, ignoring case), else ``""``."""
     known = {k.lower(): k for k in label2id}
-    hints = [f"{name!r} (the backbone has {known[name.lower()]!r})" for name in names if name.lower() in known]
-    hint = f"; differently spelt: {', '.join(hints[:3])}" if hints else ""
+    pairs = []
+    for name in names:
+        close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.6)
+        if close:
+            pairs.append(f"{name!r} → {known[close[0]]!r}")
+    return f"; did you mean: {', '.join(pairs)}?" if pairs else ""
+
+
+def _unnamed(names: Sequence[str], label2id: Mapping[str, int], where: str) -> DataError:
     return DataError(
-        f"{where}: labels {list(names)[:8]} are not classes of the backbone, whose label2id names "
-        f"{sorted(label2id)[:8]}{hint}; fix the labels or map them with --label-map NAME=ID (label_map=)"
+        f"{where}: labels {list(names)} are not classes of the backbone, whose label2id names "
+        f"{sorted(label2id)}{_near(names, label2id)}; fix the labels or map them with --label-map NAME=ID "
+        "(label_map=; the labels it leaves out map through the backbone's names)"
     )
 
 
@@ -79,10 +109,14 @@ def label_ids(
         return (lambda v: to_id(names[int(v)])), classes
     if label_map is not None:
         mapping = _resolve_map(label_map, prep.label2id, n, where)
-        unmapped = sorted({str(v) for v in labels} - set(mapping))
+        rest = sorted({str(v) for v in labels} - set(mapping))
+        unmapped = [name for name in rest if name not in prep.label2id]
         if unmapped:
-            raise DataError(f"{where}: label_map does not map the labels {unmapped[:8]}")
-        return _by_name(mapping, id2name, n)
+            named = f" nor the backbone's label2id ({sorted(prep.label2id)})" if prep.label2id else ""
+            raise DataError(
+                f"{where}: label_map does not map the labels {unmapped}{named}{_near(unmapped, prep.label2id)}"
+            )
+        return _by_name({**{name: prep.label2id[name] for name in rest}, **mapping}, id2name, n)
     if class_names is not None:  # a ClassLabel column over a backbone that names no classes: its order
         id2name = dict(enumerate(class_names))
     ints = [as_int(v) for v in labels]
@@ -90,9 +124,16 @@ def label_ids(
         found = [i for i in ints if i is not None]
         bad = sorted({i for i in found if i < 0 or (n is not None and i >= n)})
         if bad:
-            raise DataError(f"{where}: class ids {bad[:5]} are outside the backbone's {n} classes (0..{(n or 1) - 1})")
+            raise DataError(f"{where}: class ids {bad} are outside the backbone's {n} classes (0..{(n or 1) - 1})")
         return _class_id, [id2name.get(i, str(i)) for i in range(n or max(found) + 1)]
     names = sorted({str(v) for v in labels})
+    if not prep.label2id and class_names is None and any(i is not None for i in ints):
+        numbers = sorted({str(v) for v, i in zip(labels, ints) if i is not None})
+        words = sorted({str(v) for v, i in zip(labels, ints) if i is None})
+        raise DataError(
+            f"{where}: the labels mix class ids {numbers} and names {words}, and the backbone names no classes: "
+            "give every label as a name or every one as a class id, or map them with --label-map NAME=ID"
+        )
     if prep.label2id:
         unnamed = [name for name in names if name not in prep.label2id]
         if unnamed:
@@ -101,7 +142,7 @@ def label_ids(
     else:
         mapping = {name: i for i, name in enumerate(names)}
     if n is not None and max(mapping.values()) >= n:
-        raise DataError(f"{where}: {len(mapping)} classes {names[:6]}… but the backbone has {n} classes")
+        raise DataError(f"{where}: {len(mapping)} classes {names} but the backbone has {n} classes")
     return _by_name(mapping, id2name, n)
 
 

@@ -30,7 +30,8 @@ class DataOptions:
     split whole), preprocessing overrides (``image_size`` N or H W, ``image_mean``/``image_std`` per
     channel, ``max_length`` tokens), the preprocessing a model was trained with (``saved_preprocessing``,
     its ``provenance["preprocessing"]``: it applies where no override is given) and where object masks
-    come from (items then ``(x, y, mask)``)."""
+    come from (items then ``(x, y, mask)``); ``labels_optional``: data without labels is read unlabelled
+    (``sopfast predict``), not refused."""
 
     columns: Columns | None = None
     train_split: str | None = None
@@ -44,6 +45,7 @@ class DataOptions:
     object_masks: ObjectMasks | None = None
     saved_preprocessing: dict[str, Any] | None = None
     label_map: dict[Any, Any] | None = None
+    labels_optional: bool = False
 
     def check_modality(self, modality: str) -> None:
         """Options of the other modality are mistakes (they would be ignored): a DataError naming the first."""
@@ -87,11 +89,13 @@ def load_split(
     limit: int | None = None,
 ) -> LoadedSplit:
     """The split for ``role`` (``"train"``, ``"val"``, ``"test"``) of ``data`` — a name in
-    :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL)
+    :data:`sopfast.data.builtin.BUILTIN` or a path (image folder, saved Hugging Face dataset, CSV/JSONL;
+    an existing path wins over a built-in name: :func:`is_builtin`)
     — for the backbone ``adapter`` wraps, loaded from ``source``.
 
     Raises :class:`sopfast.data.user_data.DataError` (a ValueError) naming the data and the role when
-    the split is empty, has no labels or does not fit the backbone.
+    the split is empty, has no labels (unless ``options.labels_optional``) or does not fit the
+    backbone.
     """
     options = options or DataOptions()
     options.check_modality(adapter.modality)
@@ -103,7 +107,7 @@ def load_split(
     batch = parse_batch(torch.utils.data.default_collate(_first_readable(dataset, size, data, role)))
     if batch.x is not None and float(batch.x.float().std()) == 0.0:
         logger.warning("--data %s (%s): the first images are one constant colour after preprocessing", data, role)
-    if batch.labels is None:
+    if batch.labels is None and not options.labels_optional:
         raise DataError(f"--data {data}: the {role} examples have no labels")
     try:
         adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
@@ -129,11 +133,29 @@ def _first_readable(dataset: torch.utils.data.Dataset, size: int, data: str, rol
     return items
 
 
+def is_builtin(data: str) -> bool:
+    """Whether ``data`` names a built-in dataset (:data:`~sopfast.data.builtin.BUILTIN`): a path that
+    exists wins over a built-in name (``--data tweets`` with a folder ``./tweets`` reads the folder, as
+    ``datasets.load_dataset`` prefers a local path), with a warning naming both."""
+    if data not in BUILTIN:
+        return False
+    if os.path.exists(data):
+        logger.warning(
+            "--data %s: reading the local %s %s, not the built-in dataset of that name (rename or move it to "
+            "use the built-in one)",
+            data,
+            "folder" if os.path.isdir(data) else "file",
+            os.path.abspath(data),
+        )
+        return False
+    return True
+
+
 def _read(
     data: str, role: str, adapter: BackboneAdapter, source: Backbone, options: DataOptions, limit: int | None
 ) -> LoadedSplit:
     modality = adapter.modality
-    if data in BUILTIN:
+    if is_builtin(data):
         if options.label_map is not None:
             raise DataError(f"label_map (--label-map) is for your own data; --data {data} is built in")
         builtin = BUILTIN[data]
@@ -166,5 +188,6 @@ def _read(
         limit=limit,
         object_masks=options.object_masks,
         label_map=options.label_map,
+        labels_optional=options.labels_optional,
     )
     return LoadedSplit(dataset, f"{role} data: {data}, split {name}, {len(dataset)} examples", prep.describe())

@@ -19,10 +19,10 @@ validation split it is held out of the training split (``holdout`` of it, strati
 one split is cut three ways (a held-out test part, then a validation part of the rest).  ``limit``
 keeps examples of every class alike (:func:`sopfast.data.sampling.across_classes`).
 
-Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through the backbone's
-``label2id`` — a name it does not know is an error — or ``label_map``; sorted order only for a backbone
-that names no classes).  Training data of one class is refused, and so is an image folder with entries
-it would skip (:mod:`sopfast.data.folders`).
+Labels: :mod:`sopfast.data.labels` (integers are class ids; names map through ``label_map`` and the
+backbone's ``label2id`` — a name neither knows is an error; sorted order only for a backbone that names
+no classes, where ids mixed with names are refused).  Training data of one class is refused, and so is
+an image folder with entries it would skip (:mod:`sopfast.data.folders`).
 
 Preprocessing (:class:`sopfast.adapters.preprocessing.Preprocessing`) comes from the backbone: see
 :func:`sopfast.adapters.preprocessing.preprocessing_for`.
@@ -309,21 +309,23 @@ def _pick(
 
 @dataclass
 class _Chosen:
-    """The columns chosen in every split of a source: ``inputs`` (image or text), ``pair``, ``label``,
-    ``mask``."""
+    """The columns chosen in every split of a source: ``inputs`` (image or text), ``pair``, ``label``
+    (``None``: the data has none), ``mask``."""
 
     inputs: str
-    label: str
+    label: str | None
     pair: str | None = None
     mask: str | None = None
 
 
-def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
-    """The columns to read, the same in every split (checked in each); texts checked to be texts."""
+def _choose_columns(source: Source, modality: str, columns: Columns, labels_optional: bool = False) -> _Chosen:
+    """The columns to read, the same in every split (checked in each); texts checked to be texts.  With
+    ``labels_optional`` data without a label column (none named, none of :data:`LABEL_COLUMNS`) has none."""
     chosen = None
     for name, split in source.splits.items():
         where, have = f"{source.path} (split {name!r})", split.column_names
-        label = _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
+        unlabelled = labels_optional and columns.label is None and not set(LABEL_COLUMNS) & set(have)
+        label = None if unlabelled else _pick("label", columns.label, have, LABEL_COLUMNS, "--label-column", where)
         if modality == "image":
             image = _pick("image", columns.image, have, IMAGE_COLUMNS, "--image-column", where)
             if image == label:
@@ -341,7 +343,7 @@ def _choose_columns(source: Source, modality: str, columns: Columns) -> _Chosen:
                 pair = PAIR_COLUMNS[text]
             elif pair is not None and pair not in have:
                 raise DataError(f"{where} has no text-pair column {pair!r} (--text-pair-column); columns: {have}")
-            if pair in (label, text):
+            if pair is not None and pair in (label, text):
                 raise DataError(
                     f"{where}: the text-pair column (--text-pair-column) {pair!r} is the "
                     f"{'label' if pair == label else 'text'} column; name a second text column"
@@ -406,12 +408,15 @@ def load_split(
     limit: int | None = None,
     object_masks: ObjectMasks | None = None,
     label_map: Mapping[Any, Any] | None = None,
+    labels_optional: bool = False,
 ) -> tuple[ImageDataset | TextDataset, str]:
     """The dataset for ``role`` (``"train"``, ``"val"``, ``"test"``) of the data at ``path``, preprocessed
     with ``prep``; ``split`` names the source's split, ``limit`` keeps the first examples; with
-    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps every label to a class id or a
-    class name of the backbone (:mod:`sopfast.data.labels`); ``holdout=None`` holds nothing out.  Returns
-    the dataset and a description of the split used; training data must hold two classes or more."""
+    ``object_masks`` image items are ``(x, y, mask)``; ``label_map`` maps labels to class ids or class
+    names of the backbone, the others mapping through its ``label2id`` (:mod:`sopfast.data.labels`);
+    ``holdout=None`` holds nothing out; with ``labels_optional`` data without a label column gives unlabelled
+    examples (``sopfast predict``: its labels are null).  Returns the dataset and a description of the split
+    used; training data must hold two classes or more."""
     if holdout is not None and not 0 < holdout < 1:
         raise DataError(f"holdout must lie in (0, 1), got {holdout!r}")
     source = open_source(path)
@@ -420,10 +425,16 @@ def load_split(
     columns = columns or Columns()
     if object_masks is not None and object_masks.column is not None:
         columns = Columns(**{**vars(columns), "object_mask": object_masks.column})
-    chosen = _choose_columns(source, prep.modality, columns)
-    first = next(iter(source.splits.values()))
-    all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
-    label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path, label_map)
+    chosen = _choose_columns(source, prep.modality, columns, labels_optional)
+    label_of: Callable[[Any], int] | None = None
+    classes: list[str] = []
+    if chosen.label is not None:
+        first = next(iter(source.splits.values()))
+        all_labels = [v for s in source.splits.values() for v in s[chosen.label]]
+        label_of, classes = label_ids(all_labels, prep, _class_names(first, chosen.label), path, label_map)
+    elif holdout is not None or label_map is not None:
+        flag = "--holdout (a part held out per class)" if holdout is not None else "--label-map"
+        raise DataError(f"{path} has no label column, which {flag} needs")
     logger.debug(
         "%s: %s source, splits %s; columns %s; classes %s",
         path,
@@ -432,13 +443,16 @@ def load_split(
         vars(chosen),
         classes,
     )
-    with _quiet_datasets():
-        name, data = source.resolve(role, split, holdout, chosen.label)
+    with _quiet_datasets():  # unlabelled data: holdout is None, no label column is read
+        name, data = source.resolve(role, split, holdout, chosen.label or LABEL_COLUMNS[0])
     if limit is not None and limit < len(data):
-        data = data.select(across_classes([str(v) for v in data[chosen.label]], limit, HOLDOUT_SEED))
-    labels = data[chosen.label]
-    ids = [label_of(v) for v in labels]
-    if role == "train":
+        by_class = chosen.label is not None
+        data = data.select(
+            across_classes([str(v) for v in data[chosen.label]], limit, HOLDOUT_SEED) if by_class else range(limit)
+        )
+    labels = None if chosen.label is None else data[chosen.label]
+    ids = None if label_of is None or labels is None else [label_of(v) for v in labels]
+    if role == "train" and ids is not None:
         check_classes(ids, classes, f"{path} (split {name})")
     if prep.modality == "text":
         pairs = data[chosen.pair] if chosen.pair is not None else None

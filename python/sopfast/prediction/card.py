@@ -24,23 +24,46 @@ COLUMN_DOCS = {
     "attributions": "[d] (or [H][W]) float32: each feature's Σ c·λ·y for the predicted class",
 }
 
-#: Three questions about a model, asked of its predictions with pandas (docs/predict.md runs them).
-QUERIES = """\
+#: How the queries read the rows.
+QUERY_HEADER = """\
 import pandas as pd
 
 df = pd.read_parquet("OUT/data")  # or datasets.load_dataset("parquet", data_dir="OUT")["train"].to_pandas()
+"""
 
+#: Three questions about a model, asked of its predictions with pandas (docs/predict.md runs them),
+#: each with the columns it reads.
+QUERIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("object_fraction", "used_groups"),
+        """\
 # 1. Off-object groups: predictions resting on a group that lies mostly off the object
 off = df[[any(f[g] < 0.5 for g in used) for f, used in zip(df.object_fraction, df.used_groups)]]
-
+""",
+    ),
+    (
+        ("used_groups",),
+        """\
 # 2. One-group predictions: the predicted class is carried by a single group
 single = df[df.used_groups.map(len) == 1]
-
+""",
+    ),
+    (
+        ("groups", "used_groups", "prediction"),
+        """\
 # 3. Per-class group sizes: features per group and in the union of the used groups, by predicted class
 df["group_size"] = df.groups.map(lambda groups: sum(map(len, groups)) / len(groups))
 df["evidence"] = [len(set().union(*(gs[g] for g in used))) for gs, used in zip(df.groups, df.used_groups)]
 sizes = df.groupby("prediction")[["group_size", "evidence"]].mean()
-"""
+""",
+    ),
+)
+
+
+def queries(columns: Sequence[str]) -> str | None:
+    """The code of the :data:`QUERIES` whose columns are all among ``columns`` (``None``: none is)."""
+    chosen = [text for needs, text in QUERIES if set(needs) <= set(columns)]
+    return "\n".join([QUERY_HEADER, *chosen]) if chosen else None
 
 
 def card(
@@ -80,5 +103,6 @@ def card(
         else:
             text = COLUMN_DOCS.get(name, "")
         lines.append(f"| `{name}` | {text} |")
-    lines += ["", "## Queries", "", "```python", QUERIES.rstrip(), "```", ""]
-    return "\n".join(lines)
+    code = queries(columns)
+    lines += ["", "## Queries", "", "```python", code.rstrip(), "```"] if code else []
+    return "\n".join([*lines, ""])

@@ -8,6 +8,7 @@ leaves :mod:`sopfast.masking`'s default mode.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,6 +32,8 @@ OPTIONS = {
 
 def check_explainer(name: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     """``options`` checked against ``name``'s (:data:`OPTIONS`); ValueError naming what is allowed."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"explainer_options must be a dict of option → value, got {type(options).__name__}")
     options = dict(options or {})
     if name is None:
         if options:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from ..data.datasets import take
 
@@ -139,12 +139,24 @@ def read_example(dataset: Dataset, index: int) -> tuple[Any, str | None]:
     return item, error
 
 
+def check_dataset(dataset: Any) -> None:
+    """A TypeError naming ``dataset`` unless it is map-style (``len(dataset)``, ``dataset[i]``; not a
+    generator, an ``IterableDataset`` or a string), a ValueError when it is empty."""
+    if isinstance(dataset, (IterableDataset, str, bytes)) or not (
+        isinstance(dataset, Sized) and hasattr(dataset, "__getitem__")
+    ):
+        raise TypeError(
+            f"dataset must be a map-style dataset (len(dataset) and dataset[i], e.g. a list or a torch "
+            f"Dataset), got {type(dataset).__name__}"
+        )
+    if len(dataset) == 0:
+        raise ValueError("dataset is empty: nothing to predict")
+
+
 def make_loader(
     dataset: Dataset, plan: ShardPlan, shards: Sequence[int], batch_size: int, num_workers: int, pin_memory: bool
 ) -> DataLoader:
     """A loader of :class:`LoadedBatch` es over the ids of ``shards`` (:class:`ShardBatches`)."""
-    if not isinstance(dataset, Sized):
-        raise TypeError(f"dataset must be a map-style dataset with a length, got {type(dataset).__name__}")
     return DataLoader(
         _Items(dataset),
         batch_sampler=ShardBatches(plan, shards, batch_size),

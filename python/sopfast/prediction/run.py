@@ -21,9 +21,9 @@ from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter
 from ..adapters.base import check_mode
-from ..checks import check_bool, check_choice, check_int
-from ..data.batches import parse_batch
-from ..devices import resolve_device
+from ..checks import check_bool, check_choice, check_int, check_path
+from ..data.batches import check_ground_truth_key, parse_batch
+from ..devices import check_device, resolve_device
 from ..evaluation.registry import feature_ground_truth
 from ..masking.forward import adapter_of
 from ..model.output import SOPOutput
@@ -34,7 +34,7 @@ from ..types import FeatureInputs
 from .card import card
 from .columns import DEFAULT_OUTPUTS, OUTPUTS, SOP_OUTPUTS, BatchPredictions, Output, record_batch
 from .explainers import check_explainer, explain, input_shaped
-from .loading import LoadedBatch, ShardPlan, Skipped, make_loader, read_example
+from .loading import LoadedBatch, ShardPlan, Skipped, check_dataset, make_loader, read_example
 from .store import FORMAT, OutputDir, data_fingerprint, model_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -126,8 +126,10 @@ def predict(
         dataset: a map-style dataset whose items :func:`sopfast.data.batches.parse_batch` reads once
             collated (``(x, y)``, ``(x, y, object_mask)``, dicts of token ids …).
         output_dir: a new or empty directory, or one this same run wrote before (it is resumed:
-            complete shards are kept, the rest computed).  A directory of another model, data or
-            settings is refused.
+            the shards that prove themselves against ``predict.json`` are kept, the rest computed,
+            each with a warning saying why).  A directory of another model, data or settings is
+            refused, as are one whose ``predict.json`` cannot be read and one whose ``data/`` holds
+            files this run does not write.
         batch_size: examples per forward.
         num_workers: DataLoader worker processes reading the data (0: this process; default: half
             the CPU cores, at most 4).
@@ -149,6 +151,8 @@ def predict(
         description: what the data is, for the dataset card.
         progress: show a progress bar and print a summary line.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a sopfast.SOP or a backbone (nn.Module), got {type(model).__name__}")
     columns = _check_outputs(model, outputs)
     explainer_options = check_explainer(explainer, explainer_options)
     check_int("batch_size", batch_size, 1)
@@ -161,15 +165,17 @@ def predict(
     check_bool("progress", progress)
     check_choice("attribution_shape", attribution_shape, ("features", "input"))
     check_choice("amp", amp, (None, *AMP_DTYPES))
+    check_ground_truth_key(ground_truth_key)
     adapter = adapter_of(model)
     if mode is not None:
         check_mode(adapter, mode)
     if explainer is not None and isinstance(model, SOP) and model.task != "classification":
         raise ValueError(f"explainer {explainer!r} explains a predicted class; this model's task is {model.task!r}")
-    examples = len(dataset)  # type: ignore[arg-type]
-    if examples == 0:
-        raise ValueError("dataset is empty: nothing to predict")
-    info = init_distributed(None if device is None else torch.device(device).type)
+    check_path("output_dir", output_dir)
+    check_dataset(dataset)
+    if description is not None and not isinstance(description, str):
+        raise TypeError(f"description must be a str or None, got {type(description).__name__}")
+    info = init_distributed(None if device is None else check_device(device).type)
     was_training = model.training
     try:
         run = _Run(
@@ -223,7 +229,7 @@ def _predict(
 ) -> PredictResult:
     examples = len(dataset)  # type: ignore[arg-type]
     plan = ShardPlan(examples, shard_size)
-    store = OutputDir(output_dir, plan.shards)
+    store = OutputDir(output_dir, plan)
     schema = _schema(run, dataset, examples)
     settings = _settings(run)
     manifest = {
@@ -243,18 +249,19 @@ def _predict(
     barrier(info)
     store.open()
     owned = plan.owned(info.rank, info.world_size)
-    todo = [s for s in owned if not store.done(s)]
+    kept = store.proven(owned)
+    todo = [s for s in owned if s not in kept]
     loader = make_loader(dataset, plan, todo, batch_size, num_workers, run.device.type == "cuda")
     total = sum(len(plan.ids(s)) for s in todo)
     bar = tqdm(total=total, unit="ex", desc="predict", disable=not (progress and info.is_main), dynamic_ncols=True)
-    result = PredictResult(str(output_dir), examples, 0, 0, 0, len(owned) - len(todo), 0.0, info.rank, info.world_size)
+    result = PredictResult(str(output_dir), examples, 0, 0, 0, len(kept), 0.0, info.rank, info.world_size)
     start = time.perf_counter()
     _write_shards(run, loader, plan, store, schema, strict, bar, result)
     result.seconds = time.perf_counter() - start
     bar.close()
     barrier(info)
     if info.is_main:
-        every = store.skipped()
+        records, every = store.complete()
         text = card(
             model=_describe(run),
             data=description or type(dataset).__name__,
@@ -266,7 +273,7 @@ def _predict(
             settings=settings,
             explainer=run.explainer,
         )
-        result.skipped_file = store.finish(text, every)
+        result.skipped_file = store.finish(text, records, every)
     logger.debug(result.summary())
     if progress and info.is_main:
         print(f"sopfast: {result.summary()}", file=sys.stderr)
@@ -324,12 +331,22 @@ def _schema(run: _Run, dataset: Dataset, examples: int) -> Any:
     """The columns' schema, from the first readable example (so a shard of unreadable ones has it too)."""
     first_error = None
     for index in range(examples):
-        item, error = read_example(dataset, index)
+        try:
+            item, error = read_example(dataset, index)
+        except LookupError as err:  # a dict keyed otherwise, a sequence shorter than it says
+            raise TypeError(
+                f"dataset[{index}] raised {type(err).__name__}: {err}; dataset must give its examples at 0 … "
+                f"len(dataset) − 1 = {examples - 1}"
+            ) from err
         if error is None:
-            batch = torch.utils.data.default_collate([item])
-            return record_batch(
-                _compute(run, LoadedBatch([index], [None], batch, [])), run.outputs, run.explainer
-            ).schema
+            try:  # the item's form, before anything else reads it
+                batch = torch.utils.data.default_collate([item])
+                run.adapter.prepare(**parse_batch(batch, run.ground_truth_key).adapter_inputs())  # type: ignore[arg-type]
+            except (TypeError, ValueError) as err:
+                kind = TypeError if isinstance(err, TypeError) else ValueError
+                raise kind(f"dataset[{index}] does not fit the model: {err}") from err
+            predictions = _compute(run, LoadedBatch([index], [None], batch, []))
+            return record_batch(predictions, run.outputs, run.explainer).schema
         first_error = first_error or f"example {index}: {error}"
     raise ValueError(f"no example of the dataset can be read ({first_error})")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -28,8 +27,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter
-from ..checks import check_bool, check_choice, check_int, check_tau
+from ..checks import check_bool, check_choice, check_class_ids, check_int, check_tau
 from ..data.batches import parse_batch
+from ..devices import resolve_device
+from ..integrity import non_finite
 from ..masking.forward import adapter_of, run_mask_sets
 from ..model.sop import SOP
 from ..ops.counts import num_kept_table
@@ -60,6 +61,8 @@ class Diagnosis:
     num_groups: int
     mode: str
     examples: int
+    #: The share of the measured examples in their most common class (against labels, else against the
+    #: backbone's predictions): the accuracy of always answering that class.
     chance: float
     full_accuracy: float
     random_groups: dict[str, GroupAccuracy]
@@ -98,7 +101,8 @@ class Diagnosis:
         """The table and the verdict, as lines of text."""
         truth = "labels" if self.labels == "labels" else "the backbone's own full-input predictions"
         out = [
-            f"backbone diagnostic on {self.examples} examples (accuracy against {truth}; chance {self.chance:.3f}):",
+            f"backbone diagnostic on {self.examples} examples (accuracy against {truth}; chance {self.chance:.3f}: "
+            "the most common class's share):",
             f"  full input: {self.full_accuracy:.3f}",
         ]
         for mode, acc in self.random_groups.items():
@@ -142,9 +146,11 @@ def diagnose(
     Args:
         backbone: an :class:`sopfast.SOP` (its backbone, ``tau``, ``num_groups`` and ``mode`` are the
             defaults), a backbone sopfast has an adapter for, or an adapter.
-        data: labelled examples in any form :func:`sopfast.train` reads (a Dataset: ``examples`` of
-            them drawn at random with ``seed``; a DataLoader or iterable of batches: its first ones).
-            Without labels, accuracy is measured against the backbone's full-input prediction.
+        data: labelled examples: a Dataset (``examples`` of them drawn at random with ``seed``), or a
+            DataLoader or iterable of batches (its first ones), in any batch form :func:`sopfast.train`
+            reads.  Labels are class ids of the backbone (an integer tensor ``[B]`` in ``[0, C)``;
+            others are a ValueError/TypeError naming them); without labels, accuracy is measured
+            against the backbone's full-input prediction.
         tau, num_groups: the group size and count (defaults: the SOP model's, else 0.2 and 20).
         mode: the mode SOP runs in, which the verdict is about (default: the model's, else ``drop``
             where the backbone supports it).
@@ -154,8 +160,13 @@ def diagnose(
             ``mode``); 0 skips it.
         batch_size: examples per backbone call when ``data`` is a Dataset.
         seed: draws the examples and the random groups.
-        device: where to run (default: where the backbone is).
+        device: where to run (default: where the backbone is; given, the backbone or model is moved
+            there, as :func:`sopfast.adapt_backbone` moves it); one this machine lacks is a ValueError.
         progress: show a progress bar.
+
+    ``chance`` is the share of the measured examples in their most common class.  A backbone whose
+    outputs are not finite is a ValueError naming its first non-finite parameter or buffer, else the
+    output (non-finite inputs are refused by the adapter): accuracies over NaN logits mean nothing.
     """
     adapter = adapter_of(backbone)
     sop = backbone if isinstance(backbone, SOP) else None
@@ -172,11 +183,13 @@ def diagnose(
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_bool("progress", progress)
-    run_device = torch.device(device) if device is not None else _device_of(adapter)
+    run_device = resolve_device(device) if device is not None else _device_of(adapter)
+    if device is not None:
+        (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
     generator = torch.Generator().manual_seed(seed)
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}
     full = seen = informed = informed_seen = 0
-    classes: int | None = adapter.num_classes
+    counts = torch.zeros(0, dtype=torch.long)  # examples per class of the truth measured against
     used_labels = True
     bar = tqdm(total=examples, desc="sopfast diagnose", disable=not progress, leave=False)
     with torch.no_grad():
@@ -185,16 +198,18 @@ def diagnose(
             n = min(len(batch), examples - seen)
             inputs = adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs())).rows(slice(0, n))
             logits = adapter.full_forward(inputs)[0].float()
-            classes = classes or int(logits.shape[-1])
+            check_finite(logits, adapter, "its output on the data")
             if batch.labels is None or batch.labels.dim() != 1:
                 used_labels = False
                 truth = logits.argmax(-1)
             else:
-                truth = batch.labels[:n].long()
+                truth = check_labels(batch.labels[:n], int(logits.shape[-1]))
+            counts = _count(counts, truth)
             full += int((logits.argmax(-1) == truth).sum())
             masks = random_group_masks(adapter.candidate_mask(inputs), tau, num_groups, generator)
             for group_mode in adapter.supported_modes:
                 group_logits = run_mask_sets(adapter, inputs, masks.to(run_device), group_mode).logits.float()
+                check_finite(group_logits, adapter, f"its output on random groups in {group_mode} mode")
                 sums[group_mode] += _group_scores(group_logits, truth).cpu()
             take = min(n, informed_examples - informed_seen)
             if take > 0:
@@ -214,7 +229,7 @@ def diagnose(
         num_groups=num_groups,
         mode=chosen_mode,
         examples=seen,
-        chance=1.0 / classes if classes else math.nan,
+        chance=int(counts.max()) / seen,
         full_accuracy=full / seen,
         random_groups={m: GroupAccuracy(*(s / seen).tolist()) for m, s in sums.items()},
         labels="labels" if used_labels else "backbone predictions",
@@ -227,8 +242,11 @@ def diagnose(
 
 def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write: Any) -> dict[str, Any]:
     """The diagnostic a training run starts with (``config``: its :class:`TrainConfig`): measured on
-    ``data``, saved as ``diagnosis.json`` in the run folder, passed to ``write`` (the run's log) and
-    logged in words (a weak verdict as a warning)."""
+    ``data`` (read as training reads it: anything but a DataLoader is a dataset of examples, a list of
+    ``(x, y)`` or of dicts included), saved as ``diagnosis.json`` in the run folder, passed to ``write``
+    (the run's log) and logged in words (a weak verdict as a warning)."""
+    if not isinstance(data, (DataLoader, Dataset)):
+        data = Subset(data, range(len(data)))
     report = diagnose(
         model, data, examples=config.diagnose_examples, seed=config.seed, device=device, progress=config.progress
     )
@@ -333,6 +351,43 @@ def informed_group(
     rank = cost.argsort(dim=-1, descending=True).argsort(dim=-1)
     group = (rank < k.view(b, 1)) & valid
     return run_mask_sets(adapter, inputs, group.unsqueeze(1), mode).logits[:, 0].float()
+
+
+def check_labels(labels: torch.Tensor, classes: int) -> torch.Tensor:
+    """``labels [B]`` as class ids of a backbone with ``classes`` outputs: a TypeError naming the
+    non-integer values (``0.5``; floats, even integral ones, are refused as :func:`sopfast.train`
+    refuses them), a ValueError naming those outside ``[0, classes)`` (checked on the host on every device:
+    the diagnostic reads its scores there anyway)."""
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        shown = sorted({float(v) for v in labels.flatten().tolist()})
+        odd = [v for v in shown if not v.is_integer()] or shown
+        raise TypeError(
+            f"data: labels must be integer class ids in [0, {classes - 1}] (the backbone's {classes} classes), "
+            f"got {labels.dtype} values {odd[:10]}"
+        )
+    check_class_ids("data: labels", labels.cpu(), classes, "classes of the backbone")  # on the host: an error
+    return labels.long()
+
+
+def check_finite(values: torch.Tensor, adapter: BackboneAdapter, what: str) -> None:
+    """A ValueError when ``values`` (the backbone's logits) hold NaN or ±Inf, naming why: the first
+    non-finite parameter or buffer of the backbone, else ``what`` (the adapters refuse non-finite inputs)."""
+    if bool(torch.isfinite(values).all()):
+        return
+    backbone = adapter.backbone
+    weights = non_finite({**dict(backbone.named_parameters()), **dict(backbone.named_buffers())})
+    if weights:
+        more = f" ({len(weights) - 1} more)" if weights[1:] else ""
+        cause = f"its parameter {weights[0]!r} holds NaN or Inf{more}"
+    else:
+        cause = f"{what} holds NaN or Inf"
+    raise ValueError(f"diagnose: the backbone's outputs are not finite: {cause}; accuracies over them mean nothing")
+
+
+def _count(counts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """``counts`` (examples per class so far) plus the classes of ``truth [B]``."""
+    found = torch.bincount(truth.cpu(), minlength=len(counts))
+    return found + torch.nn.functional.pad(counts, (0, len(found) - len(counts)))
 
 
 def _group_scores(logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -213,7 +213,7 @@ def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> tuple[di
             entries["backbone_option"] = dict(source["options"])
     entries.update(extra)
     entries.update(dict(model.config))
-    skipped = ("resume", "log_file", "find_unused_parameters", "output_dir")
+    skipped = ("resume", "log_file", "output_dir")  # a re-run writes a new folder (log_file: in it by default)
     entries.update({k: v for k, v in dataclasses.asdict(config).items() if k not in skipped})
     entries = {k: _plain(v) for k, v in entries.items() if v is not None}
     path = Path(config.output_dir) / CONFIG_NAME

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_source(p, need_checkpoint=True)
     add_load_overrides(p)
     add_data(p)
-    p.set_defaults(whole_split=True)
+    p.set_defaults(whole_split=True, labels_optional=True)  # data without labels: null labels
     holdout = next(a for a in p._actions if a.dest == "holdout")
     holdout.help = "predict only this held-out fraction of a single split, as evaluate does (default: all of it)"
     p.add_argument("--split", default=None, help="the data's split (default: test, validation, else the only one)")

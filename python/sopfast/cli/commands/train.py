@@ -43,8 +43,12 @@ SOP_SKIP = ("class_weights",)
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
 TRAIN_SKIP = ("resume", "device", "seed")
 SOP_OPTIONS = frozenset(name for name in parameters(SOP) if name not in SOP_SKIP)
-# the data flags a run folder's config.yaml keeps (besides the model and training options)
-DATA_FLAGS = [
+# the flags a run folder's config.yaml keeps besides the model and training options and the backbone's
+# source: the data flags and the model to continue (not kept: --output-dir, --resume-from and --no-resume,
+# as a re-run trains anew in a new folder, and --trust-pickle, which each command must be given itself)
+RUN_FLAGS = [
+    "checkpoint",
+    "strict_backbone",
     "data",
     "limit",
     "val_limit",
@@ -60,6 +64,7 @@ DATA_FLAGS = [
     "image_mean",
     "image_std",
     "max_length",
+    "object_masks",
 ]
 
 
@@ -164,13 +169,23 @@ def run(args: argparse.Namespace) -> int:
     if options.get("output_dir") is None:
         options["output_dir"] = default_run_dir(args)
         report(f"the run folder is {options['output_dir']} (--output-dir names another)")
-    result = train(model, train_data, val_data, run_config=present(args, DATA_FLAGS), **options)
+    result = train(model, train_data, val_data, run_config=run_config(args), **options)
     output_dir = options["output_dir"]
     print(
         f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
         f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
     )
     return 0
+
+
+def run_config(args: argparse.Namespace) -> dict:
+    """The :data:`RUN_FLAGS` given (or filled in from a checkpoint), for ``config.yaml``: paths absolute."""
+    given = present(args, RUN_FLAGS)
+    if "checkpoint" in given:
+        given["checkpoint"] = os.path.abspath(given["checkpoint"])
+    else:
+        given.pop("strict_backbone", None)  # it applies to a checkpoint only
+    return given
 
 
 def default_run_dir(args: argparse.Namespace, root: str = RUNS_DIR) -> str:
