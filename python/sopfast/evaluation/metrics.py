@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_bool, check_rank, check_same_length
+from ..model.agreement import group_bounds  # noqa: F401  (a metric of sopfast.metrics)
 from .group_metrics import (
     DIVERSITY,
     distinct_groups,
@@ -345,27 +346,3 @@ def agreement_kl(logits: torch.Tensor, reference_logits: torch.Tensor, reduction
     target = torch.log_softmax(reference_logits.float(), dim=-1)
     kl = (target.exp() * (target - torch.log_softmax(logits.float(), dim=-1))).sum(dim=-1)
     return kl if reduction == "none" else kl.mean()
-
-
-def group_bounds(
-    group_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor | None = None
-) -> dict[str, torch.Tensor]:
-    """Where a grouped prediction can lose, per example (1/0), from the backbone's logits on each group
-    ``group_logits [B, m, C]`` and on the whole input ``reference_logits [B, C]``:
-
-    * ``generator_bound`` – some group alone makes the backbone predict its full-input class;
-    * ``generator_bound_correct`` – some group alone is predicted correctly (with ``labels [B]``);
-    * ``selector_bound`` – the label-free rule "the first group that agrees with the backbone, else the
-      most confident group" predicts correctly (with ``labels``): what a selector that finds the agreeing
-      group would score with these groups;
-    * ``one_group_agrees`` – the share of the ``m`` groups that alone agree with the backbone.
-    """
-    group_class = group_logits.argmax(dim=-1)
-    agrees = group_class == reference_logits.argmax(dim=-1).unsqueeze(1)
-    out = {"generator_bound": agrees.any(dim=1).float(), "one_group_agrees": agrees.float().mean(dim=1)}
-    if labels is not None:
-        out["generator_bound_correct"] = (group_class == labels.unsqueeze(1)).any(dim=1).float()
-        confident = torch.softmax(group_logits.float(), dim=-1).amax(dim=-1).argmax(dim=1)
-        pick = torch.where(agrees.any(dim=1), agrees.float().argmax(dim=1), confident)
-        out["selector_bound"] = (group_class.gather(1, pick.unsqueeze(1)).squeeze(1) == labels).float()
-    return out

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_tensor, check_values
+from .agreement import agreement_scores
 from .generator import standardize_rows
 
 
@@ -163,8 +164,6 @@ def sufficiency_loss(group_logits: torch.Tensor, lam: torch.Tensor, reference_lo
     for worse ones — a signal for every group, also those the selector leaves out, which the paper's loss
     never reaches.  ``group_logits [B, m, C]``, ``lam [B, m]``, ``reference_logits [B, C]``.  An opt-in
     training signal for the generator (``SOP(sufficiency_weight=...)``), not part of the paper."""
-    from .selector import agreement_scores
-
     if group_logits.shape[0] == 0 or group_logits.shape[1] < 2:
         return lam.sum() * 0.0
     reward = agreement_scores(group_logits, reference_logits)

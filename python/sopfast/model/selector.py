@@ -10,15 +10,6 @@ from ..ops import group_select, sparsemax
 from ..ops.group_select import selector_scores
 
 
-def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
-    """``[B, m]``: ``log p_i(ŷ)``, the log-probability each group's logits ``[B, m, C]`` give to the class
-    ``ŷ`` the frozen backbone predicts on the whole input (``reference_logits [B, C]``): how well a group
-    alone makes the backbone say what it says on the full input (fp32, no gradient)."""
-    target = reference_logits.detach().argmax(dim=-1)
-    logp = torch.log_softmax(group_logits.detach().float(), dim=-1)
-    return logp.gather(2, target.view(-1, 1, 1).expand(-1, logp.shape[1], 1)).squeeze(2)
-
-
 def check_class_weights(class_weights: object, key_dim: int, num_classes: int | None) -> torch.Tensor:
     """``class_weights`` if it is a finite float ``[C, H]`` tensor with ``H = key_dim`` (and ``C = num_classes``
     where the backbone knows its classes)."""

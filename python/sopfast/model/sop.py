@@ -28,6 +28,7 @@ from ..checks import (
 )
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
+from .agreement import agreement_scores
 from .authors import AuthorsCheckpoint
 from .checkpoint import hash_backbone
 from .generator import GroupGenerator, check_candidates, check_finite_lam
@@ -37,7 +38,7 @@ from .penalty import RegularisedOutput, training_penalty
 from .pictures import explain_image, explain_text, image_grid
 from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, get_recipe, resolve_options
 from .runtime import COMPILE_CHOICES, cast_backbone, compile_blocks, compiles_on
-from .selector import GroupSelector, agreement_scores, check_class_weights
+from .selector import GroupSelector, check_class_weights
 
 TASKS = ("classification", "regression")
 
