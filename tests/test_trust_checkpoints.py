@@ -17,6 +17,7 @@ from sopfast.model.checkpoint import (
     LATER_OPTIONS,
     REQUIRED_OPTIONS,
     WEIGHTS_NAME,
+    _config_sha256,
     atomic_save,
     load_training_state,
     save_pretrained,
@@ -48,7 +49,14 @@ def as_0_3_0(tmp_path) -> dict:
     """The config as sopfast 0.3.0 wrote it: no checksums, no dtype/shape record."""
     meta = config(tmp_path)
     del meta["sha256"], meta["weights"]
+    meta["sopfast_version"] = "0.3.0"
     write_config(tmp_path, meta)
+    return meta
+
+
+def resealed(meta: dict) -> dict:
+    """``meta`` with its own SHA-256 recomputed (as if the edit had been saved)."""
+    meta["sha256"][CONFIG_NAME] = _config_sha256(meta)
     return meta
 
 
@@ -109,7 +117,8 @@ def test_a_missing_config_entry_is_an_error_naming_it_and_the_file(tmp_path, key
 def test_a_float_stored_as_integers_is_refused(tmp_path):
     model = saved(tmp_path)
     meta = config(tmp_path)
-    del meta["sha256"]  # a file without checksums: its recorded dtypes still apply
+    del meta["sha256"]  # a file without checksums (only sopfast 0.3.0 wrote them so): its recorded dtypes apply
+    meta["sopfast_version"] = "0.3.0"
     write_config(tmp_path, meta)
     weights = load_file(tmp_path / WEIGHTS_NAME)
     weights["generator.heads.0"] = weights["generator.heads.0"].long()
@@ -142,10 +151,10 @@ def test_the_version_is_read_and_checked(tmp_path, version, match):
 
 def test_a_newer_patch_version_loads(tmp_path):
     model = saved(tmp_path)
-    meta = as_0_3_0(tmp_path)
+    meta = config(tmp_path)
     major, minor, patch = map(int, sopfast.__version__.split(".")[:3])
     meta["sopfast_version"] = f"{major}.{minor}.{patch + 1}"
-    write_config(tmp_path, meta)
+    write_config(tmp_path, resealed(meta))
     loaded = SOP.from_pretrained(tmp_path, model.backbone).eval()
     with torch.no_grad():
         assert torch.equal(loaded(X).logits, model.eval()(X).logits)

@@ -1,5 +1,6 @@
-"""What makes a saved file trustworthy: SHA-256 checksums (of a file's bytes, and of a nested training
-state's values), the sopfast version that wrote it, and finite values.
+"""What makes a saved file trustworthy: written all-or-nothing (a temporary file in the same folder,
+``fsync``, then ``os.replace``), SHA-256 checksums (of a file's bytes, and of a nested training state's
+values), the sopfast version that wrote it, and finite values.
 
 A training state's checksum is computed over its *values* (every tensor's dtype, shape and bytes, every
 number, string and key, in a fixed order), so it proves the state that :func:`torch.load` returns is the
@@ -9,13 +10,72 @@ one that was saved, whatever the zip container around it.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 
+#: The first sopfast version whose every checkpoint and training state holds its SHA-256 checksums: from it on
+#: they are required (older files, which never had them, load without).
+CHECKSUMS_FROM = (0, 4)
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.-]?(?:a|b|rc|dev|post)\d*)*(?:\+[\w.]+)?$")
+
+
+def temp_name(path: Path) -> Path:
+    """A fresh temporary name next to ``path`` (``.<name>.<pid>.<8 hex>.tmp``), which
+    :func:`sopfast.model.state_files.remove_stale_temp_files` recognises once its process is gone."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
+    """Write ``path`` all-or-nothing: ``write(f)`` fills a temp file that replaces ``path`` once synced
+    (what ``write`` returns, e.g. ``f.write``'s byte count, is ignored)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` all-or-nothing (:func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` all-or-nothing (:func:`atomic_write`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> Path:
+    """``figure.savefig(path, dpi=dpi)`` (a matplotlib figure) all-or-nothing, in the format of
+    ``path``'s suffix."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return atomic_write(path, lambda f: figure.savefig(f, format=fmt, dpi=dpi))
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX only; a no-op elsewhere)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -321,6 +321,18 @@ def inferred_source(model: nn.Module) -> dict[str, Any] | None:
     return None
 
 
+def source_folders(source: dict[str, Any] | None, model: nn.Module | None = None) -> list[str]:
+    """The existing folders a backbone was loaded from: its Hugging Face directory, its weights' or its
+    pickled module's folder (``source``: :meth:`Backbone.describe`), a Hugging Face model's ``name_or_path``."""
+    record = source if isinstance(source, dict) else {}
+    paths = [record.get("spec"), record.get("weights"), getattr(model, "name_or_path", None)]
+    return [
+        path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        for path in paths
+        if isinstance(path, str) and path and os.path.exists(path)
+    ]
+
+
 def load_recorded(source: dict[str, Any], where: str) -> Backbone:
     """The backbone a checkpoint recorded (:meth:`Backbone.describe`); ``where`` names the checkpoint in
     errors, which say to pass the backbone when it cannot be loaded from the record."""

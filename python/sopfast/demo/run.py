@@ -28,7 +28,10 @@ from ..data import builtin as data
 from ..data.batches import Batch, parse_batch
 from ..data.object_masks import ObjectMasks
 from ..explain import write_explanations
+from ..integrity import atomic_write_text
 from ..model.sop import SOP
+from ..model.state_files import write_model_folder
+from ..training.records import check_run_folder
 from .report import COMPARISON_COLUMNS, format_results
 
 # Test images the demo's comparison covers (every baseline runs insertion and deletion on each; the text
@@ -199,7 +202,7 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, s
     """The image demo; returns the results dict (also written to ``<out>/results.json``): the backbone
     trained the ordinary way, SOP on it (``"ordinary"``), the opt-in adaptation of a copy
     (``"adaptation"``) and SOP on the adapted copy (``"adapted"``)."""
-    from ..training.adapt import adapt_backbone
+    from ..training.adapt import PROVENANCE_NAME, adapt_backbone
 
     train_data, test_data = _load_images(quick)
     backbone, grid = _image_backbone(train_data, quick, device, seed)
@@ -237,6 +240,7 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, s
         device=device,
         seed=seed,
         output_dir=os.path.join(out_dir, "backbone-adapted"),
+        overwrite=os.path.isfile(os.path.join(out_dir, "backbone-adapted", PROVENANCE_NAME)),
     )
     results["adaptation"] = {
         "seconds": time.perf_counter() - start,
@@ -250,8 +254,17 @@ def run_image_demo(out_dir: str, quick: bool, device: torch.device, seed: int, s
     results["epoch_seconds"], results["timing_table"] = _epoch_times(
         paper, x_test[:32], y_test[:32], steps, repeats=1 if quick else 7
     )
-    backbone.save_pretrained(os.path.join(out_dir, "backbone"))
+    save_demo_backbone(out_dir, backbone)
     return results
+
+
+def save_demo_backbone(out_dir: str, *parts: Any) -> None:
+    """The demo's trained backbone (``parts``: the model, its tokenizer, each with ``save_pretrained``) in
+    ``<out_dir>/backbone``, all-or-nothing; an earlier demo's (``results.json`` beside it) is replaced."""
+    earlier = os.path.isfile(os.path.join(out_dir, "results.json"))
+    write_model_folder(
+        os.path.join(out_dir, "backbone"), lambda folder: [p.save_pretrained(folder) for p in parts], overwrite=earlier
+    )
 
 
 def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str | tuple) -> dict:
@@ -326,6 +339,7 @@ def run_demo(
     """Run the demo, print its table and write ``<out_dir>/results.json``; SOP is trained with ``seeds``
     seeds (``seed``, ``seed + 1``, …) and reported as their mean and spread."""
     device = device or torch.device("cpu")
+    check_run_folder(out_dir, "out_dir (--out)")
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     if task == "image":
@@ -335,8 +349,7 @@ def run_demo(
 
         results = run_text_demo(out_dir, quick, device, seed, seeds)
     results["total_seconds"] = time.perf_counter() - start
-    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
+    atomic_write_text(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
     print(format_results(results))
     print(f"\nTotal {results['total_seconds']:.0f} s; results in {os.path.join(out_dir, 'results.json')}")
     return results

@@ -15,7 +15,15 @@ from ..data import builtin as data
 from ..data.datasets import TextDataset
 from ..explain import write_explanations
 from ..model.sop import SOP
-from .run import CURVE_METRICS, _labels, _parsed_batches, _record_accuracy, _sop_accuracy, _train_sop
+from .run import (
+    CURVE_METRICS,
+    _labels,
+    _parsed_batches,
+    _record_accuracy,
+    _sop_accuracy,
+    _train_sop,
+    save_demo_backbone,
+)
 
 # Test texts the comparison covers (every baseline runs on each; the text baselines are slow per input).
 COMPARE_TEXTS = 500
@@ -146,8 +154,7 @@ def run_text_demo(out_dir: str, quick: bool, device: torch.device, seed: int, se
     train_set, test_set = text_splits(quick, seed)
     backbone = _text_backbone(train_set, device, quick, seed)
     results = text_study(backbone, train_set, test_set, out_dir, quick, device, list(range(seed, seed + seeds)))
-    backbone.save_pretrained(os.path.join(out_dir, "backbone"))
-    train_set.tokenizer.save_pretrained(os.path.join(out_dir, "backbone"))
+    save_demo_backbone(out_dir, backbone, train_set.tokenizer)
     return results
 
 

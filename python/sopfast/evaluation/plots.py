@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from ..integrity import save_figure
 
 Results = dict[str, dict[str, Any]]
 # SOP and random groups in fixed colours; the other methods take the rest of matplotlib's tab10
@@ -60,7 +61,6 @@ def plot_curves(results: Results, path: str, metric: str = "accuracy") -> str:
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8, frameon=False)
     fig.suptitle(f"{metric} over inference sparsity and group count", fontsize=11)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

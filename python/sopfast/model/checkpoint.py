@@ -12,11 +12,15 @@ is identified by a hash instead of being copied:
   ``weights``, the dtype and shape of every tensor in the weights file, and ``sha256``, the SHA-256 of
   the weights file and of the config's own entries.
 
-Every file is written atomically, and the training state has a checksum too (:mod:`sopfast.model.state_files`).
+A directory is written all-or-nothing (:func:`~sopfast.model.state_files.write_model_folder`): a new
+folder, or one holding an SOP checkpoint, which is replaced; a folder holding another model only with
+``overwrite=True``, and never the backbone's own folder.  The training state has a checksum too
+(:mod:`sopfast.model.state_files`).
 
 Loading verifies what was recorded (a mismatch names the file), requires every entry the saving
-version writes, refuses a checkpoint of a newer sopfast (major or minor) and NaN or infinite values.
-Checkpoints of sopfast 0.3.0 and older hold no checksums and load with the other checks.
+version writes (the checksums from sopfast 0.4 on), refuses a checkpoint of a newer sopfast (major or
+minor) and NaN or infinite values.  Checkpoints of sopfast 0.3.0 and older hold no checksums and load
+with the other checks.
 """
 
 from __future__ import annotations
@@ -35,18 +39,21 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
-from ..checks import check_path
-from ..integrity import check_version, listed, non_finite, sha256_bytes, update_with_tensor
+from ..adapters.sources import source_folders
+from ..checks import check_bool, check_path
+from ..integrity import CHECKSUMS_FROM, check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
 from .recipes import RECIPES
 
 # the training-state functions, where they always were
+from .state_files import CARD_NAME as CARD_NAME
 from .state_files import STATE_NAME as STATE_NAME
 from .state_files import atomic_save as atomic_save
-from .state_files import atomic_write
+from .state_files import atomic_write as atomic_write
 from .state_files import load_training_state as load_training_state
 from .state_files import remove_stale_temp_files as remove_stale_temp_files
 from .state_files import save_training_state as save_training_state
+from .state_files import write_model_folder
 
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
@@ -232,8 +239,19 @@ def upgrade_legacy_state(state: dict[str, torch.Tensor], config: dict[str, Any])
         state["generator.heads.0"] = weight
 
 
+def check_provenance(model: Any) -> dict[str, Any]:
+    """``model.provenance`` (where the model came from), a TypeError naming it unless it is a dict."""
+    if not isinstance(model.provenance, dict):
+        raise TypeError(
+            f"model.provenance must be a dict (where the model came from), got {model.provenance!r} "
+            f"({type(model.provenance).__name__})"
+        )
+    return model.provenance
+
+
 def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, Any]:
     """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
+    check_provenance(model)
     config = dict(model.config)
     config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
     return {
@@ -252,18 +270,15 @@ def _config_sha256(meta: dict[str, Any]) -> str:
     return sha256_bytes(json.dumps(entries, sort_keys=True).encode())
 
 
-def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256: str | None = None) -> Path:
-    """Save the trainable parts of ``model`` and its config to ``directory`` (created if needed).
-
-    ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.  NaN or
-    infinite weights are refused (a ValueError naming them): a model that cannot predict is not written.
-    """
-    directory = Path(check_path("directory", directory, directory=True))
+def sop_files(model: Any, backbone_sha256: str | None = None) -> dict[str, bytes]:
+    """The weights file and the config of ``model`` (a :class:`sopfast.SOP`), by name: what
+    :func:`save_pretrained` writes.  NaN or infinite weights are refused (a ValueError naming them): a model
+    that cannot predict is not written."""
     state = trainable_state_dict(model)
     not_finite = non_finite(state)
     if not_finite:
         raise ValueError(
-            f"refusing to save a model with NaN or infinite weights in {listed(not_finite)} to {directory!s} "
+            f"refusing to save a model with NaN or infinite weights in {listed(not_finite)} "
             "(it could not predict; a diverged training run?)"
         )
     weights = safetensors_save(state, metadata={"format": "pt"})
@@ -272,10 +287,41 @@ def save_pretrained(model: Any, directory: str | os.PathLike, *, backbone_sha256
     try:
         json.dumps(meta)
     except TypeError as err:
-        raise TypeError(f"model.config must be JSON-serialisable to save it: {err}") from err
+        raise TypeError(f"model.config and model.provenance must be JSON-serialisable to save them: {err}") from err
     meta["sha256"] = {WEIGHTS_NAME: sha256_bytes(weights), CONFIG_NAME: _config_sha256(meta)}
-    atomic_write(directory / WEIGHTS_NAME, lambda f: f.write(weights))
-    atomic_write(directory / CONFIG_NAME, lambda f: f.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
+    return {WEIGHTS_NAME: weights, CONFIG_NAME: json.dumps(meta, indent=2, sort_keys=True).encode()}
+
+
+def save_pretrained(
+    model: Any,
+    directory: str | os.PathLike,
+    *,
+    backbone_sha256: str | None = None,
+    model_card: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save the trainable parts of ``model`` and its config (and ``model_card`` as ``README.md``) to
+    ``directory``, all-or-nothing (:func:`~sopfast.model.state_files.write_model_folder`).
+
+    A new folder, or one holding an SOP checkpoint (replaced), is written; one holding another model only
+    with ``overwrite=True`` (its model files replaced), and the backbone's own folder never.
+    ``backbone_sha256`` skips re-hashing the backbone when the caller already knows the hash.  NaN or
+    infinite weights are refused (a ValueError naming them).
+    """
+    directory = Path(check_path("directory", directory, directory=True))
+    check_bool("overwrite", overwrite)
+    files = sop_files(model, backbone_sha256)
+    if model_card is not None:
+        files[CARD_NAME] = model_card.encode("utf-8")
+
+    def write(folder: Path) -> None:
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+
+    inputs = source_folders(model.provenance.get("backbone"), model.backbone)
+    write_model_folder(
+        directory, write, overwrite=overwrite, inputs=inputs, own=(WEIGHTS_NAME, CONFIG_NAME), name="directory"
+    )
     return directory
 
 
@@ -317,12 +363,23 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path} is not a valid SOP config: it lacks {missing or ['a config mapping']}")
     version = check_version(meta["sopfast_version"], str(path), __version__)
     recorded = meta.get("sha256")
+    if recorded is None and version[:2] >= CHECKSUMS_FROM:
+        raise ValueError(
+            f"{path} holds no sha256 entry, which sopfast {meta['sopfast_version']} writes into every checkpoint: "
+            "its checksums were removed, so it cannot prove itself; save the model again"
+        )
     if recorded is not None:
-        if not isinstance(recorded, dict) or recorded.get(CONFIG_NAME) != _config_sha256(meta):
+        if (
+            not isinstance(recorded, dict)
+            or recorded.get(CONFIG_NAME) != _config_sha256(meta)
+            or not isinstance(recorded.get(WEIGHTS_NAME), str)
+        ):
             raise ValueError(
                 f"{path} does not match its recorded SHA-256: the file is corrupted or was edited (to change an "
                 "option, pass it to SOP.from_pretrained instead, e.g. tau=0.1)"
             )
+    if not isinstance(meta.get("provenance") or {}, dict):
+        raise ValueError(f"{path}: provenance is {meta['provenance']!r}, not a mapping: the file is corrupted")
     absent = [key for key in REQUIRED_OPTIONS if key not in meta["config"]]
     if absent and version[:2] >= _REQUIRED_FROM:
         raise ValueError(

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,12 @@ import yaml
 from torch import nn
 
 from ..adapters.preprocessing import Preprocessing, preprocessing_for
-from ..adapters.sources import Backbone, load_recorded
+from ..adapters.sources import Backbone, load_recorded, one_line
 from ..checks import check_bool
 from ..version import __version__
-from .checkpoint import pretrained_directory, read_config, read_pretrained, save_pretrained
+from .checkpoint import CARD_NAME as CARD_NAME
+from .checkpoint import check_provenance, pretrained_directory, read_config, read_pretrained, save_pretrained
 
-CARD_NAME = "README.md"
 DIAGNOSIS_FILE = "diagnosis.json"  # what a run folder of sopfast.train holds beside best/ and last/
 PIPELINES = {"image": "image-classification", "text": "text-classification"}
 #: a Hub repository id, ``user/name``, as opposed to a local path (whose first folder exists here)
@@ -94,13 +96,21 @@ class HubMixin:
     provenance: dict[str, Any]
 
     def save_pretrained(
-        self, directory: str | os.PathLike, *, model_card: bool = True, backbone_sha256: str | None = None
+        self,
+        directory: str | os.PathLike,
+        *,
+        model_card: bool = True,
+        backbone_sha256: str | None = None,
+        overwrite: bool = False,
     ) -> str:
         """Write the trainable weights (safetensors), the config, the backbone's hash and (``model_card``)
-        the model card ``README.md`` to ``directory`` (``backbone_sha256``: the hash, when known)."""
-        path = save_pretrained(self, directory, backbone_sha256=backbone_sha256)
-        if model_card:
-            (path / CARD_NAME).write_text(self.model_card(), encoding="utf-8")
+        the model card ``README.md`` to ``directory``, all-or-nothing (``backbone_sha256``: the hash, when
+        known).  A folder holding another model is refused unless ``overwrite=True`` (its model files are
+        replaced), and the backbone's own folder always (:func:`sopfast.model.checkpoint.save_pretrained`)."""
+        check_bool("model_card", model_card)
+        check_provenance(self)
+        card = self.model_card() if model_card else None
+        path = save_pretrained(self, directory, backbone_sha256=backbone_sha256, model_card=card, overwrite=overwrite)
         return str(path)
 
     @classmethod
@@ -148,7 +158,7 @@ class HubMixin:
         model.provenance = {**saved.provenance, **loaded}
         run_diagnosis = path.parent / DIAGNOSIS_FILE
         if model.provenance.get("diagnosis") is None and path != found and run_diagnosis.is_file():
-            model.provenance["diagnosis"] = json.loads(run_diagnosis.read_text(encoding="utf-8"))
+            model.provenance["diagnosis"] = _read_diagnosis(run_diagnosis)
         return model
 
     def push_to_hub(
@@ -169,16 +179,25 @@ class HubMixin:
         except ImportError as err:
             raise _needs_hub("push_to_hub") from err
         api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as parent:
+            folder = os.path.join(parent, "model")
             self.save_pretrained(folder)
-            return api.upload_folder(
-                repo_id=repo_id,
-                folder_path=folder,
-                commit_message=commit_message,
-                revision=branch,
-                create_pr=create_pr,
-            )
+            try:
+                repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+                return api.upload_folder(
+                    repo_id=repo_id,
+                    folder_path=folder,
+                    commit_message=commit_message,
+                    revision=branch,
+                    create_pr=create_pr,
+                )
+            except Exception as err:
+                if not _unreachable(err):
+                    raise
+                raise ConnectionError(
+                    f"push_to_hub({repo_id!r}): no network reachable, the Hub cannot be reached ({one_line(err)}); "
+                    "save the model locally with save_pretrained(directory) instead, and upload it when online"
+                ) from err
 
     def model_card(self) -> str:
         """The model card (``README.md``): Hub metadata, then what the model is and how it was made."""
@@ -196,6 +215,33 @@ class HubMixin:
         ``{"pixel_values": [B, C, H, W]}``, texts (and ``text_pair``) → ``input_ids`` / ``attention_mask`` /
         ``token_type_ids``; ``model(**model.preprocess(inputs))`` predicts."""
         return self.preprocessing.batch(inputs, text_pair)
+
+
+def _read_diagnosis(path: Path) -> dict[str, Any] | None:
+    """A run folder's ``diagnosis.json``; ``None``, with a warning naming the file, when it is damaged."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        report = err
+    if isinstance(report, dict):
+        return report
+    warnings.warn(f"{path} is damaged ({report}): the model is loaded without its diagnosis", stacklevel=3)
+    return None
+
+
+#: The names of the exception classes (or their bases) of an unreachable network: httpx's, requests', the Hub's.
+_NETWORK_ERRORS = frozenset({"TransportError", "ConnectionError", "ConnectError", "Timeout", "OfflineModeIsEnabled"})
+
+
+def _unreachable(err: BaseException) -> bool:
+    """Whether ``err`` (or what caused it) says the network or the Hub cannot be reached."""
+    while err is not None:
+        if isinstance(err, (ConnectionError, TimeoutError, socket.gaierror)) or _NETWORK_ERRORS & {
+            c.__name__ for c in type(err).__mro__
+        }:
+            return True
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return False
 
 
 def _source(model: Any) -> Backbone:

@@ -4,7 +4,6 @@ page per text (:func:`explain_text`); :meth:`sopfast.SOP.explain` draws a batch 
 from __future__ import annotations
 
 import html
-import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from ..adapters.images import upsample_mask
+from ..integrity import atomic_write_text, save_figure
 from .output import SOPOutput
 
 
@@ -137,8 +137,7 @@ def explain_image(
     )
     fig.text(0.5, 0.02, "\n".join(textwrap.wrap(LEGEND, 150)), ha="center", va="bottom", fontsize=7, color="#333")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return n_panels
 
@@ -253,7 +252,5 @@ def explain_text(
         + f"<p class='legend'>{html.escape(LEGEND.replace('grey: the groups the prediction does not use. ', ''))} "
         "alone: the backbone's prediction from the group's words only.</p></body></html>"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    atomic_write_text(path, page)
     return spans

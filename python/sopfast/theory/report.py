@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_choice
+from ..integrity import save_figure
 from .bounds import (
     KINDS,
     MAX_ENUMERATED_D,
@@ -137,7 +138,7 @@ def plot_series(series: Sequence[BoundSeries], path: str) -> None:
         ax.set_title(f"{s.kind.split('-')[0].capitalize()}s: per-feature SANN lower bound")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -8,6 +8,10 @@ backbone supports: masked features removed as ``exact`` removes them, and only t
 still predicts as the original does on whole inputs.  It reports both backbones' accuracy, on whole
 inputs and on random groups, and saves the copy as a separate backbone that records where it came from.
 It changes the model SOP explains: the explanations are of the adapted copy, never of the original.
+
+The copy is written all-or-nothing into a new folder (:func:`sopfast.model.state_files.write_model_folder`):
+a folder that holds a model — another one, or an earlier adaptation — only with ``overwrite=True``, and
+the original's own folder never.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -29,10 +34,13 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from ..adapters import BackboneAdapter, get_adapter
-from ..adapters.sources import Backbone
-from ..checks import check_bool, check_int, check_number
+from ..adapters.sources import Backbone, source_folders
+from ..checks import check_bool, check_int, check_number, check_path
 from ..data.batches import parse_batch
+from ..devices import resolve_device
+from ..integrity import listed, non_finite
 from ..model.checkpoint import hash_backbone
+from ..model.state_files import MODEL_PREFIXES, check_model_folder, write_model_folder
 from ..types import FeatureInputs, Groups
 from ..version import __version__
 from .diagnose import Diagnosis, diagnose
@@ -85,6 +93,7 @@ def adapt_backbone(
     seed: int = 0,
     device: str | torch.device | None = None,
     output_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
     progress: bool = True,
     **adapter_kwargs: Any,
 ) -> AdaptResult:
@@ -113,7 +122,9 @@ def adapt_backbone(
         num_groups: the number of random groups of the before/after diagnostics.
         seed: the data order and the masks.
         device: where to train (default: where the backbone is).
-        output_dir: save the adapted copy there (:func:`save_adapted`) with ``sopfast_adaptation.json``.
+        output_dir: save the adapted copy there (:func:`save_adapted`) with ``sopfast_adaptation.json``: a
+            new folder (checked before training), never the backbone's own.
+        overwrite: replace the model ``output_dir`` holds (another one, or an earlier adaptation).
         progress: progress bars.
         **adapter_kwargs: the adapter's options (``feature_layer`` for CNNs).
     """
@@ -130,7 +141,12 @@ def adapt_backbone(
         raise ValueError("adapt_backbone: teacher_weight and label_weight are both 0, so nothing would be learned")
     check_int("seed", seed, 0)
     check_bool("progress", progress)
-    run_device = torch.device(device) if device is not None else _device_of(original)
+    check_bool("overwrite", overwrite)
+    if output_dir is not None:
+        check_path("output_dir", output_dir, directory=True)
+        check_model_folder(output_dir, overwrite=overwrite, inputs=source_folders(source, original))
+    _check_finite_parameters(original)
+    run_device = resolve_device(device) if device is not None else _device_of(original)
     original = original.to(run_device).eval()
     teacher = get_adapter(original, **adapter_kwargs)
     adapted = copy.deepcopy(original).requires_grad_(True)
@@ -162,14 +178,14 @@ def adapt_backbone(
             )
         inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
         loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise ValueError(_non_finite_loss(value, step + 1, lr, adapted, teacher, inputs))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(adapted.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise ValueError(f"adapt_backbone: the loss became {value} at step {step + 1} (lr {lr:g}); lower lr")
         bar.update(1)
         bar.set_postfix(loss=f"{value:.3f}")
     bar.close()
@@ -197,8 +213,41 @@ def adapt_backbone(
     }
     result = AdaptResult(adapted, before, after, provenance)
     if output_dir is not None:
-        result.output_dir = save_adapted(adapted, provenance, output_dir, source)
+        result.output_dir = save_adapted(adapted, provenance, output_dir, source, overwrite=overwrite)
     return result
+
+
+def _check_finite_parameters(model: nn.Module) -> None:
+    """A ValueError naming the backbone's NaN or infinite parameters and buffers, if it has any."""
+    bad = non_finite(dict(model.state_dict()))
+    if bad:
+        raise ValueError(
+            f"backbone holds NaN or infinite values in {listed(bad)}: its outputs are not finite, so it cannot be "
+            "adapted (nor explained); load the weights again"
+        )
+
+
+def _non_finite_loss(
+    value: float, step: int, lr: float, adapted: nn.Module, teacher: BackboneAdapter, inputs: FeatureInputs
+) -> str:
+    """Why the loss of ``step`` is ``value``: the original's output on the batch, the copy's parameters, or
+    (both finite) the learning rate."""
+    with torch.no_grad():
+        logits = teacher.full_forward(inputs)[0]
+    if not bool(torch.isfinite(logits).all()):
+        data = non_finite({"pixels": inputs.pixels})
+        where = f"the batch holds NaN or infinite values in {listed(data)}" if data else "its parameters are finite"
+        return (
+            f"adapt_backbone: the original backbone's output on the batch of step {step} is not finite (NaN or "
+            f"Inf; {where}); check the data and the backbone, the learning rate is not the cause"
+        )
+    bad = non_finite(dict(adapted.named_parameters()))
+    if bad:
+        return (
+            f"adapt_backbone: the copy's parameters became NaN or infinite by step {step} (first: {bad[0]}; lr "
+            f"{lr:g}); lower lr"
+        )
+    return f"adapt_backbone: the loss became {value} at step {step} (lr {lr:g}); lower lr"
 
 
 def _loss(
@@ -252,50 +301,63 @@ def _training_masks(
 
 
 def save_adapted(
-    model: nn.Module, provenance: dict[str, Any], output_dir: str | os.PathLike, source: dict[str, Any] | None = None
+    model: nn.Module,
+    provenance: dict[str, Any],
+    output_dir: str | os.PathLike,
+    source: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> str:
-    """Save an adapted backbone where sopfast loads backbones from, with ``sopfast_adaptation.json``.
+    """Save an adapted backbone where sopfast loads backbones from, with ``sopfast_adaptation.json``,
+    all-or-nothing (:func:`~sopfast.model.state_files.write_model_folder`): a folder that holds a model only
+    with ``overwrite=True``, the original's own folder (``source``, ``model.name_or_path``) never.
 
     A Hugging Face model: ``save_pretrained`` plus the original directory's preprocessing and tokenizer
     files (``--backbone OUTPUT_DIR``); a timm / torchvision model: ``model.safetensors`` (``--backbone
     <the same timm:/torchvision: name> --backbone-weights OUTPUT_DIR/model.safetensors``); another module:
     ``backbone.pt``, a pickled module (``--backbone OUTPUT_DIR/backbone.pt --trust-pickle``).
     """
-    out = os.fspath(output_dir)
-    os.makedirs(out, exist_ok=True)
+    if not isinstance(provenance, dict):
+        raise TypeError(f"provenance must be a dict, got {provenance!r} ({type(provenance).__name__})")
+    check_path("output_dir", output_dir, directory=True)
+    check_bool("overwrite", overwrite)
+    out = os.path.abspath(output_dir)
     kind = (source or {}).get("kind") or ("hf" if hasattr(model, "save_pretrained") else "module")
-    provenance = dict(provenance)
+    record = dict(provenance)
     if kind == "hf":
-        cast(Any, model).save_pretrained(out)
-        origin = (source or {}).get("spec") or getattr(model, "name_or_path", None)
-        _copy_preprocessing(origin, out)
-        provenance["load"] = {"backbone": os.path.abspath(out)}
+        record["load"] = {"backbone": out}
     elif kind in ("timm", "torchvision"):
-        from safetensors.torch import save_file
-
-        weights = os.path.join(out, "model.safetensors")
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
-        provenance["load"] = {
+        record["load"] = {
             "backbone": (source or {}).get("spec"),
-            "backbone_weights": os.path.abspath(weights),
+            "backbone_weights": os.path.join(out, "model.safetensors"),
             "options": (source or {}).get("options") or {},
         }
     else:
-        path = os.path.join(out, "backbone.pt")
-        torch.save(model, path)
-        provenance["load"] = {"backbone": os.path.abspath(path), "trust_pickle": True}
-    with open(os.path.join(out, PROVENANCE_NAME), "w", encoding="utf-8") as f:
-        json.dump(provenance, f, indent=2, default=str)
-    return out
+        record["load"] = {"backbone": os.path.join(out, "backbone.pt"), "trust_pickle": True}
+
+    def write(folder: Path) -> None:
+        if kind == "hf":
+            cast(Any, model).save_pretrained(folder)
+            _copy_preprocessing((source or {}).get("spec") or getattr(model, "name_or_path", None), folder)
+        elif kind in ("timm", "torchvision"):
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+        else:
+            torch.save(model, folder / "backbone.pt")
+        (folder / PROVENANCE_NAME).write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+
+    write_model_folder(output_dir, write, overwrite=overwrite, inputs=source_folders(source, model))
+    return os.fspath(output_dir)
 
 
-def _copy_preprocessing(origin: Any, out: str) -> None:
+def _copy_preprocessing(origin: Any, out: Path) -> None:
     """The processor and tokenizer files of a Hugging Face directory ``origin``, copied to ``out``."""
     if not isinstance(origin, str) or not os.path.isdir(origin):
         return
     for name in os.listdir(origin):
-        if name == "preprocessor_config.json" or name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-            shutil.copy2(os.path.join(origin, name), os.path.join(out, name))
+        if name == "preprocessor_config.json" or name.startswith(MODEL_PREFIXES):
+            shutil.copy2(os.path.join(origin, name), out / name)
 
 
 def _batches(data: Any, batch_size: int, seed: int) -> Iterable[Any]:

@@ -30,10 +30,11 @@ from ..adapters import BackboneAdapter
 from ..checks import check_bool, check_choice, check_class_ids, check_int, check_tau
 from ..data.batches import parse_batch
 from ..devices import resolve_device
-from ..integrity import non_finite
+from ..integrity import atomic_write_text, non_finite
 from ..masking.forward import adapter_of, run_mask_sets
 from ..model.agreement import group_bounds
 from ..model.sop import SOP
+from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
 from ..types import FeatureInputs
 
@@ -131,9 +132,8 @@ class Diagnosis:
         return out
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` as JSON."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
+        """Write :meth:`to_dict` as JSON, all-or-nothing (:func:`sopfast.integrity.atomic_write_text`)."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2))
 
     def lines(self) -> list[str]:
         """The table and the verdict, as lines of text."""
@@ -324,10 +324,21 @@ def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write
     return record
 
 
-def saved_diagnosis(output_dir: Path | None) -> dict[str, Any] | None:
-    """The diagnosis a run folder saved (``None`` when it has none)."""
+def saved_diagnosis(output_dir: Path | None, records: Iterable[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    """The diagnosis a run folder saved, else the last ``diagnosis`` record of its log (``records``), else
+    ``None``.  A damaged ``diagnosis.json`` is moved aside (``diagnosis.json.damaged-1``) with a warning."""
     path = None if output_dir is None else output_dir / DIAGNOSIS_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    if path is not None and path.is_file():
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(report, dict):
+                return report
+            raise ValueError("it is not a JSON object")
+        except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            aside = move_aside(path)
+            logger.warning("%s is damaged (%s): moved aside to %s", path, " ".join(str(err).split()), aside.name)
+    logged = [r for r in records if r.get("event") == "diagnosis"]
+    return {k: v for k, v in logged[-1].items() if k not in ("event", "step")} if logged else None
 
 
 def verdict(report: Diagnosis) -> tuple[str, list[str]]:

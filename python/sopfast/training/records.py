@@ -3,6 +3,11 @@
 installed: every value, the run's options as hparams and its ``config.yaml`` as text) and
 ``training_curves.png`` (one axis per quantity).
 
+A resumed run appends to them; one whose ``log.jsonl`` or ``metrics.csv`` is damaged (not UTF-8, a line
+that is no JSON record or CSV row, a cut last line) has the file moved aside (``log.jsonl.damaged-1``),
+says so in a warning and starts the file anew: the training state, not the logs, is what it resumes from.
+A run folder never holds a model of its own at its top (:func:`check_run_folder`).
+
 Train records come one per optimizer step (their losses are kept on the device and read in one
 transfer every ``log_every`` steps) with the loss by term (:class:`~sopfast.training.step_values.StepValues`);
 an evaluation record follows the train record of its step.
@@ -12,11 +17,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import os
 from pathlib import Path
 from typing import IO, Any
+
+from ..integrity import atomic_write_text, listed, save_figure
+from ..model.state_files import model_files, move_aside
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,8 @@ class RunRecords:
         self._csv: IO[str] | None = None
         self._tensorboard: Any = None
         self.output_dir = None if output_dir is None else Path(output_dir)
+        if self.output_dir is not None:
+            check_run_folder(self.output_dir)
         if log_file is not None:
             Path(log_file).parent.mkdir(parents=True, exist_ok=True)
             self.records = _read_json_lines(Path(log_file))
@@ -112,19 +123,61 @@ class RunRecords:
         self._json = self._csv = self._tensorboard = None
 
 
+def check_run_folder(directory: str | os.PathLike, name: str = "output_dir (--output-dir)") -> None:
+    """A ValueError when ``directory`` (named ``name``) holds a model at its top (a backbone's folder, another
+    model's): a run writes its own files there (``config.yaml``, ``best/`` …), never beside a model's."""
+    found = model_files(directory)
+    if found:
+        raise ValueError(
+            f"{name} {directory} holds a model ({listed(found)}): sopfast writes a run's own files and folders "
+            f"(best/, last/, training_state.pt, logs), never into a model's folder; choose another {name}"
+        )
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Move the damaged record file ``path`` aside, saying so."""
+    aside = move_aside(path)
+    logger.warning(
+        "%s is damaged (%s): moved aside to %s and started anew; the run resumes from its training state",
+        path,
+        why,
+        aside.name,
+    )
+
+
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of ``log.jsonl`` (none when it is missing, or damaged: then it is moved aside)."""
     if not path.is_file():
         return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        if not all(isinstance(r, dict) for r in records):
+            raise ValueError("a line is not a JSON object")
+        if text and not text.endswith("\n"):
+            raise ValueError("its last line is cut")
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        _set_aside(path, " ".join(str(err).split()))
+        return []
+    return records
 
 
 def _csv_header(path: Path) -> list[str] | None:
-    """The columns of an existing ``metrics.csv`` (``None`` when there is none yet)."""
+    """The columns of an existing ``metrics.csv`` (``None`` when there is none yet, or it was damaged and
+    is moved aside)."""
     if not path.is_file() or path.stat().st_size == 0:
         return None
-    with open(path, encoding="utf-8", newline="") as f:
-        return next(csv.reader(f), None)
+    try:
+        text = path.read_text(encoding="utf-8")
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+        if not rows or rows[0][:1] != [CSV_FIELDS[0]]:
+            raise ValueError(f"its first row is not a header starting with {CSV_FIELDS[0]!r}")
+        if any(len(row) != len(rows[0]) for row in rows[1:]) or not text.endswith("\n"):
+            raise ValueError("a row is cut or has other columns than the header")
+    except (ValueError, csv.Error) as err:
+        _set_aside(path, " ".join(str(err).split()))
+        return None
+    return rows[0]
 
 
 def _summary_writer(directory: Path) -> Any:
@@ -174,7 +227,7 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
         if len(lines) > 1:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
 
@@ -222,5 +275,5 @@ def write_run_config(config: Any, model: Any, extra: dict[str, Any]) -> tuple[di
         "(flags win over it)\n"
     )
     text = yaml.safe_dump(entries, sort_keys=False)
-    path.write_text(header + text, encoding="utf-8")
+    atomic_write_text(path, header + text)
     return entries, text

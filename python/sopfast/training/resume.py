@@ -11,6 +11,7 @@ A training state of sopfast 0.3.0 recorded fewer settings; the ones it has are c
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,15 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
             f"{listed(missing or ['rng or fingerprint mappings'])}; start afresh with resume=False (--no-resume)"
         )
     check_optimizer_state(path, state["optimizer"])
+    _check_tracking(path, state)
     saved = state["fingerprint"]
+    newer = [k for k in saved if k not in _LEGACY]
+    if "sha256" not in state and newer:
+        raise ValueError(
+            f"cannot resume from {path}: it holds no sha256 entry, yet records {listed(newer)}, which only sopfast "
+            "0.4 and later record, and they seal every state: its checksum was removed; start afresh with "
+            "resume=False (--no-resume)"
+        )
     # a sealed state (sopfast > 0.3.0) records every setting; an older one only some
     compared = now if "sha256" in state else {k: v for k, v in now.items() if k in saved or k in _LEGACY}
     changed = {
@@ -175,6 +184,24 @@ def check_resumable(path: Path, state: dict[str, Any], now: dict[str, Any], batc
     ):
         raise ValueError(
             f"cannot resume from {path}: its position {counters} is not inside an epoch of {batches_per_epoch} batches"
+        )
+
+
+def _check_tracking(path: Path, state: dict[str, Any]) -> None:
+    """A ValueError naming the file when the best metric, its step or the evaluations since are no numbers
+    of their kind (a corrupted or edited state)."""
+    best, best_step, since = state["best_metric"], state["best_step"], state.get("evals_since_best", 0)
+    bad = []
+    if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float)) or not math.isfinite(best)):
+        bad.append(f"best_metric is {best!r}, not a finite number or None")
+    if best_step is not None and (isinstance(best_step, bool) or not isinstance(best_step, int) or best_step < 0):
+        bad.append(f"best_step is {best_step!r}, not a step (an integer >= 0) or None")
+    if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+        bad.append(f"evals_since_best is {since!r}, not an integer >= 0")
+    if bad:
+        raise ValueError(
+            f"cannot resume from {path}: {'; '.join(bad)} (a corrupted or edited state); start afresh with "
+            "resume=False (--no-resume)"
         )
 
 

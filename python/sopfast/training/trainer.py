@@ -209,7 +209,7 @@ class Trainer:
         0); a resumed run reads the one its folder saved."""
         output_dir = self.config._output_path
         if self.step > 0:
-            self.diagnosis = saved_diagnosis(output_dir)
+            self.diagnosis = saved_diagnosis(output_dir, self.log.records)
         elif self.info.is_main:
             data = self.val_data if self.val_data is not None else self.train_data
             self.diagnosis = diagnose_run(self.model, data, self.config, self.device, self.log.write)

@@ -11,6 +11,7 @@ from ...defaults import BATCH_SIZE
 from ...evaluation.evaluate import evaluate, format_table
 from ...evaluation.plots import plot_curves
 from ...evaluation.registry import metric_names
+from ...integrity import atomic_write_text
 from ..common import (
     add_common,
     add_data,
@@ -107,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         method["data"] = loaded.description
     print(f"{loaded.description}\n{format_table(results)}")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
+        atomic_write_text(args.output, json.dumps(results, indent=2))
     if plot and any(r.get("curves") for r in results.values()):
         print(f"sopfast: curves written to {plot_curves(results, plot)}")
     return 0
