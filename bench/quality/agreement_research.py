@@ -54,6 +54,16 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "prior3-distill1": ("agreement prior 3 + distillation 1", {"agreement_prior": 3.0, "distill_weight": 1.0}, {}),
     "suff1": ("sufficiency 1 (no prior)", {"sufficiency_weight": 1.0}, {}),
     "distill1": ("distillation 1 (no prior)", {"distill_weight": 1.0}, {}),
+    "prior3-suff1-div16": (
+        "agreement prior 3 + sufficiency 1, overlap penalty 16 (the recipe's 8 doubled)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 16.0},
+        {},
+    ),
+    "prior3-suff1-div32": (
+        "agreement prior 3 + sufficiency 1, overlap penalty 32",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 32.0},
+        {},
+    ),
 }
 BACKBONES = {
     "plain": image_backbone,

@@ -138,7 +138,7 @@ class Trainer:
             "batches_done": self.batches_done,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
-            "evals_since_best": self.stopping.evals_since_best,
+            **self.stopping.state_dict(),
             "fingerprint": self._fingerprint,
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
@@ -179,6 +179,7 @@ class Trainer:
         self.total_steps = self.epochs * self.steps_per_epoch
         self.eval_every = cfg.eval_interval(self.steps_per_epoch)
         self.stopping.patience = cfg.early_stopping_patience(self.val_loader is not None)
+        self.stopping.min_steps = self.total_steps // 2 if cfg.epochs is None else 0
         optimization = build_optimization(self.model, cfg, self.total_steps)
         self.optimizer, self.scheduler = optimization.optimizer, optimization.scheduler
         self.warmup_steps, self.head_phase = optimization.warmup_steps, optimization.head_phase
@@ -252,7 +253,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
-        self.stopping.evals_since_best = state.get("evals_since_best", 0)
+        self.stopping.load_state_dict(state)
         self._pending_rng = state["rng"]
         logger.info(resume_message(path, self.step, self.total_steps, self.config.max_steps))
 
@@ -429,7 +430,8 @@ class Trainer:
                 self.model.save_pretrained(output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
-        if self.stopping.evaluated(improved, self.step < self.total_steps):
+        larger_is_better = METRICS[self.metric] == "max"
+        if self.stopping.evaluated(value, larger_is_better, self.step, self.step < self.total_steps):
             self.should_stop = True
         self.log.plot()
         self._progress.set_postfix(self._postfix())
