@@ -183,10 +183,12 @@ def text_targets(comparison: dict[str, dict]) -> list[tuple[str, float, float, b
 
 
 def _diagnosis_lines(diagnosis: dict) -> list[str]:
-    from ..training.diagnose import Diagnosis, GroupAccuracy
+    from ..training.diagnose import Diagnosis, GroupAccuracy, OwnGroups
 
     fields = {k: v for k, v in diagnosis.items() if k in Diagnosis.__dataclass_fields__}
     fields["random_groups"] = {m: GroupAccuracy(**g) for m, g in diagnosis["random_groups"].items()}
+    if fields.get("own_groups") is not None:
+        fields["own_groups"] = OwnGroups(**fields["own_groups"])
     return Diagnosis(**fields).lines()
 
 

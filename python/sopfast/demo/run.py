@@ -285,7 +285,7 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
         model = SOP(backbone, num_groups=run.num_groups, tau=0.2, mode="drop").to(device)
         if i == 0:
             study.update(recipe=model.config["recipe"], mode=model.mode)
-            study["diagnosis"] = diagnose(model, run.check, device=device).to_dict()
+            study["diagnosis"] = diagnose(model, run.check, device=device, own_groups=False).to_dict()
             study["untrained_accuracy"] = _sop_accuracy(model, run.test_batches, "drop")[0]
         seconds = _train_sop(
             model, run.sop_train, os.path.join(out_dir, f"sop{suffix}-run-seed{run_seed}"), device, run_seed, run.epochs

@@ -195,7 +195,7 @@ def text_study(
         model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
         if i == 0:
             results.update(recipe=model.config["recipe"], mode=model.mode)
-            results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
+            results["diagnosis"] = diagnose(model, train_set, device=device, own_groups=False).to_dict()
             results["untrained_accuracy"] = _sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
         seconds = _train_sop(model, sop_train, run_dir, device, run_seed, 1 if quick else TEXT_EPOCHS, batch_size=16)
