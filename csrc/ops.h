@@ -19,8 +19,10 @@ at::Tensor sparsemax_forward(const at::Tensor& x);
 template <c10::DeviceType kDevice>
 at::Tensor sparsemax_backward(const at::Tensor& p, const at::Tensor& grad);
 
-// logits [N, d], k int64 [N] (none: every row keeps k_max) -> (indices [N, k_max] int64 (int32 with
-// int32_indices), mask bool [N, d], lam [N], attention [N, d] ([N, 0] without need_attention)).  A row
+// logits [N, d], k int64 [N] in [1, k_max] (none: every row keeps k_max; k_max in [1, d], 0 only for
+// N = 0) -> (indices [N, k_max] int64 (int32 with int32_indices), mask bool [N, d], lam [N], attention
+// [N, d] ([N, 0] without need_attention)); valid features rank first, so a row's k above its valid
+// count also keeps invalid ones (sopfast.ops.top_tau refuses such a k).  A row
 // without a result (a NaN among its valid logits, or none above -inf; with a blur any NaN or infinity)
 // keeps no feature: indices -1, mask false, NaN lam and attention.  ties_authors ranks the attention
 // (equal values: higher index first when largest), else the blurred logits (equal values: lower index
@@ -36,7 +38,7 @@ at::Tensor top_tau_backward(const at::Tensor& attention, const at::Tensor& mask,
                             const at::Tensor& grad_lam, const std::optional<at::Tensor>& grad_attention,
                             const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w);
 
-// x [B, T, E], indices int64 [B, m, k] -> [B*m, prefix + k, E].
+// x [B, T, E], indices int64 [B, m, k] in [-1, T) (-1: padding, a zero row) -> [B*m, prefix + k, E].
 template <c10::DeviceType kDevice>
 at::Tensor gather_tokens_forward(const at::Tensor& x, const at::Tensor& indices, int64_t prefix);
 // grad [B*m, prefix + k, E] -> grad_x [B, num_tokens, E] in grad's dtype.

@@ -24,7 +24,8 @@ cp -al "$base" "$venv" 2>/dev/null || { rm -rf "$venv" && cp -a "$base" "$venv";
 rm "$venv/complete"
 SOPFAST_NO_EXTENSION=1 "$venv/bin/python" -m pip install -q .
 cd "$venv"  # away from the source tree, so the installed package is the one imported
-"$venv/bin/python" -W error::DeprecationWarning -c "import sopfast; print('sopfast', sopfast.__version__)"
+# every public name, as `import sopfast` imports them on first use
+"$venv/bin/python" -W error::DeprecationWarning -c "import sopfast; [getattr(sopfast, n) for n in sopfast.__all__]; print('sopfast', sopfast.__version__)"
 "$venv/bin/sopfast" --help >/dev/null
 # every subcommand's --help through the console script's entry point, in one process (a fresh venv's
 # first imports of torch take seconds each)

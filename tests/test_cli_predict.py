@@ -139,6 +139,7 @@ def test_torchrun_two_processes_write_the_rows_of_one(tmp_path, capsys):
         timeout=240,
     )
     assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stderr.count("test data:") == 1, two.stderr[-3000:]  # rank 0 says what it reads
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each process ran: the same float sums, bit for bit
     try:

@@ -185,7 +185,7 @@ WRONG = {
     "bert T=0": "input_ids",
     "evaluate a plain ViT": "model must be a sopfast.SOP",
     "evaluate labels beyond the classes": r"labels must lie in \[0, 2\].*got \[7\]",
-    "group_counts above the features": "group_counts must be at most the 16 features",
+    "group_counts above the features": r"group_counts must be at most the model.s num_groups m=2, got \[100\]",
     "iou of empty ground truth": "every ground-truth mask is empty",
     "iou of NaN ground truth": "ground-truth masks must be finite",
     "example_ids -1": "example_ids",

@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
     const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
     bool int32_indices) {
   constexpr const char* op = "top_tau_forward";
-  check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU);
+  check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCPU, true);
   const int64_t n = logits_in.size(0), d = logits_in.size(1);
   const at::Tensor logits = logits_in.contiguous();
   const at::Tensor k = k_in.has_value() ? k_in->contiguous() : at::Tensor();

@@ -71,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> top_tau_forward<c10::
     const std::optional<at::Tensor>& valid_in, bool largest, bool ties_authors,
     const std::optional<at::Tensor>& blur_kernel, int64_t grid_h, int64_t grid_w, bool need_attention,
     bool int32_indices) {
-  check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA);
+  check_top_tau_forward(logits_in, k_in, k_max, valid_in, blur_kernel, grid_h, grid_w, c10::kCUDA, true);
   TORCH_CHECK(logits_in.size(1) <= cuda::kTopTauCudaMaxFeatures, "top_tau_forward: the CUDA kernel takes at most ",
               cuda::kTopTauCudaMaxFeatures, " features per row, got d=", logits_in.size(1),
               " (the triton backend has no limit)");
@@ -170,7 +170,7 @@ GatherTokensShape gather_tokens_dims(const at::Tensor& indices, int64_t tokens, 
 
 template <>
 at::Tensor gather_tokens_forward<c10::kCUDA>(const at::Tensor& x_in, const at::Tensor& indices_in, int64_t prefix) {
-  check_gather_tokens_forward(x_in, indices_in, prefix, c10::kCUDA);
+  check_gather_tokens_forward(x_in, indices_in, prefix, c10::kCUDA, true);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), indices = indices_in.contiguous();
   const GatherTokensShape dims = gather_tokens_dims(indices, x.size(1), x.size(2), prefix);
@@ -185,7 +185,7 @@ at::Tensor gather_tokens_forward<c10::kCUDA>(const at::Tensor& x_in, const at::T
 template <>
 at::Tensor gather_tokens_backward<c10::kCUDA>(const at::Tensor& grad_in, const at::Tensor& indices_in, int64_t prefix,
                                               int64_t num_tokens) {
-  check_gather_tokens_backward(grad_in, indices_in, prefix, num_tokens, c10::kCUDA);
+  check_gather_tokens_backward(grad_in, indices_in, prefix, num_tokens, c10::kCUDA, true);
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous(), indices = indices_in.contiguous();
   const GatherTokensShape dims = gather_tokens_dims(indices, num_tokens, grad.size(2), prefix);

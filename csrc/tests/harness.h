@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace sopfast::test {
@@ -70,6 +71,20 @@ inline int run_all_tests() {
       threw = true;                                                                  \
     }                                                                                \
     if (!threw) sopfast::test::report_failure(__FILE__, __LINE__, "throws: " #stmt); \
+  } while (0)
+
+// The statement must throw an `Error` (e.g. c10::ValueError, a ValueError in Python) whose message
+// holds `text`.
+#define EXPECT_THROWS_WITH(stmt, Error, text)                                                           \
+  do {                                                                                                  \
+    bool matched = false;                                                                               \
+    try {                                                                                               \
+      stmt;                                                                                             \
+    } catch (const Error& error) {                                                                      \
+      matched = std::string(error.what()).find(text) != std::string::npos;                              \
+    } catch (const std::exception&) {                                                                   \
+    }                                                                                                   \
+    if (!matched) sopfast::test::report_failure(__FILE__, __LINE__, "throws " #Error " with " #text ": " #stmt); \
   } while (0)
 
 #define TEST_MAIN() \

@@ -106,6 +106,16 @@ TEST_CASE(torch_entry_points_reject_bad_inputs) {
   EXPECT_THROWS(sopfast::gather_tokens_forward<c10::kCPU>(x, at::zeros({2, 1, 1}, at::kLong), 6));
   EXPECT_THROWS(
       sopfast::gather_tokens_backward<c10::kCPU>(at::randn({2, 3, 4}), at::zeros({2, 1, 2}, at::kLong), 0, 5));
+  EXPECT_THROWS_WITH(sopfast::gather_tokens_forward<c10::kCPU>(x, at::full({2, 1, 1}, 5, at::kLong), 0),
+                     c10::ValueError, "indices must lie in [0, T=5) or be -1 (padding), got 5");
+  const auto meta = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
+  EXPECT_THROWS_WITH(sopfast::gather_tokens_forward<c10::kCPU>(x, at::zeros({2, 1, 1}, meta), 0), c10::ValueError,
+                     "indices is on meta but x is on cpu");
+  EXPECT_THROWS_WITH(sopfast::gather_tokens_backward<c10::kCPU>(at::randn({2, 1, 3}), at::zeros({2, 1, 1}, meta), 0, 5),
+                     c10::ValueError, "indices is on meta but grad is on cpu");
+  EXPECT_THROWS_WITH(
+      sopfast::gather_tokens_backward<c10::kCPU>(at::randn({2, 1, 3}), at::full({2, 1, 1}, 5, at::kLong), 0, 5),
+      c10::ValueError, "indices must lie in [0, T=5)");
 }
 
 }  // namespace

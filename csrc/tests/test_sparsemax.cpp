@@ -102,6 +102,10 @@ TEST_CASE(torch_entry_points_reject_bad_inputs) {
   EXPECT_THROWS(sopfast::sparsemax_forward<c10::kCPU>(at::randn({2, 3}).to(at::kInt)));
   EXPECT_THROWS(sopfast::sparsemax_backward<c10::kCPU>(at::randn({2, 3}), at::randn({3, 2})));
   EXPECT_THROWS(sopfast::sparsemax_backward<c10::kCPU>(at::randn({2, 3}), at::randn({2, 3}).to(at::kDouble)));
+  EXPECT_THROWS_WITH(sopfast::sparsemax_backward<c10::kCPU>(at::randn({2, 3}), at::randn({2, 3}, at::kMeta)),
+                     c10::ValueError, "grad is on meta but p is on cpu");
+  EXPECT_THROWS_WITH(sopfast::sparsemax_forward<c10::kCPU>(at::ones({2, 3}, at::kInt)), c10::TypeError,
+                     "x must be float32, float16, bfloat16 or float64, got Int");
 }
 
 }  // namespace

@@ -266,6 +266,31 @@ TEST_CASE(torch_entry_points_reject_bad_inputs) {
                                               at::ones({4}), std::nullopt, std::nullopt, 0, 0));
 }
 
+TEST_CASE(per_row_k_outside_one_to_k_max_and_mixed_devices_are_refused) {
+  const at::Tensor logits = at::randn({2, 5});
+  auto forward = [&](const std::optional<at::Tensor>& counts, int64_t k_max, const std::optional<at::Tensor>& valid) {
+    return sopfast::top_tau_forward<c10::kCPU>(logits, counts, k_max, valid, true, true, std::nullopt, 0, 0, true,
+                                               false);
+  };
+  const at::Tensor nine = at::full({2}, 9, at::kLong);
+  EXPECT_THROWS_WITH(forward(nine, 3, std::nullopt), c10::ValueError, "k must lie in [1, k_max=3]");
+  EXPECT_THROWS_WITH(forward(at::tensor({int64_t{-2}, int64_t{1}}), 3, std::nullopt), c10::ValueError, "got -2");
+  EXPECT_THROWS_WITH(forward(at::tensor({int64_t{1}, int64_t{0}}), 3, std::nullopt), c10::ValueError,
+                     "got 0 (element 1)");
+  EXPECT_THROWS_WITH(forward(std::nullopt, 0, std::nullopt), c10::ValueError, "k_max");
+  EXPECT_THROWS_WITH(forward(at::ones({2}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)), 1, std::nullopt),
+                     c10::ValueError, "k is on meta but logits is on cpu");
+  EXPECT_THROWS_WITH(forward(std::nullopt, 2, at::ones({2, 5}, at::TensorOptions().dtype(at::kBool).device(at::kMeta))),
+                     c10::ValueError, "valid is on meta");
+  EXPECT_THROWS_WITH(forward(nine.to(at::kInt), 3, std::nullopt), c10::TypeError, "k must be Long");
+  // k = k_max passes; no rows need no k_max
+  const at::Tensor valid = at::arange(5).lt(3).expand({2, 5}).contiguous();  // the first 3 features
+  EXPECT(std::get<1>(forward(at::full({2}, 3, at::kLong), 3, valid)).sum().item<int64_t>() == 6);
+  EXPECT(std::get<0>(sopfast::top_tau_forward<c10::kCPU>(at::randn({0, 5}), at::zeros({0}, at::kLong), 0,
+                                                         std::nullopt, true, true, std::nullopt, 0, 0, true, false))
+             .size(1) == 0);
+}
+
 }  // namespace
 
 TEST_MAIN()

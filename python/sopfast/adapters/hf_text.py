@@ -168,7 +168,12 @@ class HFTextFamily(BackboneAdapter):
                 f"attention_mask shape {tuple(getattr(attention_mask, 'shape', ()))} must equal input_ids shape "
                 f"{tuple(x.shape)}"
             )
-        _check_ids("attention_mask", attention_mask, 2)  # 1 = a real token, 0 = padding
+        if attention_mask.numel():
+            check_values(
+                ((attention_mask == 0) | (attention_mask == 1)).all(),
+                "attention_mask must hold only the values {0, 1} (1 = a real token, 0 = padding)",
+                lambda: f", got {sorted(set(attention_mask.flatten().tolist()) - {0, 1})[:5]}",
+            )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(x)
         elif token_type_ids.shape != x.shape:

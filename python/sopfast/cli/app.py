@@ -3,40 +3,47 @@
 Each subcommand is a module of :mod:`sopfast.cli.commands`; their model, training and evaluation
 flags are generated from the Python API (:mod:`sopfast.cli.options`).  Every subcommand takes
 ``--config FILE`` (:mod:`sopfast.cli.parser`).  Mistakes end with one line on stderr and exit
-status 2 (``--debug`` shows the traceback instead).  Heavy packages are imported only by the
-subcommand that needs them.
+status 2 (``--debug`` shows the traceback instead).  Only the subcommand that runs is imported
+(``sopfast --version`` and ``sopfast --help`` import no torch), and heavy packages only where it
+needs them.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from types import ModuleType
 
 from ..version import __version__
-from .commands import COMMANDS
-from .common import configure_logging
+from .commands import COMMANDS, load
 from .parser import CLIError, Parser, config_path, config_tokens
 
 # errors whose message is the whole story (no type name in front of it)
 PLAIN_ERRORS = (CLIError, ValueError, TypeError, FileNotFoundError, ImportError)
 
 
-def build_parser() -> Parser:
-    """The ``sopfast`` parser, every subcommand with its flags."""
+def build_parser(commands: Iterable[str] | None = None) -> Parser:
+    """The ``sopfast`` parser, every subcommand with its flags; with ``commands``, only those get their
+    flags (the others are listed, for ``--help``, without importing their modules)."""
     parser = Parser(prog="sopfast", description="Fast Sum-of-Parts self-attributing models.", allow_abbrev=False)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.add_argument("--version", action="version", version=f"sopfast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        p = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP, allow_abbrev=False)
-        p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-        loudness = p.add_mutually_exclusive_group()
-        loudness.add_argument("--verbose", action="store_true", help="more progress messages (debug level)")
-        loudness.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
-        command.add_arguments(p)
-        p.set_defaults(handler=command.run)
-        parser.subcommands[command.NAME] = p
+    for name, text in COMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
+        if commands is None or name in commands:
+            _add_flags(p, load(name))
+            parser.subcommands[name] = p
     return parser
+
+
+def _add_flags(p: Parser, command: ModuleType) -> None:
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    loudness = p.add_mutually_exclusive_group()
+    loudness.add_argument("--verbose", action="store_true", help="more progress messages (debug level)")
+    loudness.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
+    command.add_arguments(p)
+    p.set_defaults(handler=command.run)
 
 
 def _one_line(err: BaseException) -> str:
@@ -50,19 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     prog = "sopfast"
     try:
-        parser = build_parser()
         at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
-        if at is not None and argv[at] in parser.subcommands:
-            command = argv[at]
+        command = argv[at] if at is not None and argv[at] in COMMANDS else None
+        parser = build_parser([] if command is None else [command])
+        if at is not None and command is not None:
             config = config_path(argv[at + 1 :])
             if config is not None:
                 argv = [*argv[: at + 1], *config_tokens(parser.subcommands[command], config), *argv[at + 1 :]]
             prog = f"sopfast {command}"
         args = parser.parse_args(argv)
+        from .common import configure_logging
+
         configure_logging(1 if args.verbose else -1 if args.quiet else 0)
         return int(args.handler(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # a command may say how to continue (the interrupt's message)
+        print(f"{prog}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)
         return 130
     except Exception as err:  # every failure is one line (the traceback with --debug)
         if debug:

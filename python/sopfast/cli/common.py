@@ -196,13 +196,20 @@ def load_split(args: argparse.Namespace, model: SOP, backbone: Backbone, role: s
 
 
 def load_model_split(
-    args: argparse.Namespace, model: SOP, backbone: Backbone, role: str, limit: int | None
+    args: argparse.Namespace,
+    model: SOP,
+    backbone: Backbone,
+    role: str,
+    limit: int | None,
+    *,
+    announce: bool = True,
 ) -> LoadedSplit:
     """The split for ``role`` (train / val / test) of ``--data`` for ``model``: the data flags not given
     and the preprocessing are the ones the model was trained with, where it records them
-    (:func:`resolve_data_flags`); the lines saying which split it is and which preprocessing it gets are
-    reported, and both are recorded with the model (saved with it by ``sopfast train``)."""
-    loaded = load_adapter_split(args, model.adapter, backbone, role, limit, model.provenance)
+    (:func:`resolve_data_flags`); the lines saying which split it is (unless not ``announce``: a command
+    that prints it with its result) and which preprocessing it gets are reported, and both are recorded
+    with the model (saved with it by ``sopfast train``)."""
+    loaded = load_adapter_split(args, model.adapter, backbone, role, limit, model.provenance, announce=announce)
     model.provenance["data"] = {name: getattr(args, name) for name in RECORDED_DATA if getattr(args, name) is not None}
     if loaded.preprocessing is not None:
         model.provenance["preprocessing"] = loaded.preprocessing
@@ -272,6 +279,8 @@ def load_adapter_split(
     role: str,
     limit: int | None,
     saved: dict[str, Any] | None = None,
+    *,
+    announce: bool = True,
 ) -> LoadedSplit:
     """:func:`load_model_split` for a bare ``adapter`` (``saved``: what a model recorded, see
     :func:`resolve_data_flags`)."""
@@ -296,7 +305,8 @@ def load_adapter_split(
         labels_optional=getattr(args, "labels_optional", False),  # sopfast predict: unlabelled data is fine
     )
     loaded = load_split(args.data, role, adapter, backbone, options, limit)
-    report(loaded.description)
+    if announce:
+        report(loaded.description)
     if loaded.preprocessing is not None:
         report(f"{role} preprocessing: {describe_preprocessing(loaded.preprocessing)}")
     return loaded
@@ -325,15 +335,22 @@ def report(*lines: str) -> None:
 
 def configure_logging(verbosity: int) -> None:
     """The ``sopfast`` logger writes to stderr as ``sopfast: message`` (warnings marked): INFO by
-    default, DEBUG with ``--verbose``, only warnings with ``--quiet`` (``verbosity`` 1, 0, -1)."""
+    default, DEBUG with ``--verbose``, only warnings with ``--quiet`` (``verbosity`` 1, 0, -1).  Under
+    ``torchrun`` the processes other than rank 0 write only warnings (the data and report lines once)."""
     root = logging.getLogger("sopfast")
     for handler in list(root.handlers):
         root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Format())
     root.addHandler(handler)
-    root.setLevel({1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}[verbosity])
+    level = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}[verbosity]
+    root.setLevel(level if is_main_process() else max(level, logging.WARNING))
     root.propagate = False
+
+
+def is_main_process() -> bool:
+    """Whether this process is alone or rank 0 of ``torchrun``'s (``RANK``): the one that prints."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 class _Format(logging.Formatter):

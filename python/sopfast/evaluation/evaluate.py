@@ -120,6 +120,14 @@ def check_group_counts(counts: Iterable[int], name: str = "group_counts") -> lis
     return values
 
 
+def _check_counts_fit(counts: list[int], name: str, num_groups: int) -> None:
+    """Group counts a caller gave are at most the model's ``num_groups`` (``m``): the ablations run SOP with
+    fewer groups than it was trained with, never more."""
+    above = [c for c in counts if c > num_groups]
+    if above:
+        raise ValueError(f"{name} must be at most the model's num_groups m={num_groups}, got {above}")
+
+
 def _resolve_baselines(baselines: Iterable[str | Method] | str | None) -> list[Method]:
     if baselines is None:
         return []
@@ -234,11 +242,12 @@ def evaluate(
         device: run there (the model is moved); default the model's device.
         progress: show a tqdm bar.
         taus: sparsities of the ``sparsity`` curve.  step: insertion/deletion step (10 %).
-        group_counts: group counts of the ``num_groups`` ablation.
+        group_counts: group counts of the ``num_groups`` ablation (given: at most the model's ``num_groups``).
         tau_v: the CosmoGrid void threshold of ``purity``.
         tau_c: the CosmoGrid cluster threshold of ``purity``.
         curve_taus: inference sparsities of the ``curves`` metric (the paper's accuracy curves).
-        curve_counts: group counts of the ``curves`` metric (methods with one group vary τ only).
+        curve_counts: group counts of the ``curves`` metric (methods with one group vary τ only; given: at
+            most the model's ``num_groups``).
         backbone_row: add a row ``"Backbone"``: the frozen backbone alone on the full input
             (accuracy, or MSE for regression), what SOP's accuracy costs.
         print_table: also print :func:`format_table` of the results.
@@ -277,6 +286,10 @@ def evaluate(
         check_taus(curve_taus, "curve_taus"),
         check_group_counts(curve_counts, "curve_counts"),
     )
+    if group_counts is not GROUP_COUNTS:
+        _check_counts_fit(plan.group_counts, "group_counts", model.num_groups)
+    if curve_counts is not CURVE_COUNTS:
+        _check_counts_fit(plan.curve_counts, "curve_counts", model.num_groups)
     check_bool("progress", progress)
     check_bool("backbone_row", backbone_row)
     check_bool("print_table", print_table)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_bool, check_rank, check_same_length
+from ..checks import check_bool, check_class_ids, check_rank, check_same_length
 from ..model.agreement import group_bounds  # noqa: F401  (a metric of sopfast.metrics)
 from .group_metrics import (
     DIVERSITY,
@@ -29,9 +29,11 @@ from .reductions import reduce
 
 # -- checks ---------------------------------------------------------------------------------
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """``logits [N, C]`` and integer class ids ``labels [N]`` in ``[0, C)``."""
     check_rank("logits", logits, 2, "[N, C]")
     check_rank("labels", labels, 1, "[N]")
     check_same_length(logits=logits, labels=labels)
+    check_class_ids("labels", labels, logits.shape[1], "classes of the logits")
 
 
 # -- performance ----------------------------------------------------------------------------

@@ -49,6 +49,12 @@ def scaled_mse_loss(
     targets = targets.float()
     if b == 0:
         return group_logits.float().sum() * 0.0
+    finite = torch.isfinite(targets)
+    check_values(
+        finite.all(),
+        "targets (the regression labels) must be finite numbers, not NaN or infinity",
+        lambda: f", got {int((~finite).sum())} non-finite values: {targets[~finite][:5].tolist()}",
+    )
     residual = group_logits.float() - targets.unsqueeze(1)
     weighted = group_scores.float().transpose(1, 2) * residual * (-lam.float()).unsqueeze(-1)
     return weighted.sum(dim=1).pow(2).mean()

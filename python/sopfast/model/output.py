@@ -96,7 +96,13 @@ class SOPOutput:
         b, c, _ = self.group_scores.shape
         if target is None:
             target = self.logits.argmax(dim=-1)
-        target = torch.as_tensor(target, device=self.logits.device)
+        allowed = f"a class id (int), {b} class ids (a tensor or list) or None"
+        try:
+            target = torch.as_tensor(target, device=self.logits.device)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"target must be {allowed}, got {target!r} ({type(target).__name__})") from None
+        if target.dtype == torch.bool or target.is_complex():
+            raise TypeError(f"target must be {allowed}, got a tensor of dtype {target.dtype}")
         if target.is_floating_point() or target.dim() > 1 or (target.dim() == 1 and target.numel() != b):
             raise ValueError(f"target must be a class id or {b} class ids (one per example), got {target.tolist()}")
         if bool(((target < 0) | (target >= c)).any()):

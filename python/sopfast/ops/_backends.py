@@ -127,7 +127,10 @@ class Op:
 
     ``reference`` is the pure-PyTorch implementation (the oracle and the ``torch`` backend), ``fake``
     gives the output shapes, ``kernel`` names the native implementations (which apply the rule for rows
-    without a result themselves)."""
+    without a result themselves).  Every kernel runs the op's argument checks first, the ones in C++
+    (``csrc/op_checks.h``): the C++ kernels call them, and each kernel registered from Python (the
+    reference, Triton, the fake) goes through ``sopfast._C.check_<kernel>`` (:meth:`checked`; the fake
+    without the checks that read values)."""
 
     def __init__(
         self,
@@ -143,10 +146,10 @@ class Op:
         LIBRARY.define(name + schema)
         if has_cpp():
             # the fake first: it also becomes the Meta kernel, which the reference would otherwise fill
-            torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
-            LIBRARY.impl(name, reference, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{NAMESPACE}::{name}", self.checked(fake, values=False), lib=LIBRARY)
+            LIBRARY.impl(name, self.checked(reference), "CompositeExplicitAutograd")
             if default_backend("cuda") == "triton":
-                LIBRARY.impl(name, self.implementation("triton"), "CUDA")
+                LIBRARY.impl(name, self.checked(self.implementation("triton")), "CUDA")
         else:
             LIBRARY.impl(name, reference, "CompositeImplicitAutograd")
         self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
@@ -167,10 +170,23 @@ class Op:
             raise RuntimeError(f"backend {backend!r} is not available here (sopfast._C is not built with it)")
         return getattr(_EXTENSION, f"{self.kernel}_{'cpu' if backend == 'cpp' else 'cuda'}")
 
+    def checked(self, implementation: Callable[..., Any], values: bool = True) -> Callable[..., Any]:
+        """``implementation`` behind the op's C++ argument checks (``sopfast._C.check_<kernel>``); without
+        ``values`` the checks read no tensor values (for the fake, whose tensors hold none)."""
+        check = getattr(_EXTENSION, f"check_{self.kernel}")
+
+        def run(*args: Any) -> Any:
+            check(*args, values=values)
+            return implementation(*args)
+
+        return run
+
     def kernel_on(self, backend: str, device_type: str) -> Callable[..., Any]:
-        """What an override of ``backend`` registers for ``device_type``: the implementation, or an error."""
+        """What an override of ``backend`` registers for ``device_type``: the implementation (behind the
+        checks where it is Python), or an error."""
         if _runs_on(backend, device_type):
-            return self.implementation(backend)
+            implementation = self.implementation(backend)
+            return self.checked(implementation) if backend in ("torch", "triton") else implementation
 
         def refuse(*args: Any) -> Any:
             needs = "CUDA" if backend in ("cuda", "triton") else "CPU"

@@ -18,10 +18,12 @@ from . import _backends
 def gather_tokens_reference(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
     """Pure-PyTorch gather (the oracle): ``x [B, T, E]``, ``indices [B, m, k]`` → ``[B·m, p+k, E]``.
 
-    Checks the indices (integers in ``[-1, T)``: an index ``T`` would read the next example's first token)
-    and ``prefix`` as :func:`gather_tokens` does."""
+    Checks its arguments as :func:`gather_tokens` does, and the indices' values (integers in ``[-1, T)``:
+    an index ``T`` would read the next example's first token)."""
+    prefix = _check_arguments(x, indices, prefix)
     b, t, e = x.shape
-    prefix = _check_indices_and_prefix(indices, prefix, t)
+    if indices.numel():
+        _check_index_range(indices, t)
     _, m, k = indices.shape
     pad = indices < 0
     flat = (indices.clamp_min(0) + torch.arange(b, device=x.device).view(b, 1, 1) * t).reshape(-1)
@@ -77,14 +79,26 @@ def _check_index_range(indices: torch.Tensor, num_tokens: int) -> None:
     )
 
 
-def _check_indices_and_prefix(indices: torch.Tensor, prefix: object, num_tokens: int) -> int:
-    """int64/int32 ``indices`` in ``[-1, T)`` and an integer ``prefix`` in ``[0, T]`` (returned)."""
+def _check_arguments(x: torch.Tensor, indices: torch.Tensor, prefix: object) -> int:
+    """A float ``x [B, T, E]``, int64/int32 ``indices [B, m, k]`` on its device and an integer ``prefix`` in
+    ``[0, T]`` (returned); the indices' values are the kernels' to check."""
+    check_float("x", x)
+    check_rank("x", x, 3, "[B, T, E]")
+    check_rank("indices", indices, 3, "[B, m, k]")
     if indices.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
-    checked: int = check_int("prefix", prefix, 0, num_tokens)
-    if indices.numel():
-        _check_index_range(indices, num_tokens)
-    return checked
+    if indices.device != x.device:
+        check_same_device(x=x, indices=indices)
+    if indices.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]} "
+            f"(x {tuple(x.shape)} [B, T, E], indices {tuple(indices.shape)} [B, m, k])"
+        )
+    if type(prefix) is not int:
+        prefix = check_int("prefix", prefix)
+    if not 0 <= prefix <= x.shape[1]:
+        raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
+    return prefix
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> torch.Tensor:
@@ -99,21 +113,5 @@ def gather_tokens(x: torch.Tensor, indices: torch.Tensor, prefix: int = 0) -> to
         ``[B·m, prefix + k, E]`` in ``x``'s dtype.
     """
     _backends.check_extension()
-    check_float("x", x)
-    check_rank("x", x, 3, "[B, T, E]")
-    check_rank("indices", indices, 3, "[B, m, k]")
-    if indices.dtype != torch.int64:
-        if indices.dtype != torch.int32:
-            raise TypeError(f"indices must be int64 or int32, got {indices.dtype}")
-        indices = indices.long()
-    if indices.device != x.device:
-        check_same_device(x=x, indices=indices)
-    if indices.shape[0] != x.shape[0]:
-        raise ValueError(f"indices batch {indices.shape[0]} does not match x batch {x.shape[0]}")
-    if type(prefix) is not int:
-        prefix = check_int("prefix", prefix)
-    if not 0 <= prefix <= x.shape[1]:
-        raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
-    if indices.numel() and not (x.device.type == "cpu" and _backends.defaults_hold()):
-        _check_index_range(indices, x.shape[1])  # the C++ CPU kernel checks them itself
-    return _forward(x, indices, prefix)
+    prefix = _check_arguments(x, indices, prefix)
+    return _forward(x, indices.long(), prefix)  # every kernel checks the indices' values

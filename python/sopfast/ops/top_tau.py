@@ -217,13 +217,18 @@ _backends.Op(
 )
 
 
-def _check_k(k: object, n: int) -> int | torch.Tensor:
-    """``k``: an integer, or an integer tensor of shape ``[]`` or ``[N]`` (never a float or a bool)."""
+def _check_k(k: object, logits: torch.Tensor) -> int | torch.Tensor:
+    """``k``: an integer, or an integer tensor of shape ``[]`` or ``[N]`` on the logits' device (never a
+    float or a bool; not on ``meta``: the output width is its maximum)."""
     if isinstance(k, torch.Tensor):
+        n = logits.shape[0]
         if k.dtype == torch.bool or k.is_floating_point() or k.is_complex():
             raise TypeError(f"k must be an integer tensor (a count per row), got dtype {k.dtype}")
         if k.dim() > 1 or (k.dim() == 1 and k.shape[0] != n):
             raise ValueError(f"k must be a scalar or have shape [N]=[{n}], got shape {tuple(k.shape)}")
+        check_same_device(logits=logits, k=k)
+        if k.device.type == "meta":
+            raise ValueError("k must be an int or a tensor with values (its maximum is the output width), got meta")
         return k
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(
@@ -239,14 +244,15 @@ def _kept_table(tau: float, d: int, device: torch.device) -> torch.Tensor:
 
 
 def _resolve_k(
-    tau: float | None, k: int | torch.Tensor | None, n: int, d: int, valid: torch.Tensor | None, device
+    tau: float | None, k: int | torch.Tensor | None, logits: torch.Tensor, valid: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, int]:
     """Per-row counts ``k [N]`` (int64; ``None`` when every row keeps ``k_max``) and the output width
     ``k_max``.  With ``tau`` or an int ``k`` the width is known on the host (``num_kept(tau, d)`` or
-    ``k``: no row keeps more) and ``valid`` is checked on the device; only a tensor ``k`` costs one
-    device-to-host transfer (its maximum, with the checks)."""
+    ``k``: no row keeps more) and ``valid`` is checked on the device; only a tensor ``k`` (on the logits'
+    device) costs one device-to-host transfer (its maximum, with the checks)."""
     if (tau is None) == (k is None):
         raise ValueError("give exactly one of tau (a fraction in (0, 1]) or k (a feature count)")
+    n, d = logits.shape
     if tau is not None:
         tau = tau if type(tau) is float and 0.0 < tau <= 1.0 else check_tau(tau)
         k_max = num_kept(tau, d) if torch.compiler.is_compiling() else _num_kept_cached(tau, d)
@@ -259,7 +265,7 @@ def _resolve_k(
             lambda: f", got {int((counts == 0).sum())} rows without one",
         )
         return _kept_table(tau, d, counts.device)[counts], k_max
-    k = _check_k(k, n)
+    k = _check_k(k, logits)
     if isinstance(k, int):
         if not 1 <= k <= d:
             raise ValueError(f"k must lie in [1, number of valid features per row ({d} at most)], got {k}")
@@ -269,8 +275,8 @@ def _resolve_k(
                 f"k must lie in [1, number of valid features per row ({d} at most)], got {k}",
             )
         return None, k
-    k_rows = k.to(device=device, dtype=torch.int64).expand(n).contiguous()
-    counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=device)
+    k_rows = k.to(dtype=torch.int64).expand(n).contiguous()
+    counts = valid.sum(dim=-1) if valid is not None else torch.full((n,), d, device=logits.device)
     if not n:
         return k_rows, 0
     k_max, out_of_range = torch.stack([k_rows.max(), ((k_rows < 1) | (k_rows > counts)).sum()]).tolist()
@@ -321,7 +327,7 @@ def top_tau(
         raise TypeError(f"attention must be True or False, got {attention!r}")
     if index_dtype not in INDEX_DTYPES:
         raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {index_dtype!r}")
-    n, d = logits.shape
+    d = logits.shape[1]
     if d == 0:
         raise ValueError(f"logits must have at least one feature per row, got shape {tuple(logits.shape)}")
     if valid is not None:
@@ -341,7 +347,7 @@ def top_tau(
             check_blur_fits(blur_kernel_size, (grid_h, grid_w) if grid is not None else (d,))
             blur = _blur_kernel.__wrapped__ if torch.compiler.is_compiling() else _blur_kernel
             blur_kernel = blur(blur_kernel_size, blur_sigma, logits.device, logits.dtype == torch.float64)
-    k_rows, k_max = _resolve_k(tau, k, n, d, valid, logits.device)
+    k_rows, k_max = _resolve_k(tau, k, logits, valid)
     if attention and index_dtype is torch.int64:
         return TopTauResult._make(
             _forward(logits, k_rows, k_max, valid, largest, ties == "authors", blur_kernel, grid_h, grid_w)

@@ -15,6 +15,7 @@ COLUMN_DOCS = {
     "label": "int64: the class id the data gives (null when it gives none)",
     "prediction": "int64: the predicted class, `argmax(logits)`",
     "logits": "[C] float32: the model's logits (SOP: `Σ_i c·λ·y`)",
+    "tokens": "list of string: each position's token (what `groups` and attributions index; null at padding)",
     "groups": "m lists of int32: each group's feature indices (patches / tokens / cells), ascending",
     "lam": "[m] float32: each group's λ",
     "group_scores": "[C][m] float32: the selector's sparse weight of each group, per class",

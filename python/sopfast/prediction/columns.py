@@ -6,6 +6,8 @@ Columns (``B`` rows; ``C`` classes, ``m`` groups, ``d`` features; docs/predict.m
 * ``label`` int64 (null when the data has none; regression: ``[C]`` float32);
 * ``prediction`` int64 – ``argmax`` of ``logits`` (classification);
 * ``logits`` ``[C]`` float32 – the model's (SOP's ``ŷ``, or the backbone's);
+* ``tokens`` – text whose dataset has a ``tokenizer``: the token string at each position (the feature
+  indices of ``groups`` and the attributions), null at padding;
 * SOP only: ``groups`` – each group's feature indices (ascending; lists of int32), ``lam`` ``[m]``,
   ``group_scores`` ``[C][m]`` (the selector's sparse weights), ``group_logits`` ``[m][C]`` (the
   backbone on each group), ``used_groups`` – the groups with a non-zero score for the predicted class,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 #: Columns a SOP model can write besides ``id``, ``source``, ``label``, ``prediction``.
 Output = Literal[
     "logits",
+    "tokens",
     "groups",
     "lam",
     "group_scores",
@@ -46,7 +49,9 @@ OUTPUTS: tuple[str, ...] = get_args(Output)
 #: What ``outputs=None`` writes: everything but the per-feature attributions.
 DEFAULT_OUTPUTS = OUTPUTS[:-1]
 #: Columns that only a SOP model has.
-SOP_OUTPUTS = OUTPUTS[1:]
+SOP_OUTPUTS = OUTPUTS[2:]
+#: What a backbone writes with ``outputs=None``.
+BACKBONE_OUTPUTS = OUTPUTS[:2]
 
 
 @dataclass
@@ -58,6 +63,7 @@ class BatchPredictions:
     labels: np.ndarray | None
     logits: np.ndarray
     classification: bool
+    tokens: list[list[str | None]] | None = None
     group_indices: np.ndarray | None = None
     lam: np.ndarray | None = None
     group_scores: np.ndarray | None = None
@@ -125,7 +131,9 @@ def record_batch(p: BatchPredictions, outputs: Sequence[str], explainer: str | N
         "attributions": p.attributions,
     }
     for name in outputs:
-        if name == "groups" and p.group_indices is not None:
+        if name == "tokens" and p.tokens is not None:
+            columns[name] = pa.array(p.tokens, pa.list_(pa.string()))
+        elif name == "groups" and p.group_indices is not None:
             columns[name] = ragged(p.group_indices)
         elif name == "used_groups" and p.group_scores is not None and p.classification:
             columns[name] = positions(p.group_scores[np.arange(n), predicted] > 0)

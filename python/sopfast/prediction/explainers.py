@@ -15,6 +15,7 @@ import torch
 
 from ..adapters import BackboneAdapter
 from ..adapters.images import upsample_mask
+from ..checks import check_int
 from ..evaluation.attributions import _quiet_surrogate_fit
 from ..masking import MaskedForward, rise
 from ..types import FeatureInputs
@@ -31,7 +32,8 @@ OPTIONS = {
 
 
 def check_explainer(name: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
-    """``options`` checked against ``name``'s (:data:`OPTIONS`); ValueError naming what is allowed."""
+    """``options`` checked against ``name``'s (:data:`OPTIONS`), the Captum explainers' values positive
+    integers; ValueError naming what is allowed."""
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"explainer_options must be a dict of option → value, got {type(options).__name__}")
     options = dict(options or {})
@@ -44,7 +46,9 @@ def check_explainer(name: str | None, options: dict[str, Any] | None) -> dict[st
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         raise ValueError(f"explainer_options {unknown} are not options of {name!r}; allowed: {list(OPTIONS[name])}")
-    if name != "rise":
+    if name != "rise":  # sopfast.rise checks its own options
+        for key, value in options.items():
+            options[key] = check_int(f"explainer_options[{key!r}]", value, 1)
         import importlib.util
 
         needed = ["captum"] + (["sklearn"] if name in ("lime", "kernelshap") else [])

@@ -32,7 +32,7 @@ from ..training.config import AMP_DTYPES
 from ..training.distributed import DistInfo, barrier, cleanup, init_distributed
 from ..types import FeatureInputs
 from .card import card
-from .columns import DEFAULT_OUTPUTS, OUTPUTS, SOP_OUTPUTS, BatchPredictions, Output, record_batch
+from .columns import BACKBONE_OUTPUTS, DEFAULT_OUTPUTS, OUTPUTS, SOP_OUTPUTS, BatchPredictions, Output, record_batch
 from .explainers import check_explainer, explain, input_shaped
 from .loading import LoadedBatch, ShardPlan, Skipped, check_dataset, make_loader, read_example
 from .store import FORMAT, OutputDir, data_fingerprint, model_fingerprint
@@ -88,6 +88,7 @@ class _Run:
     amp: str | None
     seed: int
     ground_truth_key: str | int | None
+    tokenizer: Any = None  # text: names the tokens (the dataset's ``tokenizer``)
 
     @property
     def sop(self) -> SOP | None:
@@ -190,6 +191,7 @@ def predict(
             amp,
             seed,
             ground_truth_key,
+            getattr(dataset, "tokenizer", None),
         )
         model.to(run.device).eval()
         return _predict(
@@ -203,14 +205,14 @@ def predict(
 def _check_outputs(model: nn.Module, outputs: Sequence[str] | None) -> tuple[str, ...]:
     sop = isinstance(model, SOP)
     if outputs is None:
-        return DEFAULT_OUTPUTS if sop else ("logits",)
+        return DEFAULT_OUTPUTS if sop else BACKBONE_OUTPUTS
     chosen = (outputs,) if isinstance(outputs, str) else tuple(outputs)
     for name in chosen:
         check_choice("outputs", name, OUTPUTS)
     if not sop and set(chosen) & set(SOP_OUTPUTS):
         raise ValueError(
             f"outputs {sorted(set(chosen) & set(SOP_OUTPUTS))} need a SOP model; a backbone writes only 'logits' "
-            "(and an explainer's attributions)"
+            "and 'tokens' (and an explainer's attributions)"
         )
     return tuple(dict.fromkeys(chosen))
 
@@ -399,6 +401,8 @@ def _compute(run: _Run, loaded: LoadedBatch) -> BatchPredictions:
         target = logits.argmax(-1)
         labels = None if batch.labels is None else batch.labels.cpu().numpy()
         p = BatchPredictions(loaded.ids, loaded.sources, labels, _host(logits), classification)
+        if "tokens" in run.outputs and run.tokenizer is not None and batch.input_ids is not None:
+            p.tokens = _tokens(run.tokenizer, batch.input_ids, batch.attention_mask)
         if sop is not None and out is not None:
             _sop_columns(run, sop, out, inputs, batch.ground_truth, target if classification else 0, p)
     if run.explainer is not None and inputs is not None:
@@ -431,6 +435,15 @@ def _sop_columns(
     if "object_fraction" in wanted and ground_truth is not None and inputs is not None:
         on_object = feature_ground_truth(sop, inputs, ground_truth).unsqueeze(1)
         p.object_fraction = _host((out.group_masks & on_object).sum(-1) / out.group_masks.sum(-1).clamp_min(1))
+
+
+def _tokens(tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[str | None]]:
+    """Each example's token strings ``[B][T]`` (a feature's index is its position), ``None`` at padding."""
+    shown = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    return [
+        [token if keep else None for token, keep in zip(tokenizer.convert_ids_to_tokens(ids), kept)]
+        for ids, kept in zip(input_ids.tolist(), shown.tolist())
+    ]
 
 
 def _shaped(run: _Run, inputs: FeatureInputs | None, values: torch.Tensor) -> torch.Tensor:

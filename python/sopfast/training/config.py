@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_number, check_path
+from ..defaults import BATCH_SIZE
 from ..devices import check_device
 from ..model.recipes import Recipe
 
@@ -50,7 +51,8 @@ class TrainConfig:
         lr: AdamW's learning rate (default: the model's recipe — 1e-3 for ``"sopfast"``, the paper's
             5e-6 for ``"paper"``; at most :data:`MAX_LR`, 1).
         weight_decay: AdamW's decoupled weight decay of the trainable parameters.
-        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets.
+        batch_size: examples per process and step when ``train_data``/``val_data`` are Datasets
+            (a DataLoader keeps its own; default 32, as ``sopfast train``).
         warmup_steps: linear warm-up length in optimizer steps (give this or ``warmup_ratio``).
         warmup_ratio: linear warm-up length as a fraction of all steps (default: the model's recipe's).
         schedule: ``"cosine"`` (decay to 0), ``"inverse_sqrt"`` or ``"constant"`` after warm-up.
@@ -88,7 +90,7 @@ class TrainConfig:
     diagnose_examples: int = 128
     lr: float | None = None
     weight_decay: float = 0.01
-    batch_size: int | None = None
+    batch_size: int | None = BATCH_SIZE
     warmup_steps: int | None = None
     warmup_ratio: float | None = None
     schedule: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"

@@ -23,8 +23,6 @@ from ..common import (
 from ..options import add_api_options, api_values
 from .train import adapter_flags, bare_backbone
 
-NAME = "adapt"
-HELP = "Adapt a copy of a backbone to masked inputs (SOP's groups), saved as a separate backbone."
 SKIP = ("backbone", "train_data", "val_data", "device", "output_dir", "seed")
 
 

@@ -8,8 +8,6 @@ import argparse
 from ..common import add_common, device
 from ..parser import int_at_least
 
-NAME = "bench"
-HELP = "Reference vs exact vs drop, side by side, on random weights."
 MODELS = ("vit-b16", "vit-small", "bert-base", "bert-base-pair", "cnn")
 
 

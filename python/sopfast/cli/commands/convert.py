@@ -10,9 +10,6 @@ from ..common import check_output_dir
 from ..options import add_api_options, api_values
 from ..parser import CLIError
 
-NAME = "convert"
-HELP = "Convert an authors' SOP checkpoint (exlib SOPImageCls) to sopfast's format."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ...model.sop import SOP

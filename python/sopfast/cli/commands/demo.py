@@ -7,9 +7,6 @@ import argparse
 from ..common import add_common, check_output_dir, device
 from ..parser import int_at_least
 
-NAME = "demo"
-HELP = "End-to-end run on offline data: train a backbone, train SOP, evaluate, draw."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)

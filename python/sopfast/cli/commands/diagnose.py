@@ -25,9 +25,6 @@ from ..options import add_api_options, api_values, flag
 from ..parser import CLIError
 from .train import adapter_flags, bare_backbone
 
-NAME = "diagnose"
-HELP = "Measure a backbone on whole inputs and on random groups of its features (what SOP can reach)."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)

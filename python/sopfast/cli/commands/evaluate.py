@@ -26,9 +26,6 @@ from ..common import (
 from ..options import add_api_options, api_values
 from ..parser import int_at_least
 
-NAME = "evaluate"
-HELP = "Evaluate a trained SOP model (accuracy, fidelity, insertion, deletion …)."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
@@ -88,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     run_device = device(args.device)
     backbone = load_backbone(args)
     model = load_model(args, backbone)
-    loaded = load_model_split(args, model, backbone, "test", args.limit)
+    loaded = load_model_split(args, model, backbone, "test", args.limit, announce=False)  # printed with the table
     dataset = loaded.dataset
     key = args.ground_truth_key
     if isinstance(key, str) and key.isdigit():

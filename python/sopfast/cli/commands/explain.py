@@ -18,9 +18,6 @@ from ..common import (
 )
 from ..parser import int_at_least
 
-NAME = "explain"
-HELP = "Write explanation pictures (PNG per image, HTML per text)."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)

@@ -21,9 +21,6 @@ from ..common import (
 from ..options import add_api_options, api_values
 from ..parser import key_value
 
-NAME = "predict"
-HELP = "Write every example's prediction, groups and scores (or an explainer's attributions) as Parquet."
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ...prediction import predict

@@ -9,8 +9,6 @@ from ...theory import KINDS, MAX_ENUMERATED_D
 from ..common import check_output_file, needs
 from ..parser import CLIError, int_at_least
 
-NAME = "theory"
-HELP = "Lower bounds on per-feature SANN error vs the group construction."
 #: The largest --max-d: the binomial bound's linear program grows about as d⁴ per dimension (d = 99 took
 #: 1.8 s alone); the default run up to 64 takes about 20 s on a shared 2-core CPU, 100 over a minute.
 MAX_D = 64

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from typing import TYPE_CHECKING
 
 from ...adapters.registry import builtin_adapter_classes
@@ -22,6 +23,7 @@ from ..common import (
     check_output_dir,
     check_output_file,
     device,
+    is_main_process,
     load_backbone,
     load_model,
     load_split,
@@ -35,9 +37,7 @@ if TYPE_CHECKING:
     from ...adapters import BackboneAdapter
     from ...adapters.sources import Backbone
 
-NAME = "train"
 RUNS_DIR = "runs"  # where a run without --output-dir goes
-HELP = "Train a SOP model over a backbone on a built-in dataset or your own data."
 # sopfast.SOP parameters without a command-line form (tensors; --adapter takes a name)
 SOP_SKIP = ("class_weights",)
 # TrainConfig fields with flags of their own below (or none: set from --device / --seed)
@@ -169,13 +169,38 @@ def run(args: argparse.Namespace) -> int:
     if options.get("output_dir") is None:
         options["output_dir"] = default_run_dir(args)
         report(f"the run folder is {options['output_dir']} (--output-dir names another)")
-    result = train(model, train_data, val_data, run_config=run_config(args), **options)
     output_dir = options["output_dir"]
-    print(
-        f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
-        f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
-    )
+    try:
+        result = train(model, train_data, val_data, run_config=run_config(args), **options)
+    except KeyboardInterrupt:
+        hint = resume_hint(args, output_dir) if is_main_process() else None
+        if hint is None:
+            raise
+        raise KeyboardInterrupt(hint) from None
+    if is_main_process():
+        print(
+            f"sopfast: model saved to {os.path.join(output_dir, 'last')} (best validation "
+            f"{result.best_metric}: {os.path.join(output_dir, 'best')})"
+        )
     return 0
+
+
+def resume_hint(args: argparse.Namespace, output_dir: str | os.PathLike) -> str | None:
+    """How to continue a run stopped in ``output_dir`` (``None``: it holds no training state)."""
+    from ...model.state_files import STATE_NAME
+
+    state = os.path.join(output_dir, STATE_NAME)
+    if not os.path.isfile(state):
+        return None
+    changes = []
+    if getattr(args, "output_dir", None) is None:
+        changes.append(f"with --output-dir {shlex.quote(str(output_dir))}")
+    if args.resume_from is not None:
+        changes.append("without --resume-from")
+    elif not args.resume:
+        changes.append("without --no-resume")
+    command = " ".join(["the same command", " and ".join(changes)]).rstrip()
+    return f"{command} resumes from the last saved training state ({state})"
 
 
 def run_config(args: argparse.Namespace) -> dict:
