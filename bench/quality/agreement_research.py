@@ -36,6 +36,9 @@ from sopfast.training.trainer import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "agreement_research.jsonl")
+CURVES = os.path.join(HERE, "agreement_curves.jsonl")
+#: ``--curves``: accuracy of SOP and random groups at these group counts (m = 1: one group, no selection).
+CURVE_COUNTS = (1, 5, 20)
 TAUS = (0.2, 0.1)
 TEST_IMAGES = 1000
 TRAIN_IMAGES = 12000
@@ -57,6 +60,16 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "prior3-suff1-div16": (
         "agreement prior 3 + sufficiency 1, overlap penalty 16 (the recipe's 8 doubled)",
         {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 16.0},
+        {},
+    ),
+    "prior3-suff1-sal0": (
+        "agreement prior 3 + sufficiency 1, no saliency teacher (one teacher for every row pulls the groups together)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff1-sal0.25": (
+        "agreement prior 3 + sufficiency 1, saliency teacher at a quarter of its weight",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "saliency_weight": 0.25},
         {},
     ),
     "prior3-suff1-div32": (
@@ -118,6 +131,30 @@ def run_row(backbone_name: str, row: str, seed: int) -> dict:
     return record
 
 
+def run_curves(backbone_name: str, row: str, seed: int) -> dict:
+    """Accuracy of a trained row (and random groups through its selector) at τ ∈ :data:`TAUS` and
+    m ∈ :data:`CURVE_COUNTS`: with one group there is nothing to select, so the groups alone compare."""
+    model, _ = trained_model(backbone_name, row, seed)
+    for name, value in ROWS[row][2].items():
+        setattr(model, name, value)
+    _, test = image_data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]), batch_size=100
+    )
+    results = evaluate(
+        model, loader, ["curves"], baselines=["random"], progress=False, curve_taus=TAUS, curve_counts=CURVE_COUNTS
+    )
+    record = {
+        "backbone": backbone_name,
+        "row": row,
+        "seed": seed,
+        **{m: results[m]["curves"] for m in ("SOP", "Random")},
+    }
+    with open(CURVES, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
 COLUMNS = (
     ("accuracy", "acc."),
     ("agreement", "agree"),
@@ -170,10 +207,14 @@ def main() -> None:
     parser.add_argument("--backbone", choices=list(BACKBONES), default="plain")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--curves", action="store_true", help="accuracy over m = 1, 5, 20 of trained rows instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for row in args.rows:
         for seed in args.seeds:
+            if args.curves:
+                print(run_curves(args.backbone, row, seed), flush=True)
+                continue
             record = run_row(args.backbone, row, seed)
             sop, rnd = record["tau=0.2"]["SOP"], record["tau=0.2"]["Random"]
             print(
