@@ -223,15 +223,32 @@ def _run(vit, tmp_path, **options):
 def test_default_length_is_set_by_the_data_and_stops_when_validation_stalls(vit, tmp_path):
     """epochs=None: enough whole epochs for min_steps (here 2 steps an epoch, min_steps 20: 10 epochs),
     evaluated about 20 times; with a learning rate too small to change anything, the validation metric
-    never improves after the first evaluation and patience 2 stops the run there."""
+    never improves after the first evaluation, and patience 2 stops the run — not before half the planned
+    steps (10), whatever the evaluations said before."""
     result = _run(vit, tmp_path, min_steps=20, patience=2, lr=1e-12)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     evals = [r["step"] for r in records if r["event"] == "eval"]
-    assert evals == [1, 2, 3] and result.step == 3 and result.stop_reason == "early_stopping"
+    assert evals == list(range(1, 11)) and result.step == 10 and result.stop_reason == "early_stopping"
     end = records[-1]
     assert end["event"] == "end" and end["stop_reason"] == "early_stopping"
-    assert "did not improve in 2 evaluations" in end["stopped"] and "of 20 planned (10 epochs)" in end["stopped"]
+    assert "averaged over the last 3 evaluations, did not improve in 2 evaluations" in end["stopped"]
+    assert "of 20 planned (10 epochs)" in end["stopped"]
     assert (tmp_path / "run" / "best").is_dir() and (tmp_path / "run" / "last").is_dir()
+
+
+def test_early_stopping_reads_the_smoothed_metric():
+    """A metric that alternates by one prediction (a rounding difference) stops nobody on its mean; a raw
+    rule would have counted every dip; no stop before min_steps."""
+    from sopfast.training.stopping import Stopping
+
+    stopping = Stopping(patience=2, min_steps=0)
+    noisy = [0.50, 0.55, 0.53, 0.57, 0.55, 0.59, 0.57, 0.61]  # rising, with a dip after every rise
+    assert not any(stopping.evaluated(v, True, step, True) for step, v in enumerate(noisy))
+    flat = Stopping(patience=2, min_steps=5)
+    assert [flat.evaluated(0.5, True, step, True) for step in range(6)] == [False] * 5 + [True]
+    resumed = Stopping(patience=2)
+    resumed.load_state_dict(stopping.state_dict())
+    assert resumed.state_dict() == stopping.state_dict()
 
 
 def test_explicit_epochs_keep_their_length_and_the_run_says_why_it_stopped(vit, tmp_path):

@@ -70,6 +70,46 @@ def adapted_image_backbone(seed: int = 0):
     return ViTForImageClassification.from_pretrained(path).eval()
 
 
+def other_image_backbone(kind: str, seed: int = 0):
+    """A second image backbone of another family, trained the ordinary way exactly as the demo trains its
+    ViT (``sopfast.demo.backbones.train_backbone``: 48,000 Fashion-MNIST images, 4 epochs, whole images), cached
+    in ``.cache/fmnist-<kind>-plain``: ``"deit"``, a 6-layer HF DeiT of width 96 (3 heads, patch 4: 7×7
+    patches), or ``"cnn"``, an HF ResNet of two basic stages (64 and 128 channels, depth 2; its feature grid is
+    the first stage's 7×7)."""
+    import transformers
+
+    from sopfast.demo.backbones import train_backbone
+
+    path = os.path.join(CACHE, f"fmnist-{kind}-plain")
+    classes = {"deit": transformers.DeiTForImageClassification, "cnn": transformers.ResNetForImageClassification}
+    if not os.path.exists(os.path.join(path, "config.json")):
+        train, _ = image_data()
+        common = {"num_channels": 1, "num_labels": len(train.classes)}
+        if kind == "deit":
+            config = transformers.DeiTConfig(
+                hidden_size=96,
+                num_hidden_layers=6,
+                num_attention_heads=3,
+                intermediate_size=192,
+                image_size=28,
+                patch_size=4,
+                **common,
+            )
+        else:
+            config = transformers.ResNetConfig(
+                embedding_size=32, hidden_sizes=[64, 128], depths=[2, 2], layer_type="basic", **common
+            )
+        config.id2label = dict(enumerate(train.classes))
+        config.label2id = {name: i for i, name in enumerate(train.classes)}
+        torch.manual_seed(seed)
+        model = classes[kind](config)
+        start = time.perf_counter()
+        train_backbone(model, train.x[:48000], train.y[:48000], epochs=4, seed=seed)
+        model.save_pretrained(path)
+        print(f"{kind} backbone trained in {time.perf_counter() - start:.0f} s -> {path}")
+    return classes[kind].from_pretrained(path).eval()
+
+
 def text_data(seed: int = 0):
     """The text demo's tweets of every length: ``(train, test)`` TextDatasets, the last 1,000 for
     testing, as ``run_text_demo`` splits them (``sopfast.demo.text.text_splits``)."""

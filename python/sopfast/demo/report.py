@@ -7,6 +7,8 @@ from .debugging import debugging_table
 
 COMPARISON_COLUMNS = (
     ("accuracy", "accuracy ↑", "{:.3f}"),
+    ("agreement", "agrees with the backbone ↑", "{:.3f}"),
+    ("agreement_kl", "KL from the backbone ↓", "{:.3f}"),
     ("insertion", "insertion ↑", "{:.3f}"),
     ("deletion", "deletion ↓", "{:.3f}"),
     ("distinct_groups", "distinct groups", "{:.1f}"),
@@ -42,7 +44,13 @@ def format_comparison(comparison: dict[str, dict], spread: dict[str, dict] | Non
             value = r.get(key, float("nan"))
             if value != value:
                 text = "–"
-            elif spread.get(name, {}).get(key) and key in ("accuracy", "insertion", "deletion", "on_object"):
+            elif spread.get(name, {}).get(key) and key in (
+                "accuracy",
+                "agreement",
+                "insertion",
+                "deletion",
+                "on_object",
+            ):
                 text = format_with_spread(value, spread[name][key])
             else:
                 text = fmt.format(value)
@@ -178,10 +186,12 @@ def text_targets(comparison: dict[str, dict]) -> list[tuple[str, float, float, b
 
 
 def _diagnosis_lines(diagnosis: dict) -> list[str]:
-    from ..training.diagnose import Diagnosis, GroupAccuracy
+    from ..training.diagnose import Diagnosis, GroupAccuracy, OwnGroups
 
     fields = {k: v for k, v in diagnosis.items() if k in Diagnosis.__dataclass_fields__}
     fields["random_groups"] = {m: GroupAccuracy(**g) for m, g in diagnosis["random_groups"].items()}
+    if fields.get("own_groups") is not None:
+        fields["own_groups"] = OwnGroups(**fields["own_groups"])
     return Diagnosis(**fields).lines()
 
 

@@ -39,11 +39,11 @@ from .shared import CURVE_METRICS, parsed_batches, record_accuracy, save_demo_ba
 # Test images the full demo's comparison covers (every baseline runs insertion and deletion on each; the text
 # demo's counts are in ``text.py``). bench/quality/compare.py makes the same table for any count.
 COMPARE_IMAGES = 1000
-COMPARISON_METRICS = ("accuracy", "fidelity", "insertion", "deletion", "diversity", "curves")
-# The image demo scores accuracy, curves, groups, grounding and the on-object share by correctness (RQ6)
-# on its test images, and fidelity, insertion and deletion on the first ``curve_images`` of them
-# (ten forwards per image and method).
-IMAGE_METRICS = ("accuracy", "diversity", "curves", "grounding", "object_ratio")
+COMPARISON_METRICS = ("accuracy", "agreement", "fidelity", "insertion", "deletion", "diversity", "curves")
+# The image demo scores accuracy, agreement with the backbone and where it is lost (bounds), curves, groups,
+# grounding and the on-object share by correctness (RQ6) on its test images, and fidelity, insertion and
+# deletion on the first ``curve_images`` of them (ten forwards per image and method).
+IMAGE_METRICS = ("accuracy", "agreement", "bounds", "diversity", "curves", "grounding", "object_ratio")
 #: Images (from SOP's training images, which the backbone never saw) the diagnostic and the adaptation's
 #: report measure.
 CHECK_IMAGES = 256
@@ -276,7 +276,8 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
         model = SOP(backbone, num_groups=run.num_groups, tau=0.2, mode="drop").to(device)
         if i == 0:
             study.update(recipe=model.config["recipe"], mode=model.mode)
-            study["diagnosis"] = diagnose(model, run.check, device=device, progress=False).to_dict()
+            diagnosis = diagnose(model, run.check, device=device, progress=False, own_groups=False)
+            study["diagnosis"] = diagnosis.to_dict()
             study["untrained_accuracy"] = sop_accuracy(model, run.test_batches, "drop")[0]
         with run.phases.phase(f"training SOP on {which} (seed {run_seed})", "sop"):
             seconds = train_sop(

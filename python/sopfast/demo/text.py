@@ -31,7 +31,7 @@ COMPARE_TEXTS = 500
 #: The text comparison also reports the texts of at least this many tokens ([CLS] and [SEP] included).
 LONG_TEXT = 12
 #: Text metrics on every compared text (fidelity, insertion and deletion on the first CURVE_TEXTS).
-TEXT_METRICS = ("accuracy", "diversity", "curves")
+TEXT_METRICS = ("accuracy", "agreement", "bounds", "diversity", "curves")
 CURVE_TEXTS = 200
 #: The paper's curves on text: group counts m at each inference τ.
 TEXT_CURVE_COUNTS = (1, 3, 8)
@@ -224,7 +224,7 @@ def text_study(
         model = SOP(backbone, num_groups=8, tau=0.2, mode="drop").to(device)
         if i == 0:
             results.update(recipe=model.config["recipe"], mode=model.mode)
-            results["diagnosis"] = diagnose(model, train_set, device=device).to_dict()
+            results["diagnosis"] = diagnose(model, train_set, device=device, own_groups=False).to_dict()
             results["untrained_accuracy"] = sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
         print(f"[2/3] training SOP (seed {run_seed}: {scale.epochs} epoch(s) of {len(sop_train)} tweets)", flush=True)

@@ -186,7 +186,7 @@ class PatchGrid(Method[tuple[torch.Tensor, torch.Tensor]]):
             kept = torch.ones_like(alpha, dtype=torch.bool)
         else:
             kept = _top_patches(alpha, model.task, max(1, int(tau * m)), largest is not False)
-        return Prediction((alpha * kept).sum(-1), alpha * kept, masks, kept)
+        return Prediction((alpha * kept).sum(-1), alpha * kept, masks, kept, y)
 
 
 def _top_patches(alpha: torch.Tensor, task: str, n: int, largest: bool) -> torch.Tensor:

@@ -317,6 +317,8 @@ def evaluate(
         values = backbone.concatenated()
         score = "mse" if model.task == "regression" else "accuracy"
         results["Backbone"] = {"examples": int(values["count"].sum()), score: float(values["score"].mean())}
+        if "agreement" in plan.metrics:  # the backbone agrees with itself
+            results["Backbone"].update(agreement=1.0, agreement_kl=0.0)
     if print_table:
         print(format_table(results))
     return results
@@ -337,7 +339,7 @@ def _run(
             if needs_ground_truth and batch.ground_truth is not None:
                 gt = feature_ground_truth(model, batch.inputs, batch.ground_truth)
             if backbone is not None and batch.labels is not None:
-                logits = model.adapter.full_forward(batch.inputs)[0].float()
+                logits = model.reference_logits(batch.inputs)
                 score = M.mse if model.task == "regression" else M.accuracy
                 backbone.add(
                     {

@@ -29,12 +29,14 @@ StateT = TypeVar("StateT")
 @dataclass
 class Prediction:
     """A self-attributing prediction: ``logits [B, C]``, ``attributions [B, C, m]`` (summing to the
-    logits), ``group_masks [B, m, d]`` bool and ``used [B, C, m]`` (the groups each class uses)."""
+    logits), ``group_masks [B, m, d]`` bool, ``used [B, C, m]`` (the groups each class uses) and
+    ``group_logits [B, m, C]``, the backbone's logits on each group alone."""
 
     logits: torch.Tensor
     attributions: torch.Tensor
     group_masks: torch.Tensor
     used: torch.Tensor
+    group_logits: torch.Tensor
 
 
 class Method(ABC, Generic[StateT]):
@@ -96,35 +98,37 @@ def run_masks(model: SOP, inputs: FeatureInputs, masks: torch.Tensor, mode: str)
     return GroupPredictions(out.logits.view(b, p, -1), out.embeddings.view(b, p, -1))
 
 
-def combine_groups(model: SOP, preds: GroupPredictions, masks: torch.Tensor, how: str) -> Prediction:
+def combine_groups(
+    model: SOP, preds: GroupPredictions, masks: torch.Tensor, how: str, reference: torch.Tensor | None = None
+) -> Prediction:
     """Turn group predictions into a :class:`Prediction`.
 
     ``"mean"``: average of the group logits (BagNet); ``"selector"``: SOP's trained selector
-    with ``λ = 1``; ``"per_output"``: group ``c`` alone predicts output ``c`` (needs ``m = C``).
+    with ``λ = 1`` (with its ``agreement_prior``, which needs the backbone's full-input logits
+    ``reference [B, C]``); ``"per_output"``: group ``c`` alone predicts output ``c`` (needs ``m = C``).
     """
     y = preds.logits.float()
     b, m, c = y.shape
     if how == "mean":
         alpha = y.transpose(1, 2) / m
-        return Prediction(alpha.sum(-1), alpha, masks, torch.ones_like(alpha, dtype=torch.bool))
+        return Prediction(alpha.sum(-1), alpha, masks, torch.ones_like(alpha, dtype=torch.bool), y)
     if how == "selector":
         with torch.no_grad():
-            scores = model.selector(preds.keys)
+            scores = model.select(preds, reference)
             logits = aggregate(scores, masks.new_ones(b, m, dtype=torch.float32), preds.logits)
-        return Prediction(logits.float(), scores * y.transpose(1, 2), masks, scores > 0)
+        return Prediction(logits.float(), scores * y.transpose(1, 2), masks, scores > 0, y)
     if how == "per_output":
         if m != c:
             raise ValueError(f"combine='per_output' needs one group per output (m = C = {c}), got m={m}")
         eye = torch.eye(c, dtype=torch.bool, device=y.device).expand(b, c, c)
         alpha = y.transpose(1, 2) * eye
-        return Prediction(alpha.sum(-1), alpha, masks, eye.clone())
+        return Prediction(alpha.sum(-1), alpha, masks, eye.clone(), y)
     raise ValueError(f"combine must be one of {COMBINES}, got {how!r}")
 
 
 def backbone_logits(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
-    """``[B, C]``: the plain backbone on the full input."""
-    with torch.no_grad():
-        return model.adapter.full_forward(inputs)[0].float()
+    """``[B, C]``: the plain backbone on the full input (:meth:`sopfast.SOP.reference_logits`)."""
+    return model.reference_logits(inputs)
 
 
 # -- score-based methods ------------------------------------------------------------------
@@ -157,7 +161,9 @@ class ScoreBaseline(Method[torch.Tensor]):
         tau = model.tau if tau is None else tau
         scores = state if num_groups is None else state[:, :num_groups]
         masks = top_tau_masks(scores, candidate_mask(model, inputs), tau, largest is not False)
-        return combine_groups(model, run_masks(model, inputs, masks, mode), masks, self.combine_mode(model))
+        how = self.combine_mode(model)
+        reference = backbone_logits(model, inputs) if how == "selector" and model.agreement_prior > 0 else None
+        return combine_groups(model, run_masks(model, inputs, masks, mode), masks, how, reference)
 
 
 # -- SOP as a method ------------------------------------------------------------------------
@@ -204,4 +210,6 @@ class SOPMethod(Method[_SOPState]):
         tau = model.tau if tau is None else tau
         largest = (not model.deletion) if largest is None else largest
         out = model.predict_groups(inputs, self.groups(model, state, tau, largest, num_groups), mode)
-        return Prediction(out.logits.float(), out.attributions.float(), out.group_masks, out.group_scores > 0)
+        return Prediction(
+            out.logits.float(), out.attributions.float(), out.group_masks, out.group_scores > 0, out.group_logits
+        )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_bool, check_class_ids, check_rank, check_same_length
+from ..model.agreement import group_bounds  # noqa: F401  (a metric of sopfast.metrics)
 from .group_metrics import (
     DIVERSITY,
     distinct_groups,
@@ -377,3 +378,19 @@ __all__ = [
     "task_score",
     "union_coverage",
 ]
+
+
+# -- agreement with the backbone the model explains -------------------------------------------------
+def agreement(logits: torch.Tensor, reference_logits: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Whether the top-1 class of ``logits [B, C]`` is the frozen backbone's on the whole input
+    (``reference_logits [B, C]``): 1/0 per example, or their mean."""
+    same = (logits.argmax(dim=-1) == reference_logits.argmax(dim=-1)).float()
+    return same if reduction == "none" else same.mean()
+
+
+def agreement_kl(logits: torch.Tensor, reference_logits: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """``KL(p_backbone ‖ p_model)`` per example (or the mean): how far the class distribution of ``logits
+    [B, C]`` is from the backbone's on the whole input (``reference_logits [B, C]``); 0 when they are equal."""
+    target = torch.log_softmax(reference_logits.float(), dim=-1)
+    kl = (target.exp() * (target - torch.log_softmax(logits.float(), dim=-1))).sum(dim=-1)
+    return kl if reduction == "none" else kl.mean()

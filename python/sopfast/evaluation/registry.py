@@ -71,6 +71,11 @@ class Step:
         return self.method.predict(self.model, self.inputs, self.state, None, None, self.plan.mode)
 
     @cached_property
+    def reference(self) -> torch.Tensor:
+        """``[B, C]``: the frozen backbone's logits on the whole input (:meth:`sopfast.SOP.reference_logits`)."""
+        return self.model.reference_logits(self.inputs)
+
+    @cached_property
     def used(self) -> torch.Tensor:
         """``[B, m]``: the groups used for the predicted class (any output, for regression)."""
         used = self.base.used
@@ -190,6 +195,29 @@ register_metric(
         lambda s: {"fidelity": M.fidelity(s.base.logits, s.base.attributions, reduction="none")},
         _mean("fidelity"),
         default=True,
+    )
+)
+
+
+register_metric(
+    Metric(
+        "agreement",
+        lambda s: {
+            "agreement": M.agreement(s.base.logits, s.reference, reduction="none"),
+            "agreement_kl": M.agreement_kl(s.base.logits, s.reference, reduction="none"),
+        },
+        lambda kept, plan, model: {k: float(kept[k].mean()) for k in ("agreement", "agreement_kl")},
+        tasks=("classification",),
+        default=True,
+    )
+)
+BOUNDS = ("generator_bound", "one_group_agrees", "generator_bound_correct", "selector_bound")
+register_metric(
+    Metric(
+        "bounds",
+        lambda s: M.group_bounds(s.base.group_logits, s.reference, s.labels),
+        lambda kept, plan, model: {k: float(kept[k].mean()) for k in BOUNDS if k in kept},
+        tasks=("classification",),
     )
 )
 

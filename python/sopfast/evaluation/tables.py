@@ -12,6 +12,10 @@ Results = dict[str, dict[str, Any]]
 
 SCALARS = (
     "accuracy",
+    "agreement",
+    "agreement_kl",
+    "generator_bound",
+    "selector_bound",
     "error",
     "mse",
     "fidelity",

@@ -271,7 +271,10 @@ def _data_line(model: Any) -> str:
 
 def _validation_line(model: Any) -> str:
     validation = model.provenance.get("validation") or {}
-    metrics = [f"{k[4:]} {v:.4f}" for k, v in validation.items() if k.startswith("val_") and isinstance(v, float)]
+    names = {"val_agreement": "agreement with the backbone's full-input prediction"}
+    metrics = [
+        f"{names.get(k, k[4:])} {v:.4f}" for k, v in validation.items() if k.startswith("val_") and isinstance(v, float)
+    ]
     if not metrics:
         return "not recorded"
     return f"{', '.join(metrics)} at training step {validation.get('step')} (the run's validation data)"

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_tensor, check_values
+from .agreement import agreement_scores
 from .generator import standardize_rows
 
 
@@ -81,19 +82,19 @@ def attention_overlap(attention: torch.Tensor, valid: torch.Tensor | None = None
     return (gram * off_diagonal).sum() / (b * m * (m - 1))
 
 
-def mean_saliency(model, inputs, levels: Sequence[float]) -> torch.Tensor:
+def mean_saliency(model, inputs, levels: Sequence[float], target: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, d]``: :func:`feature_saliency` averaged over the presence ``levels`` (one backbone backward
-    each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients).  The full-input
-    prediction every level differentiates runs once, not once per level."""
-    target = full_prediction(model, inputs)
+    each; two levels such as ``(0.2, 0.6)`` are a 2-step Integrated Gradients) towards ``target``
+    (:func:`full_prediction` of the inputs; computed once, not once per level, when not given)."""
+    target = full_prediction(model, inputs) if target is None else target
     return torch.stack([feature_saliency(model, inputs, z, target) for z in levels]).mean(dim=0)
 
 
-def full_prediction(model, inputs) -> torch.Tensor:
-    """The frozen backbone on the full ``inputs`` (no gradient): its predicted class ``[B]`` (long), or for a
+def full_prediction(model, inputs, reference: torch.Tensor | None = None) -> torch.Tensor:
+    """The frozen backbone on the full ``inputs`` (no gradient; ``reference``: its logits ``[B, C]`` when
+    already computed, :meth:`sopfast.SOP.reference_logits`): its predicted class ``[B]`` (long), or for a
     regression model (``model.task == "regression"``) its outputs ``[B, C]``."""
-    with torch.no_grad():
-        logits = model.adapter.full_forward(inputs)[0]
+    logits = model.reference_logits(inputs) if reference is None else reference
     return logits.float() if getattr(model, "task", "classification") == "regression" else logits.argmax(dim=-1)
 
 
@@ -167,3 +168,27 @@ def saliency_kl(
     target = torch.softmax(score.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
     log_ratio = target.clamp_min(1e-30).log() - attention.float().clamp_min(1e-30).log()
     return (target * log_ratio).masked_fill(~valid.unsqueeze(1), 0.0).sum(dim=-1).mean()
+
+
+def sufficiency_loss(group_logits: torch.Tensor, lam: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+    """``−mean_{b,i} A_bi · λ_bi``: each group's advantage ``A_bi = r_bi − mean_j r_bj`` in ``r_bi = log p_bi(ŷ_b)``
+    (how well group ``i`` alone makes the frozen backbone predict its full-input class ``ŷ_b``; no gradient)
+    weighting its gradient-passing scale ``λ`` (the generator's one gradient path).  Minimising it raises
+    ``λ`` (the attention a row keeps on its group) for groups better than the input's others and lowers it
+    for worse ones — a signal for every group, also those the selector leaves out, which the paper's loss
+    never reaches.  ``group_logits [B, m, C]``, ``lam [B, m]``, ``reference_logits [B, C]``.  An opt-in
+    training signal for the generator (``SOP(sufficiency_weight=...)``), not part of the paper."""
+    if group_logits.shape[0] == 0 or group_logits.shape[1] < 2:
+        return lam.sum() * 0.0
+    reward = agreement_scores(group_logits, reference_logits)
+    advantage = reward - reward.mean(dim=1, keepdim=True)
+    return -(advantage * lam.float()).mean()
+
+
+def distillation_loss(logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+    """``mean_b KL(softmax(reference_b) ‖ softmax(logits_b))``: how far SOP's class distribution ``logits [B, C]``
+    is from the frozen backbone's on the whole input ``reference_logits [B, C]`` (no gradient to it)."""
+    if logits.shape[0] == 0:
+        return logits.float().sum() * 0.0
+    target = torch.log_softmax(reference_logits.detach().float(), dim=-1)
+    return F.kl_div(torch.log_softmax(logits.float(), dim=-1), target, log_target=True, reduction="batchmean")

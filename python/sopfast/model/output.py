@@ -29,6 +29,8 @@ class SOPOutput:
     * ``task`` – ``"classification"`` or ``"regression"``
     * ``labels`` – the labels given to the forward (``model(x, labels=y)``), or ``None``; with them
       :attr:`loss` is the loss tensor, as in Hugging Face ``Trainer`` / Lightning-style loops
+    * ``backbone_logits [B, C]`` – the frozen backbone's logits on the whole input, where the forward computed
+      them (``agreement_prior``, training with the recipe's penalties), else ``None``
 
     Indexing follows transformers' ``ModelOutput``: ``out["logits"]`` (any field by name), and
     ``out[0]`` is the loss when labels were given (else the logits); see :meth:`to_tuple`.
@@ -43,6 +45,7 @@ class SOPOutput:
     attention: torch.Tensor
     task: str = "classification"
     labels: torch.Tensor | None = None
+    backbone_logits: torch.Tensor | None = None
 
     @property
     def attributions(self) -> torch.Tensor:
@@ -122,7 +125,17 @@ class SOPOutput:
         return self.to_tuple()[key]
 
 
-KEYS = ("loss", "logits", "group_logits", "group_scores", "lam", "group_masks", "group_indices", "attention")
+KEYS = (
+    "loss",
+    "logits",
+    "group_logits",
+    "group_scores",
+    "lam",
+    "group_masks",
+    "group_indices",
+    "attention",
+    "backbone_logits",
+)
 
 
 def check_finite_group_logits(group_logits: torch.Tensor) -> None:
@@ -139,8 +152,10 @@ def concatenate_outputs(parts: list[SOPOutput]) -> SOPOutput:
     width = max(p.group_indices.shape[-1] for p in parts)
     indices = [F.pad(p.group_indices, (0, width - p.group_indices.shape[-1]), value=-1) for p in parts]
     fields = ("logits", "group_logits", "group_scores", "lam", "group_masks", "attention")
+    references = [p.backbone_logits for p in parts]
     return SOPOutput(
         **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields},
         group_indices=torch.cat(indices),
         task=parts[0].task,
+        backbone_logits=None if any(r is None for r in references) else torch.cat(references),
     )

@@ -93,6 +93,9 @@ RECIPES: dict[str, Recipe] = {
             "unit_lambda": False,
             "demote_blank": False,
             "keep_special_tokens": False,
+            "agreement_prior": 0.0,
+            "sufficiency_weight": 0.0,
+            "distill_weight": 0.0,
         },
         training={"lr": 5e-6, "warmup_ratio": 0.0},
     ),
@@ -115,6 +118,9 @@ RECIPES: dict[str, Recipe] = {
             "unit_lambda": True,
             "demote_blank": True,
             "keep_special_tokens": True,
+            "agreement_prior": 0.0,
+            "sufficiency_weight": 0.0,
+            "distill_weight": 0.0,
         },
         training={"lr": 1e-3, "warmup_ratio": 0.05},
         mode="drop",
@@ -131,6 +137,9 @@ RECIPE_OPTIONS = tuple(RECIPES["paper"].model)
 #: adapter without it a recipe gives the option its ``"paper"`` value (off) instead, so that the default
 #: recipe runs on every backbone (``keep_special_tokens`` on text backbones with [CLS]/[SEP] only).
 REQUIRES = {"saliency_weight": "has_soft_forward", "keep_special_tokens": "has_special_tokens"}
+#: Recipe options that compare classes (the backbone's predicted class): for a regression model a recipe gives
+#: them their ``"paper"`` value (off), and a value given explicitly is a ValueError.
+CLASSIFICATION_ONLY = ("agreement_prior", "sufficiency_weight", "distill_weight")
 
 
 def get_recipe(name: object) -> Recipe:
@@ -140,21 +149,26 @@ def get_recipe(name: object) -> Recipe:
     return RECIPES[name]
 
 
-def resolve_options(recipe: Recipe, given: dict[str, Any], adapter: object = None) -> dict[str, Any]:
+def resolve_options(
+    recipe: Recipe, given: dict[str, Any], adapter: object = None, task: str = "classification"
+) -> dict[str, Any]:
     """The recipe-governed options: those ``given`` (not ``None``), the rest from ``recipe`` (the
-    ``"paper"`` value for an option that needs a capability ``adapter`` lacks, see :data:`REQUIRES`)."""
+    ``"paper"`` value for an option that needs a capability ``adapter`` lacks, see :data:`REQUIRES`, or that
+    compares classes in a regression ``task``, see :data:`CLASSIFICATION_ONLY`)."""
     out = {}
     for name, value in recipe.model_for(getattr(adapter, "modality", None)).items():
         if given.get(name) is not None:
             out[name] = given[name]
         elif name in REQUIRES and not getattr(adapter, REQUIRES[name], False):
             out[name] = RECIPES["paper"].model[name]
+        elif name in CLASSIFICATION_ONLY and task != "classification":
+            out[name] = RECIPES["paper"].model[name]
         else:
             out[name] = value
     return out
 
 
-def check_options(options: dict[str, Any], adapter: Any) -> dict[str, Any]:
+def check_options(options: dict[str, Any], adapter: Any, task: str = "classification") -> dict[str, Any]:
     """The resolved ``options`` (:func:`resolve_options`), each checked (TypeError / ValueError naming the
     option, its value and what is allowed), also against the backbone's ``adapter``."""
     out = dict(options)
@@ -163,6 +177,10 @@ def check_options(options: dict[str, Any], adapter: Any) -> dict[str, Any]:
     out["group_gen_scale"] = check_number("group_gen_scale", options["group_gen_scale"], 0.0, above=True)
     out["diversity_weight"] = check_number("diversity_weight", options["diversity_weight"], 0.0)
     out["saliency_weight"] = check_number("saliency_weight", options["saliency_weight"], 0.0)
+    for name in CLASSIFICATION_ONLY:
+        out[name] = check_number(name, options[name], 0.0)
+        if out[name] > 0 and task != "classification":
+            raise ValueError(f"{name}={out[name]!r} compares classes; task={task!r} has none: use 0")
     out["saliency_loss"] = check_choice("saliency_loss", options["saliency_loss"], SALIENCY_LOSSES)
     out["saliency_levels"] = check_levels("saliency_levels", options["saliency_levels"])
     kind = type(adapter).__name__

@@ -1,11 +1,13 @@
-"""The group selector (docs/method.md, step 9): sparse cross-attention from class queries to group keys."""
+"""The group selector (docs/method.md, step 9): sparse cross-attention from class queries to group keys,
+optionally with an agreement prior (``SOP(agreement_prior=α)``, beyond the paper)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..ops import group_select
+from ..ops import group_select, sparsemax
+from ..ops.group_select import selector_scores
 
 
 def check_class_weights(class_weights: object, key_dim: int, num_classes: int | None) -> torch.Tensor:
@@ -43,6 +45,11 @@ class GroupSelector(nn.Module):
             self.query_proj.weight.copy_(torch.eye(hidden))
             self.key_proj.weight.copy_(torch.eye(hidden))
 
-    def forward(self, keys: torch.Tensor) -> torch.Tensor:
-        """Scores ``[B, Cls, m]`` (fp32) from group keys ``[B, m, H]``."""
-        return group_select(self.class_queries, keys, self.query_proj.weight, self.key_proj.weight, self.scale)
+    def forward(self, keys: torch.Tensor, prior: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``[B, Cls, m]`` (fp32) from group keys ``[B, m, H]``; ``prior [B, m]`` (the agreement prior,
+        :func:`agreement_scores` times its weight) is added to every class's score of a group before the
+        sparsemax."""
+        weights = (self.class_queries, keys, self.query_proj.weight, self.key_proj.weight, self.scale)
+        if prior is None:
+            return group_select(*weights)
+        return sparsemax(selector_scores(*weights) + prior.unsqueeze(1), dim=-1)

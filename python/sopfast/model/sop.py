@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from ..checks import (
 )
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
+from .agreement import agreement_scores
 from .authors import AuthorsCheckpoint
 from .checkpoint import hash_backbone
 from .generator import GroupGenerator, check_candidates, check_finite_lam
@@ -39,6 +41,14 @@ from .runtime import COMPILE_CHOICES, cast_backbone, compile_blocks, compiles_on
 from .selector import GroupSelector, check_class_weights
 
 TASKS = ("classification", "regression")
+
+
+def _input_key(inputs: FeatureInputs, backbone: nn.Module) -> tuple:
+    """What :meth:`SOP.reference_logits` depends on: each input tensor (identity and in-place version) and
+    the backbone's weights (their in-place versions)."""
+    tensors = tuple((id(t), t._version) for t in vars(inputs).values() if isinstance(t, torch.Tensor))
+    weights = [(p._version, p.dtype, p.device) for p in backbone.parameters()]
+    return tensors, id(backbone), tuple(weights)
 
 
 class SOPConfig(dict):
@@ -119,6 +129,16 @@ class SOP(HubMixin, nn.Module):
         keep_special_tokens: text backbones with special tokens (BERT): [CLS]/[SEP] are no candidates but
             always run, so groups are made of words (from the recipe, which sets it only for such
             backbones; ``True`` for a backbone without special tokens is a ValueError).
+        agreement_prior: ``α``: the selector adds ``α · log p_i(ŷ)`` to every class's score of group ``i``, where
+            ``p_i`` is the backbone's prediction on the group alone and ``ŷ`` its prediction on the whole input
+            (one more backbone pass per input), so that the groups that make the backbone say what it says
+            carry SOP's prediction (from the recipe; 0 is the paper's selector; classification only).
+        sufficiency_weight: in training, add ``sufficiency_weight ·`` :func:`sopfast.model.losses.sufficiency_loss`:
+            each group's ``λ`` is pushed up when the group alone predicts the backbone's full-input class better
+            than the input's other groups, down when worse — a signal for every group, used or not (from the
+            recipe; 0 is the paper's loss; classification only).
+        distill_weight: in training, add ``distill_weight ·`` the KL divergence of SOP's class distribution from
+            the backbone's on the whole input (from the recipe; 0 is the paper's loss; classification only).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096; 65,536 on a GPU; 2,048 in ``exact`` on the CPU) tokens per call.
@@ -169,6 +189,9 @@ class SOP(HubMixin, nn.Module):
         unit_lambda: bool | None = None,
         demote_blank: bool | None = None,
         keep_special_tokens: bool | None = None,
+        agreement_prior: float | None = None,
+        sufficiency_weight: float | None = None,
+        distill_weight: float | None = None,
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
@@ -201,10 +224,12 @@ class SOP(HubMixin, nn.Module):
         # the recipe options, as given (None: from the recipe); the signature is their one list
         arguments = locals()
         given = {name: arguments[name] for name in RECIPE_OPTIONS}
-        options = check_options(resolve_options(self.recipe, given, self.adapter), self.adapter)
+        options = check_options(resolve_options(self.recipe, given, self.adapter, self.task), self.adapter, self.task)
         self.diversity_weight, self.saliency_weight = options["diversity_weight"], options["saliency_weight"]
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
+        self.agreement_prior = options["agreement_prior"]
+        self.sufficiency_weight, self.distill_weight = options["sufficiency_weight"], options["distill_weight"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
         self.mode = self.recipe.default_mode(self.adapter) if mode is None else mode
         self.projection = self.adapter.make_projection()
@@ -231,6 +256,7 @@ class SOP(HubMixin, nn.Module):
         if compile is True and not self.adapter.compile_units(self.projection):
             raise ValueError(f"compile=True: {type(self.adapter).__name__} names no blocks to compile; use False")
         self._compiled = False
+        self._reference: tuple[tuple, list, torch.Tensor] | None = None
         self.epoch = 0
         self.config = SOPConfig(
             {
@@ -376,10 +402,12 @@ class SOP(HubMixin, nn.Module):
         inputs = self.prepare(x, attention_mask, token_type_ids, input_ids=input_ids, pixel_values=pixel_values)
         if torch.is_grad_enabled() or inputs.batch_size <= (size := self.example_chunk_size(inputs)):
             groups = self.make_groups(inputs, tau)
-            out = self.predict_groups(inputs, groups, mode)
-            if self.training and (self.diversity_weight > 0 or self.saliency_weight > 0):
+            penalised = self.training and self.has_penalties()
+            reference = self.reference_logits(inputs) if penalised else None
+            out = self.predict_groups(inputs, groups, mode, reference)
+            if penalised:
                 fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
-                out = RegularisedOutput(**fields, penalty_terms=training_penalty(self, inputs, groups, tau))
+                out = RegularisedOutput(**fields, penalty_terms=training_penalty(self, inputs, groups, out, tau))
         else:
             parts = []
             for start in range(0, inputs.batch_size, size):
@@ -387,6 +415,30 @@ class SOP(HubMixin, nn.Module):
                 parts.append(self.predict_groups(rows, self.make_groups(rows, tau), mode))
             out = concatenate_outputs(parts)
         return out if labels is None else out.with_labels(labels)
+
+    def has_penalties(self) -> bool:
+        """Whether training adds terms beyond the paper's loss (the recipe's penalties)."""
+        weights = (self.diversity_weight, self.saliency_weight, self.sufficiency_weight, self.distill_weight)
+        return any(w > 0 for w in weights)
+
+    def reference_logits(self, inputs: FeatureInputs) -> torch.Tensor:
+        """``[B, C]`` (fp32): the frozen backbone's logits on the whole ``inputs`` (its own function, no
+        gradient): what SOP's prediction is compared with (agreement) and what ``agreement_prior`` selects by.
+
+        The last result is kept for the same input tensors (unchanged since, and the backbone's weights
+        too): an evaluation asks for it once per method and sparsity."""
+        key = _input_key(inputs, self.backbone)
+        if (
+            self._reference is not None
+            and self._reference[0] == key
+            and all(r() is not None for r in self._reference[1])
+        ):
+            return self._reference[2]
+        with torch.no_grad():
+            logits = self.adapter.full_forward(inputs)[0].float()
+        tensors = [t for t in vars(inputs).values() if isinstance(t, torch.Tensor)]
+        self._reference = (key, [weakref.ref(t) for t in tensors], logits)
+        return logits
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
@@ -405,8 +457,12 @@ class SOP(HubMixin, nn.Module):
             attention=torch.zeros(0, m, d, device=device),
         )
 
-    def predict_groups(self, inputs: FeatureInputs, groups: Groups, mode: str | None = None) -> SOPOutput:
-        """Run the frozen backbone on given ``groups`` and combine with the selector.
+    def predict_groups(
+        self, inputs: FeatureInputs, groups: Groups, mode: str | None = None, reference: torch.Tensor | None = None
+    ) -> SOPOutput:
+        """Run the frozen backbone on given ``groups`` and combine with the selector; ``reference [B, C]``:
+        the backbone's full-input logits when already computed (:meth:`reference_logits`; computed here
+        when ``agreement_prior`` needs them).
 
         Raises ValueError when the backbone's logits on the groups are not finite (inputs far
         outside what the backbone can represent, e.g. pixels of 1e30).
@@ -425,7 +481,9 @@ class SOP(HubMixin, nn.Module):
                     inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device, mode)
                 )
             check_finite_group_logits(preds.logits)
-        scores = self.selector(preds.keys)
+            if reference is None and self.agreement_prior > 0:
+                reference = self.reference_logits(inputs)
+        scores = self.select(preds, reference)
         # unit_lambda: λ = 1 in the prediction, λ's gradient kept for the generator
         lam = 1.0 + groups.lam - groups.lam.detach() if self.unit_lambda else groups.lam
         logits = aggregate(scores, lam, preds.logits)
@@ -438,7 +496,17 @@ class SOP(HubMixin, nn.Module):
             group_indices=groups.indices,
             attention=groups.attention,
             task=self.task,
+            backbone_logits=reference,
         )
+
+    def select(self, preds: GroupPredictions, reference: torch.Tensor | None = None) -> torch.Tensor:
+        """The selector's weights ``c [B, C, m]`` for group predictions ``preds`` (logits ``[B, m, C]``, keys
+        ``[B, m, H]``); with ``agreement_prior`` the backbone's full-input logits ``reference [B, C]`` are needed."""
+        if self.agreement_prior == 0 or preds.logits.shape[0] == 0:
+            return self.selector(preds.keys)
+        if reference is None:
+            raise ValueError("agreement_prior > 0: the selector needs the backbone's full-input logits (reference)")
+        return self.selector(preds.keys, self.agreement_prior * agreement_scores(preds.logits, reference))
 
     @classmethod
     def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:

@@ -14,7 +14,10 @@ from . import _backends
 from .sparsemax import sparsemax, sparsemax_reference
 
 
-def _scores(class_queries, z, w_q, w_k, beta) -> torch.Tensor:
+def selector_scores(
+    class_queries: torch.Tensor, z: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """The selector's scores before the sparsemax, ``β · (C W_Qᵀ)(z W_Kᵀ)ᵀ``: ``[B, Cls, m]`` (fp32)."""
     q = class_queries.float() @ w_q.float().t()
     keys = z.float() @ w_k.float().t()
     return beta * torch.matmul(keys, q.t()).transpose(1, 2)
@@ -64,7 +67,7 @@ def group_select_reference(
 ) -> torch.Tensor:
     """Pure-PyTorch selector: ``C [Cls, H]``, ``z [B, m, H]`` → ``c [B, Cls, m]`` (fp32)."""
     _check_selector(class_queries, z, w_q, w_k)
-    return sparsemax_reference(_scores(class_queries, z, w_q, w_k, check_number("beta", beta)))
+    return sparsemax_reference(selector_scores(class_queries, z, w_q, w_k, check_number("beta", beta)))
 
 
 def group_select(
@@ -81,7 +84,7 @@ def _group_select_composite(
 ) -> torch.Tensor:
     _check_selector(class_queries, z, w_q, w_k)
     with torch.autocast(device_type=z.device.type, enabled=False):
-        return sparsemax(_scores(class_queries, z, w_q, w_k, beta), dim=-1)
+        return sparsemax(selector_scores(class_queries, z, w_q, w_k, beta), dim=-1)
 
 
 _group_select = _backends.composite(

@@ -22,6 +22,8 @@ COLUMN_DOCS = {
     "group_logits": "[m][C] float32: the frozen backbone's logits on each group alone",
     "used_groups": "list of int32: the groups with a non-zero score for the predicted class",
     "object_fraction": "[m] float32: the share of each group's features that lie on the object",
+    "backbone_prediction": "int64: the frozen backbone's class on the whole input (SOP agrees where it equals "
+    "`prediction`)",
     "attributions": "[d] (or [H][W]) float32: each feature's Σ c·λ·y for the predicted class",
 }
 
@@ -32,7 +34,7 @@ import pandas as pd
 df = pd.read_parquet("OUT/data")  # or datasets.load_dataset("parquet", data_dir="OUT")["train"].to_pandas()
 """
 
-#: Three questions about a model, asked of its predictions with pandas (docs/predict.md runs them),
+#: Four questions about a model, asked of its predictions with pandas (docs/predict.md runs them),
 #: each with the columns it reads.
 QUERIES: tuple[tuple[tuple[str, ...], str], ...] = (
     (
@@ -56,6 +58,14 @@ single = df[df.used_groups.map(len) == 1]
 df["group_size"] = df.groups.map(lambda groups: sum(map(len, groups)) / len(groups))
 df["evidence"] = [len(set().union(*(gs[g] for g in used))) for gs, used in zip(df.groups, df.used_groups)]
 sizes = df.groupby("prediction")[["group_size", "evidence"]].mean()
+""",
+    ),
+    (
+        ("prediction", "backbone_prediction"),
+        """\
+# 4. Agreement: where SOP predicts what the backbone it explains predicts, and the inputs where it does not
+agreement = (df.prediction == df.backbone_prediction).mean()
+disagree = df[df.prediction != df.backbone_prediction]
 """,
     ),
 )

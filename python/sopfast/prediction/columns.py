@@ -12,7 +12,9 @@ Columns (``B`` rows; ``C`` classes, ``m`` groups, ``d`` features; docs/predict.m
   ``group_scores`` ``[C][m]`` (the selector's sparse weights), ``group_logits`` ``[m][C]`` (the
   backbone on each group), ``used_groups`` – the groups with a non-zero score for the predicted class,
   ``object_fraction`` ``[m]`` – each group's share of features on the object (when the data has object
-  masks), ``attributions`` – each feature's ``Σ c·λ·y`` for the predicted class;
+  masks), ``backbone_prediction`` int64 – the frozen backbone's class on the whole input (classification;
+  ``prediction == backbone_prediction`` where SOP agrees with the model it explains), ``attributions`` –
+  each feature's ``Σ c·λ·y`` for the predicted class;
 * ``<explainer>_attributions`` – a perturbation explainer's attributions of the predicted class.
 
 Attributions are ``[d]`` per feature, or with ``attribution_shape="input"`` ``[H][W]`` per pixel
@@ -40,6 +42,7 @@ Output = Literal[
     "group_logits",
     "used_groups",
     "object_fraction",
+    "backbone_prediction",
     "attributions",
 ]
 OUTPUTS: tuple[str, ...] = get_args(Output)
@@ -66,6 +69,7 @@ class BatchPredictions:
     group_scores: np.ndarray | None = None
     group_logits: np.ndarray | None = None
     object_fraction: np.ndarray | None = None
+    backbone_logits: np.ndarray | None = None
     attributions: np.ndarray | None = None
     explanation: np.ndarray | None = None
 
@@ -133,6 +137,8 @@ def record_batch(p: BatchPredictions, outputs: Sequence[str], explainer: str | N
             columns[name] = ragged(p.group_indices)
         elif name == "used_groups" and p.group_scores is not None and p.classification:
             columns[name] = positions(p.group_scores[np.arange(n), predicted] > 0)
+        elif name == "backbone_prediction" and p.backbone_logits is not None and p.classification:
+            columns[name] = pa.array(p.backbone_logits.argmax(-1).astype(np.int64))
         elif wanted.get(name) is not None:
             columns[name] = fixed(np.asarray(wanted[name], dtype=np.float32))
     if explainer is not None and p.explanation is not None:

@@ -380,6 +380,11 @@ def _describe(run: _Run) -> str:
     return f"a SOP model over {backbone} ({sop.num_groups} groups, τ = {sop.tau}, mode {sop.mode})"
 
 
+def _agreement(run: _Run) -> bool:
+    """Whether the rows hold the backbone's own full-input prediction (``backbone_prediction``)."""
+    return run.sop is not None and run.sop.task == "classification" and "backbone_prediction" in run.outputs
+
+
 def _host(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
@@ -390,7 +395,7 @@ def _compute(run: _Run, loaded: LoadedBatch) -> BatchPredictions:
     sop = run.sop
     # the adapter's view of the batch, for what needs it beyond SOP's forward (which prepares its own)
     inputs = None
-    if sop is None or run.explainer or run.input_shaped or batch.ground_truth is not None:
+    if sop is None or run.explainer or run.input_shaped or batch.ground_truth is not None or _agreement(run):
         inputs = run.adapter.prepare(**batch.adapter_inputs())  # type: ignore[arg-type]
     with torch.inference_mode(), run.autocast():
         out = None if sop is None else sop(**batch.model_inputs(), mode=run.mode)
@@ -424,6 +429,10 @@ def _sop_columns(
     p.lam = _host(out.lam) if "lam" in wanted else None
     p.group_scores = _host(out.group_scores) if wanted & {"group_scores", "used_groups"} else None
     p.group_logits = _host(out.group_logits) if "group_logits" in wanted else None
+    if "backbone_prediction" in wanted and sop.task == "classification":
+        p.backbone_logits = _host(
+            out.backbone_logits if out.backbone_logits is not None else sop.reference_logits(inputs)
+        )
     if "attributions" in wanted:
         p.attributions = _host(_shaped(run, inputs, out.feature_attributions(target)))
     if "object_fraction" in wanted and ground_truth is not None and inputs is not None:

@@ -37,6 +37,7 @@ from ..devices import module_device, resolve_device
 from ..integrity import atomic_write_text
 from ..masking.forward import adapter_of, run_mask_sets
 from ..masking.random_groups import random_groups
+from ..model.agreement import group_bounds
 from ..model.sop import SOP, TASKS
 from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
@@ -61,6 +62,42 @@ class GroupAccuracy:
 
 
 @dataclass
+class OwnGroups:
+    """A (trained) SOP model on the same examples with its own groups, in its mode: its accuracy, its
+    agreement with the backbone's full-input prediction, and where it loses — the generator bound (some
+    group alone makes the backbone predict what it predicts on the whole input), the selector bound (the
+    accuracy of the label-free rule "the first agreeing group, else the most confident") and the share
+    of single groups that agree (:func:`sopfast.evaluation.metrics.group_bounds`)."""
+
+    accuracy: float
+    agreement: float
+    generator_bound: float
+    selector_bound: float
+    one_group_agrees: float
+
+    def lines(self, mode: str) -> list[str]:
+        """The measurements, and which part of SOP loses, in words."""
+        out = [
+            f"  this SOP with its own groups in {mode}: accuracy {self.accuracy:.3f}, agrees with the backbone on "
+            f"{self.agreement:.1%} of the examples",
+            f"  some group of its own alone agrees with the backbone on {self.generator_bound:.1%} (generator "
+            f"bound); one group on {self.one_group_agrees:.1%}; the first agreeing group is right on "
+            f"{self.selector_bound:.1%} (selector bound, accuracy)",
+        ]
+        if self.agreement < self.generator_bound - 0.05:
+            out.append(
+                f"  the selector loses: on {self.generator_bound - self.agreement:.1%} of the examples a group agrees "
+                "with the backbone but SOP's prediction does not (agreement_prior weights the groups that agree)"
+            )
+        if self.generator_bound < 0.9:
+            out.append(
+                f"  the groups lose: on {1 - self.generator_bound:.1%} of the examples no group alone makes the "
+                "backbone predict what it predicts on the whole input"
+            )
+        return out
+
+
+@dataclass
 class Diagnosis:
     """What :func:`diagnose` measured (see the module docstring) and its verdict."""
 
@@ -78,6 +115,7 @@ class Diagnosis:
     informed_examples: int = 0
     verdict: str = ""
     advice: list[str] = field(default_factory=list)
+    own_groups: OwnGroups | None = None
 
     @property
     def to_beat(self) -> float:
@@ -124,6 +162,8 @@ class Diagnosis:
                 f"most, occlusion, on {self.informed_examples} examples): {self.informed_group:.3f}"
             )
         out.append(f"  groups that are not learned reach {self.to_beat:.3f} in {self.mode}: SOP's should beat it")
+        if self.own_groups is not None:
+            out += self.own_groups.lines(self.mode)
         out.append(f"  verdict: {self.verdict}")
         out += [f"  - {line}" for line in self.advice]
         return out
@@ -147,6 +187,7 @@ def diagnose(
     device: str | torch.device | None = None,
     progress: bool = True,
     task: Literal["classification"] | None = None,
+    own_groups: bool | None = None,
 ) -> Diagnosis: ...
 
 
@@ -165,6 +206,7 @@ def diagnose(
     device: str | torch.device | None = None,
     progress: bool = True,
     task: str | None = None,
+    own_groups: bool | None = None,
 ) -> Diagnosis | RegressionDiagnosis: ...
 
 
@@ -182,9 +224,11 @@ def diagnose(
     device: str | torch.device | None = None,
     progress: bool = True,
     task: str | None = None,
+    own_groups: bool | None = None,
 ) -> Diagnosis | RegressionDiagnosis:
     """Measure the frozen ``backbone`` on ``data``: on the full inputs, and on ``num_groups`` random
-    groups of ``tau`` of the features per example in every mode the backbone supports.
+    groups of ``tau`` of the features per example in every mode the backbone supports; given a trained
+    SOP, also the model itself with its own groups (``own_groups``).
 
     Args:
         backbone: an :class:`sopfast.SOP` (its backbone, ``tau``, ``num_groups`` and ``mode`` are the
@@ -208,6 +252,9 @@ def diagnose(
         progress: show a progress bar.
         task: ``"classification"`` (accuracy) or ``"regression"`` (MSE, a ``RegressionDiagnosis``);
             default: the SOP model's task, else classification.
+        own_groups: also measure the SOP model given as ``backbone`` with its own groups (its accuracy, its
+            agreement with the backbone and where it loses: :class:`OwnGroups`); ``None``: when an SOP is given
+            (classification only).
 
     ``chance`` is the share of the measured examples in their most common class.  For a regression
     :class:`sopfast.SOP` the report is a :class:`RegressionDiagnosis` (MSE against the targets ``[B, C]``,
@@ -230,6 +277,11 @@ def diagnose(
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_bool("progress", progress)
+    check_bool("own_groups", own_groups, optional=True)
+    if own_groups and sop is None:
+        raise ValueError("own_groups=True measures an SOP model's own groups: pass the model, not a backbone")
+    own = sop if own_groups is not False and chosen_task == "classification" else None
+    own_sums = torch.zeros(5, dtype=torch.float64)
     run_device = resolve_device(device) if device is not None else module_device(adapter.backbone)
     if device is not None:
         (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
@@ -265,6 +317,8 @@ def diagnose(
                 group_logits = run_mask_sets(adapter, inputs, masks.to(run_device), group_mode).logits.float()
                 check_finite(group_logits, adapter, f"its output on random groups in {group_mode} mode")
                 sums[group_mode] += _group_scores(group_logits, truth).cpu()
+            if own is not None:
+                own_sums += _own_group_scores(own, inputs, logits, truth, chosen_mode)
             take = min(n, informed_examples - informed_seen)
             if take > 0:
                 rows = slice(0, take)
@@ -289,6 +343,7 @@ def diagnose(
         labels="labels" if used_labels else "backbone predictions",
         informed_group=informed / informed_seen if informed_seen else None,
         informed_examples=informed_seen,
+        own_groups=None if own is None else OwnGroups(*(own_sums / seen).tolist()),
     )
     report.verdict, report.advice = verdict(report)
     return report
@@ -302,7 +357,13 @@ def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write
     if not isinstance(data, (DataLoader, Dataset)):
         data = Subset(data, range(len(data)))
     report = diagnose(
-        model, data, examples=config.diagnose_examples, seed=config.seed, device=device, progress=config.progress
+        model,
+        data,
+        examples=config.diagnose_examples,
+        seed=config.seed,
+        device=device,
+        progress=config.progress,
+        own_groups=False,  # the model is untrained
     )
     output_dir = config._output_path
     if output_dir is not None:
@@ -375,6 +436,14 @@ def verdict(report: Diagnosis) -> tuple[str, list[str]]:
     ]
     if better:
         advice.append(f"mode={better[0]!r} (--mode {better[0]}) keeps more of the accuracy on this backbone")
+    groups = report.random_groups
+    if report.mode == "drop" and "exact" in groups and groups["drop"].one_group > groups["exact"].one_group + 0.1:
+        advice.append(
+            f"drop and exact disagree on this backbone: one random group scores {groups['drop'].one_group:.3f} in drop "
+            f"but {groups['exact'].one_group:.3f} in exact, the backbone's own function on masked inputs; SOP in drop "
+            "explains what the backbone computes on the kept features alone, so check its agreement with the "
+            "backbone after training (sopfast evaluate --metrics accuracy agreement bounds)"
+        )
     return text, advice
 
 
@@ -424,6 +493,26 @@ def _count(counts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """``counts`` (examples per class so far) plus the classes of ``truth [B]``."""
     found = torch.bincount(truth.cpu(), minlength=len(counts))
     return found + torch.nn.functional.pad(counts, (0, len(found) - len(counts)))
+
+
+def _own_group_scores(
+    model: SOP, inputs: FeatureInputs, reference: torch.Tensor, truth: torch.Tensor, mode: str
+) -> torch.Tensor:
+    """Per-batch sums ``[5]`` of :class:`OwnGroups`' fields: ``model`` in eval mode on ``inputs`` in ``mode``
+    against ``truth [B]``, with the backbone's full-input logits ``reference [B, C]``."""
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.predict_groups(inputs, model.make_groups(inputs), mode, reference)
+    finally:
+        model.train(was_training)
+    bounds = group_bounds(out.group_logits, reference, truth)
+    values = [
+        (out.logits.argmax(-1) == truth).double(),
+        (out.logits.argmax(-1) == reference.argmax(-1)).double(),
+        *(bounds[k].double() for k in ("generator_bound", "selector_bound", "one_group_agrees")),
+    ]
+    return torch.stack([v.sum() for v in values]).cpu()
 
 
 def _group_scores(logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 CSV_NAME = "metrics.csv"
 CURVES_NAME = "training_curves.png"
 TENSORBOARD_DIR = "tensorboard"
-PENALTIES = ("diversity_penalty", "saliency_penalty")
+PENALTIES = ("diversity_penalty", "saliency_penalty", "sufficiency_penalty", "distill_penalty")
 CSV_FIELDS = (
     "event",
     "step",
@@ -45,6 +45,7 @@ CSV_FIELDS = (
     "lr",
     "val_loss",
     "val_accuracy",
+    "val_agreement",
     "val_mse",
 )
 #: TensorBoard charts that put one quantity's train and validation values on one axis

@@ -198,11 +198,20 @@ def _check_tracking(path: Path, state: dict[str, Any]) -> None:
         bad.append(f"best_step is {best_step!r}, not a step (an integer >= 0) or None")
     if isinstance(since, bool) or not isinstance(since, int) or since < 0:
         bad.append(f"evals_since_best is {since!r}, not an integer >= 0")
+    recent, smoothed = state.get("recent", []), state.get("best_smoothed")
+    if not isinstance(recent, list) or not all(_finite_number(v) for v in recent):
+        bad.append(f"recent is {recent!r}, not a list of finite numbers")
+    if smoothed is not None and not _finite_number(smoothed):
+        bad.append(f"best_smoothed is {smoothed!r}, not a finite number or None")
     if bad:
         raise ValueError(
             f"cannot resume from {path}: {'; '.join(bad)} (a corrupted or edited state); start afresh with "
             "resume=False (--no-resume)"
         )
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def resume_message(path: Path, step: int, total_steps: int, max_steps: int | None) -> str:

@@ -138,7 +138,7 @@ class Trainer:
             "batches_done": self.batches_done,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
-            "evals_since_best": self.stopping.evals_since_best,
+            **self.stopping.state_dict(),
             "fingerprint": self._fingerprint,
             "backbone_sha256": self.backbone_sha256,
             "model": trainable_state_dict(self.model),
@@ -179,6 +179,7 @@ class Trainer:
         self.total_steps = self.epochs * self.steps_per_epoch
         self.eval_every = cfg.eval_interval(self.steps_per_epoch)
         self.stopping.patience = cfg.early_stopping_patience(self.val_loader is not None)
+        self.stopping.min_steps = self.total_steps // 2 if cfg.epochs is None else 0
         optimization = build_optimization(self.model, cfg, self.total_steps)
         self.optimizer, self.scheduler = optimization.optimizer, optimization.scheduler
         self.warmup_steps, self.head_phase = optimization.warmup_steps, optimization.head_phase
@@ -252,7 +253,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.best_metric, self.best_step = state["best_metric"], state["best_step"]
-        self.stopping.evals_since_best = state.get("evals_since_best", 0)
+        self.stopping.load_state_dict(state)
         self._pending_rng = state["rng"]
         logger.info(resume_message(path, self.step, self.total_steps, self.config.max_steps))
 
@@ -429,7 +430,8 @@ class Trainer:
                 self.model.save_pretrained(output_dir / "best", backbone_sha256=self.backbone_sha256)
                 self._emit("save", {"step": self.step, "what": "best", "path": str(output_dir / "best")})
         record = self._record("eval", **self.metrics, best=self.best_metric, best_step=self.best_step)
-        if self.stopping.evaluated(improved, self.step < self.total_steps):
+        larger_is_better = METRICS[self.metric] == "max"
+        if self.stopping.evaluated(value, larger_is_better, self.step, self.step < self.total_steps):
             self.should_stop = True
         self.log.plot()
         self._progress.set_postfix(self._postfix())
@@ -452,6 +454,8 @@ class Trainer:
             stopped=self._stopped(),
         )
         logger.info(self._stopped())
+        if self.info.is_main and (verdict := self._against_diagnosis()):
+            logger.warning(verdict)
         self.log.plot()
         self._emit("end", record)
         barrier(self.info)
@@ -464,6 +468,20 @@ class Trainer:
             output_dir,
             stop_reason=self.stopping.reason,
             diagnosis=self.diagnosis,
+        )
+
+    def _against_diagnosis(self) -> str | None:
+        """The best validation accuracy (and agreement with the backbone) against the diagnostic's bar, in
+        words, when SOP stayed below it (``None`` otherwise, or without a diagnostic or validation)."""
+        bar = (self.diagnosis or {}).get("to_beat")
+        if bar is None or self.best_metric is None or self.metric != "accuracy" or self.best_metric >= bar:
+            return None
+        agreement = self.model.provenance.get("validation", {}).get("val_agreement")
+        agrees = "" if agreement is None else f"; at the last evaluation it agreed with the backbone on {agreement:.1%}"
+        return (
+            f"SOP's best validation accuracy {self.best_metric:.3f} stayed below {bar:.3f}, what groups that are "
+            f'not learned reach in the diagnostic{agrees}: train longer, or see docs/training.md ("Before the '
+            'first step: what the backbone allows")'
         )
 
     def _stopped(self) -> str:

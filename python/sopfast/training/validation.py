@@ -22,6 +22,14 @@ def forward_batch(model: torch.nn.Module, batch: Any) -> tuple[SOPOutput, torch.
     return model(**parsed.model_inputs()), parsed.labels
 
 
+def _agreeing(model: Any, out: SOPOutput, batch: Any) -> torch.Tensor:
+    """How many predictions of one batch equal the frozen backbone's on the whole input."""
+    reference = out.backbone_logits
+    if reference is None:
+        reference = model.reference_logits(model.prepare(**parse_batch(batch).model_inputs()))
+    return (out.logits.argmax(dim=-1) == reference.argmax(dim=-1)).sum().double()
+
+
 def has_unused_parameters(
     model: Any, batch: Any, device: torch.device, autocast: Callable[[], AbstractContextManager]
 ) -> bool:
@@ -57,26 +65,32 @@ def validate(
     info: DistInfo,
     autocast: Callable[[], AbstractContextManager],
 ) -> dict[str, float]:
-    """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression) of ``model`` (a
+    """``val_loss`` and ``val_accuracy`` with ``val_agreement`` (the share of predictions equal to the frozen
+    backbone's on the whole input; classification) or ``val_mse`` (regression) of ``model`` (a
     :class:`sopfast.SOP`) over ``loader``, summed over all ranks; the RNG states are left as they were."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    classification = model.task == "classification"
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
     cuda = [device.index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda, device_type=device.type):
         for batch in loader:
+            batch = to_device(batch, device)
             with autocast():
-                out, labels = forward_batch(model, to_device(batch, device))
+                out, labels = forward_batch(model, batch)
+                agreeing = _agreeing(model, out, batch) if classification else torch.zeros((), device=device)
             sums += torch.stack(
                 [
                     out.compute_loss(labels).double() * labels.shape[0],
                     _score(model.task, out, labels),
                     torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
+                    agreeing.double(),
                 ]
             )
     model.train(was_training)
-    loss, score, count = all_reduce_sum(sums, info).tolist()
+    loss, score, count, agreeing = all_reduce_sum(sums, info).tolist()
     if count == 0:
         raise ValueError("val_data is empty")
-    name = "val_accuracy" if model.task == "classification" else "val_mse"
-    return {"val_loss": loss / count, name: score / count}
+    if not classification:
+        return {"val_loss": loss / count, "val_mse": score / count}
+    return {"val_loss": loss / count, "val_accuracy": score / count, "val_agreement": agreeing / count}

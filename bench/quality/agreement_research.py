@@ -1,0 +1,230 @@
+"""Issue #41: which selector and objective make SOP agree with the backbone it explains.
+
+Every row trains SOP as ``sopfast demo`` does (the default recipe, ``drop``, 20 groups, 12,000
+Fashion-MNIST training images, 3 epochs, batch 32) on a backbone trained the ordinary way, changing only
+the options it names, then scores it on the first 1,000 test images at τ = 0.2 and 0.1 against random
+groups through the same trained selector: accuracy, **agreement** with the backbone's full-input
+prediction (and the KL of SOP's class distribution from the backbone's), the generator bound (some group
+alone agrees), the selector bound (the label-free "first agreeing group" rule on the method's own groups),
+the share of single groups that agree, distinct groups of 20 and the share of group patches on the
+garment.  Rows are appended to ``bench/quality/agreement_research.jsonl``; ``--table`` prints them.
+
+    python bench/quality/agreement_research.py --rows recipe prior3 --seeds 0 1 [--backbone plain]
+    python bench/quality/agreement_research.py --table
+
+Backbones (``--backbone``, each trained once and cached under ``.cache/``): ``plain`` (the demo's 4-layer
+ViT, ``common.image_backbone``), ``adapted`` (its ``sopfast adapt`` copy), ``deit`` (a 6-layer DeiT of
+width 96, patch 4, trained the same ordinary way) and ``cnn`` (a small ResNet-style CNN, ``exact`` mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import CACHE, adapted_image_backbone, image_backbone, image_data, other_image_backbone
+
+from sopfast.evaluation.evaluate import evaluate
+from sopfast.model.sop import SOP
+from sopfast.training.trainer import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "agreement_research.jsonl")
+CURVES = os.path.join(HERE, "agreement_curves.jsonl")
+#: ``--curves``: accuracy of SOP and random groups at these group counts (m = 1: one group, no selection).
+CURVE_COUNTS = (1, 5, 20)
+TAUS = (0.2, 0.1)
+TEST_IMAGES = 1000
+TRAIN_IMAGES = 12000
+METRICS = ["accuracy", "agreement", "bounds", "diversity", "grounding"]
+
+# name: (what it tests, SOP options over the default recipe, options set only for the evaluation)
+ROWS: dict[str, tuple[str, dict, dict]] = {
+    "recipe": ("the default recipe of 0.5.3", {}, {}),
+    "recipe+prior3-eval": (
+        "the 0.5.3 recipe's model, agreement prior 3 added at inference only",
+        {},
+        {"agreement_prior": 3.0},
+    ),
+    "prior3": ("agreement prior 3 (training and inference)", {"agreement_prior": 3.0}, {}),
+    "prior3-suff1": ("agreement prior 3 + sufficiency 1", {"agreement_prior": 3.0, "sufficiency_weight": 1.0}, {}),
+    "prior3-distill1": ("agreement prior 3 + distillation 1", {"agreement_prior": 3.0, "distill_weight": 1.0}, {}),
+    "suff1": ("sufficiency 1 (no prior)", {"sufficiency_weight": 1.0}, {}),
+    "distill1": ("distillation 1 (no prior)", {"distill_weight": 1.0}, {}),
+    "prior3-suff1-div16": (
+        "agreement prior 3 + sufficiency 1, overlap penalty 16 (the recipe's 8 doubled)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 16.0},
+        {},
+    ),
+    "prior3-suff1-sal0": (
+        "agreement prior 3 + sufficiency 1, no saliency teacher (one teacher for every row pulls the groups together)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff1-sal0.25": (
+        "agreement prior 3 + sufficiency 1, saliency teacher at a quarter of its weight",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "saliency_weight": 0.25},
+        {},
+    ),
+    "prior3-suff1-div32": (
+        "agreement prior 3 + sufficiency 1, overlap penalty 32",
+        {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 32.0},
+        {},
+    ),
+}
+BACKBONES = {
+    "plain": image_backbone,
+    "adapted": adapted_image_backbone,
+    "deit": lambda: other_image_backbone("deit"),
+    "cnn": lambda: other_image_backbone("cnn"),
+}
+
+
+def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
+    """SOP on the named backbone with ``row``'s options, trained as the demo trains it (cached by run folder)."""
+    options = ROWS[row][1]
+    train_row = next(name for name, (_, o, _) in ROWS.items() if o == options)  # rows that differ only at eval
+    backbone = BACKBONES[backbone_name]()
+    torch.manual_seed(seed)
+    model = SOP(backbone, num_groups=20, tau=0.2, **options)
+    run = os.path.join(CACHE, "agreement", f"{backbone_name}-{train_row}-s{seed}")
+    weights = os.path.join(run, "final.pt")
+    seconds = 0.0
+    if os.path.exists(weights):
+        model.load_state_dict(torch.load(weights))
+    else:
+        train_data, _ = image_data()
+        data = torch.utils.data.TensorDataset(train_data.x[-TRAIN_IMAGES:], train_data.y[-TRAIN_IMAGES:])
+        start = time.perf_counter()
+        train(model, data, None, epochs=3, batch_size=32, output_dir=run, resume=False, seed=seed, diagnose=False)
+        seconds = time.perf_counter() - start
+        torch.save(model.state_dict(), weights)
+    return model, seconds
+
+
+def run_row(backbone_name: str, row: str, seed: int) -> dict:
+    """Train (or load) and score one row; the record appended to :data:`RESULTS`."""
+    from sopfast.data.object_masks import ObjectMasks
+
+    model, seconds = trained_model(backbone_name, row, seed)
+    for name, value in ROWS[row][2].items():
+        setattr(model, name, value)
+    _, test = image_data()
+    x, y = test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y, ObjectMasks().from_pixels(x)), batch_size=100
+    )
+    record = {"backbone": backbone_name, "row": row, "seed": seed, "train_seconds": seconds, "mode": model.mode}
+    for tau in TAUS:
+        model.tau = tau
+        results = evaluate(model, loader, METRICS, ground_truth_key=2, baselines=["random"], progress=False)
+        record[f"tau={tau:g}"] = results
+    record["threads"] = torch.get_num_threads()
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def run_curves(backbone_name: str, row: str, seed: int) -> dict:
+    """Accuracy of a trained row (and random groups through its selector) at τ ∈ :data:`TAUS` and
+    m ∈ :data:`CURVE_COUNTS`: with one group there is nothing to select, so the groups alone compare."""
+    model, _ = trained_model(backbone_name, row, seed)
+    for name, value in ROWS[row][2].items():
+        setattr(model, name, value)
+    _, test = image_data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]), batch_size=100
+    )
+    results = evaluate(
+        model, loader, ["curves"], baselines=["random"], progress=False, curve_taus=TAUS, curve_counts=CURVE_COUNTS
+    )
+    record = {
+        "backbone": backbone_name,
+        "row": row,
+        "seed": seed,
+        **{m: results[m]["curves"] for m in ("SOP", "Random")},
+    }
+    with open(CURVES, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+COLUMNS = (
+    ("accuracy", "acc."),
+    ("agreement", "agree"),
+    ("agreement_kl", "KL"),
+    ("generator_bound", "gen. bound"),
+    ("selector_bound", "sel. bound"),
+    ("one_group_agrees", "one group agrees"),
+)
+
+
+def table(path: str = RESULTS) -> str:
+    """Mean and range over seeds of each (backbone, row): SOP and random groups at each τ."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            rows.setdefault((r["backbone"], r["row"]), []).append(r)
+    out = []
+    for tau in TAUS:
+        key = f"tau={tau:g}"
+        head = " | ".join(f"SOP {label} | random {label}" for _, label in COLUMNS)
+        out += [f"\nτ = {tau:g}\n", f"| backbone | row | seeds | {head} | distinct | on object |"]
+        out.append("|" + "---|" * (3 + 2 * len(COLUMNS) + 2))
+        for (backbone, row), records in sorted(rows.items()):
+            cells = []
+            for metric, _ in COLUMNS:
+                for method in ("SOP", "Random"):
+                    cells.append(_cell([r[key][method].get(metric) for r in records]))
+            distinct = _cell([r[key]["SOP"].get("distinct_groups") for r in records], 1)
+            on_object = _cell([r[key]["SOP"].get("on_object") for r in records])
+            seeds = ",".join(str(r["seed"]) for r in records)
+            out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} | {distinct} | {on_object} |")
+    return "\n".join(out)
+
+
+def _cell(values: list, digits: int = 3) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=[])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--backbone", choices=list(BACKBONES), default="plain")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--table", action="store_true")
+    parser.add_argument("--curves", action="store_true", help="accuracy over m = 1, 5, 20 of trained rows instead")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for row in args.rows:
+        for seed in args.seeds:
+            if args.curves:
+                print(run_curves(args.backbone, row, seed), flush=True)
+                continue
+            record = run_row(args.backbone, row, seed)
+            sop, rnd = record["tau=0.2"]["SOP"], record["tau=0.2"]["Random"]
+            print(
+                f"{args.backbone} {row} seed {seed}: SOP acc {sop['accuracy']:.3f} agree {sop['agreement']:.3f} "
+                f"| random acc {rnd['accuracy']:.3f} agree {rnd['agreement']:.3f} (tau 0.2)",
+                flush=True,
+            )
+    if args.table:
+        print(table())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""How a grouped prediction relates to the backbone it explains: how well each group alone makes the
+frozen backbone predict what it predicts on the whole input (SOP's ``agreement_prior`` and
+``sufficiency_weight``), and where a grouped prediction can lose agreement (:func:`group_bounds`: what
+``sopfast.diagnose`` and the ``bounds`` metric of ``sopfast.evaluate`` report)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+    """``[B, m]``: ``log p_i(ŷ)``, the log-probability each group's logits ``[B, m, C]`` give to the class
+    ``ŷ`` the frozen backbone predicts on the whole input (``reference_logits [B, C]``): how well a group
+    alone makes the backbone say what it says on the full input (fp32, no gradient)."""
+    target = reference_logits.detach().argmax(dim=-1)
+    logp = torch.log_softmax(group_logits.detach().float(), dim=-1)
+    return logp.gather(2, target.view(-1, 1, 1).expand(-1, logp.shape[1], 1)).squeeze(2)
+
+
+def group_bounds(
+    group_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Where a grouped prediction can lose, per example (1/0), from the backbone's logits on each group
+    ``group_logits [B, m, C]`` and on the whole input ``reference_logits [B, C]``:
+
+    * ``generator_bound`` – some group alone makes the backbone predict its full-input class;
+    * ``generator_bound_correct`` – some group alone is predicted correctly (with ``labels [B]``);
+    * ``selector_bound`` – the label-free rule "the first group that agrees with the backbone, else the
+      most confident group" predicts correctly (with ``labels``): what a selector that finds the agreeing
+      group would score with these groups;
+    * ``one_group_agrees`` – the share of the ``m`` groups that alone agree with the backbone.
+    """
+    group_class = group_logits.argmax(dim=-1)
+    agrees = group_class == reference_logits.argmax(dim=-1).unsqueeze(1)
+    out = {"generator_bound": agrees.any(dim=1).float(), "one_group_agrees": agrees.float().mean(dim=1)}
+    if labels is not None:
+        out["generator_bound_correct"] = (group_class == labels.unsqueeze(1)).any(dim=1).float()
+        confident = torch.softmax(group_logits.float(), dim=-1).amax(dim=-1).argmax(dim=1)
+        pick = torch.where(agrees.any(dim=1), agrees.float().argmax(dim=1), confident)
+        out["selector_bound"] = (group_class.gather(1, pick.unsqueeze(1)).squeeze(1) == labels).float()
+    return out
