@@ -28,7 +28,15 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CACHE, adapted_image_backbone, image_backbone, image_data, other_image_backbone
+from common import (
+    CACHE,
+    adapted_image_backbone,
+    image_backbone,
+    image_data,
+    other_image_backbone,
+    text_backbone,
+    text_data,
+)
 
 from sopfast.evaluation.evaluate import evaluate
 from sopfast.model.sop import SOP
@@ -72,13 +80,34 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "saliency_weight": 0.25},
         {},
     ),
+    "prior3-suff2-sal0": (
+        "agreement prior 3 + sufficiency 2, no saliency teacher",
+        {"agreement_prior": 3.0, "sufficiency_weight": 2.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff4-sal0": (
+        "agreement prior 3 + sufficiency 4, no saliency teacher",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        {},
+    ),
     "prior3-suff1-div32": (
         "agreement prior 3 + sufficiency 1, overlap penalty 32",
         {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 32.0},
         {},
     ),
 }
+#: The text demo's setting (``sopfast demo --task text``): 8 groups, 3,000 training tweets, 2 epochs of 16,
+#: 500 test tweets, and the baselines its targets name besides random groups.
+TEXT = {
+    "groups": 8,
+    "train": 3000,
+    "epochs": 2,
+    "batch_size": 16,
+    "test": 500,
+    "baselines": ["random", "ig-f", "fresh"],
+}
 BACKBONES = {
+    "minilm": text_backbone,
     "plain": image_backbone,
     "adapted": adapted_image_backbone,
     "deit": lambda: other_image_backbone("deit"),
@@ -91,18 +120,35 @@ def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
     options = ROWS[row][1]
     train_row = next(name for name, (_, o, _) in ROWS.items() if o == options)  # rows that differ only at eval
     backbone = BACKBONES[backbone_name]()
+    text = backbone_name == "minilm"
     torch.manual_seed(seed)
-    model = SOP(backbone, num_groups=20, tau=0.2, **options)
+    model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, tau=0.2, **options)
     run = os.path.join(CACHE, "agreement", f"{backbone_name}-{train_row}-s{seed}")
     weights = os.path.join(run, "final.pt")
     seconds = 0.0
     if os.path.exists(weights):
         model.load_state_dict(torch.load(weights))
     else:
-        train_data, _ = image_data()
-        data = torch.utils.data.TensorDataset(train_data.x[-TRAIN_IMAGES:], train_data.y[-TRAIN_IMAGES:])
+        if text:
+            train_set, _ = text_data()
+            data = train_set.subset(torch.arange(TEXT["train"]))
+            epochs, batch_size = TEXT["epochs"], TEXT["batch_size"]
+        else:
+            train_data, _ = image_data()
+            data = torch.utils.data.TensorDataset(train_data.x[-TRAIN_IMAGES:], train_data.y[-TRAIN_IMAGES:])
+            epochs, batch_size = 3, 32
         start = time.perf_counter()
-        train(model, data, None, epochs=3, batch_size=32, output_dir=run, resume=False, seed=seed, diagnose=False)
+        train(
+            model,
+            data,
+            None,
+            epochs=epochs,
+            batch_size=batch_size,
+            output_dir=run,
+            resume=False,
+            seed=seed,
+            diagnose=False,
+        )
         seconds = time.perf_counter() - start
         torch.save(model.state_dict(), weights)
     return model, seconds
@@ -115,16 +161,24 @@ def run_row(backbone_name: str, row: str, seed: int) -> dict:
     model, seconds = trained_model(backbone_name, row, seed)
     for name, value in ROWS[row][2].items():
         setattr(model, name, value)
-    _, test = image_data()
-    x, y = test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x, y, ObjectMasks().from_pixels(x)), batch_size=100
-    )
     record = {"backbone": backbone_name, "row": row, "seed": seed, "train_seconds": seconds, "mode": model.mode}
-    for tau in TAUS:
-        model.tau = tau
-        results = evaluate(model, loader, METRICS, ground_truth_key=2, baselines=["random"], progress=False)
-        record[f"tau={tau:g}"] = results
+    if backbone_name == "minilm":
+        _, test = text_data()
+        loader = torch.utils.data.DataLoader(test.subset(torch.arange(TEXT["test"])), batch_size=50)
+        for tau in TAUS:
+            model.tau = tau
+            baselines = TEXT["baselines"] if tau == 0.2 else ["random"]
+            record[f"tau={tau:g}"] = evaluate(model, loader, METRICS[:-1], baselines=baselines, progress=False)
+    else:
+        _, test = image_data()
+        x, y = test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y, ObjectMasks().from_pixels(x)), batch_size=100
+        )
+        for tau in TAUS:
+            model.tau = tau
+            results = evaluate(model, loader, METRICS, ground_truth_key=2, baselines=["random"], progress=False)
+            record[f"tau={tau:g}"] = results
     record["threads"] = torch.get_num_threads()
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
