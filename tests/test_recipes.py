@@ -42,48 +42,65 @@ def test_the_default_is_sopfast_and_paper_is_the_authors_algorithm():
 
 
 def test_sopfast_is_the_research_winner():
-    """``FINAL`` of bench/quality/sweep.py (docs/quality.md, "Research (issue #11)"), plus
-    keep_special_tokens, which the research used on text."""
+    """``FINAL`` of bench/quality/sweep.py (docs/quality.md, "Research (issue #11)") with keep_special_tokens,
+    which the research used on text, and on image classifiers the agreement research's winner (issue #41,
+    ``prior3-suff4-sal0`` of bench/quality/agreement_research.py): an agreement prior of 3, a sufficiency term
+    of 4 and no saliency teacher."""
     assert RECIPES["sopfast"].model == {
         "group_gen_scale": 2.0,
         "normalize_logits": True,
         "center_embeddings": True,
         "queries": "diverse",
         "diversity_weight": 8.0,
-        "saliency_weight": 1.0,
+        "saliency_weight": 0.0,
         "saliency_loss": "kl",
         "saliency_levels": (0.2, 0.6),
         "key_score": True,
         "unit_lambda": True,
         "demote_blank": True,
         "keep_special_tokens": True,
+        "agreement_prior": 3.0,
+        "sufficiency_weight": 4.0,
+        "distill_weight": 0.0,
     }
     assert RECIPES["sopfast"].training == {"lr": 1e-3, "warmup_ratio": 0.05}
     model = sopfast.SOP(make_hf_vit())
     assert model.generator.key_score is not None and model.unit_lambda and model.demote_blank
-    assert (model.saliency_weight, model.saliency_loss, model.saliency_levels) == (1.0, "kl", (0.2, 0.6))
+    assert (model.agreement_prior, model.sufficiency_weight, model.saliency_weight) == (3.0, 4.0, 0.0)
 
 
 def test_sopfast_on_text_has_the_text_research_winner():
-    """Issue #34 (docs/quality.md): a 5-level teacher and an overlap penalty of 2 on text, images unchanged."""
+    """Issue #34 (docs/quality.md): a 5-level teacher and an overlap penalty of 2 on text, without the agreement
+    options (unmeasured there when they became the image default); a regressor keeps the 2-level teacher."""
     assert RECIPES["sopfast"].model_by_modality == {
-        "text": {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0}
+        "text": {
+            "saliency_weight": 1.0,
+            "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9),
+            "diversity_weight": 2.0,
+            "agreement_prior": 0.0,
+            "sufficiency_weight": 0.0,
+        }
     }
     assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
     text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
-    assert (text.saliency_levels, text.diversity_weight) == ((0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
-    assert (image.saliency_levels, image.diversity_weight) == ((0.2, 0.6), 8.0)
+    assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (1.0, (0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
+    assert (text.agreement_prior, text.sufficiency_weight) == (0.0, 0.0)
+    assert (image.saliency_weight, image.diversity_weight) == (0.0, 8.0)
     given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))
     assert (given.saliency_levels, given.diversity_weight) == ((0.2, 0.6), 8.0)
     assert RECIPES["paper"].model_for("text") == RECIPES["paper"].model
+    regression = sopfast.SOP(make_hf_vit(), task="regression", class_weights=torch.randn(3, 32))
+    assert (regression.saliency_weight, regression.saliency_levels) == (1.0, (0.2, 0.6))
+    assert regression.agreement_prior == regression.sufficiency_weight == 0.0
 
 
 def test_options_that_need_an_adapter_capability_are_off_where_it_lacks():
     assert set(REQUIRES) == {"saliency_weight", "keep_special_tokens"}
     vit, bert = sopfast.SOP(make_hf_vit()), sopfast.SOP(make_bert())
     assert not vit.adapter.keep_special_tokens and bert.adapter.keep_special_tokens
-    assert vit.saliency_weight == bert.saliency_weight == 1.0
-    assert resolve_options(RECIPES["sopfast"], {}, object())["saliency_weight"] == 0.0
+    assert bert.saliency_weight == 1.0 and vit.saliency_weight == 0.0  # the image recipe has no teacher
+    assert resolve_options(RECIPES["sopfast"], {}, bert.adapter, "regression")["saliency_weight"] == 1.0
+    assert resolve_options(RECIPES["sopfast"], {}, object(), "regression")["saliency_weight"] == 0.0
     assert (
         resolve_options(RECIPES["sopfast"], {"keep_special_tokens": False}, bert.adapter)["keep_special_tokens"]
         is False

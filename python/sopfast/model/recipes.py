@@ -3,25 +3,29 @@
 ``"paper"`` is the authors' algorithm exactly (what :meth:`sopfast.SOP.from_authors` and the parity
 tests use, and what ``mode="exact"`` then reproduces).  ``"sopfast"``, the default, is the winner of the
 group-quality research (``docs/quality.md``, "Research (issue #11)"; ``FINAL`` in
-``bench/quality/sweep.py``), whose groups beat random groups of the same size at every τ tried (the
-Fashion-MNIST demo, 2 seeds; the tweets demo by a smaller margin, 1 seed).  What each setting fixes:
+``bench/quality/sweep.py``) and, on image classifiers, of the agreement research (issue #41,
+``bench/quality/agreement_research.py``).  What each setting fixes:
 ``normalize_logits`` with ``group_gen_scale`` 2 stops training from saturating the softmax (λ rewarded
 inflated logits, after which the attention underflowed and the groups froze); ``center_embeddings``
 removes the mean embedding, a direction that ranked the features alike in every row;
 ``queries="diverse"`` takes the query rows by farthest-point sampling so that they differ;
 ``key_score`` adds a query-independent score ``v·e_j`` so that the generator can rank a feature high in
-every group (without it nothing can teach usefulness to centred, diverse rows); ``saliency_weight`` 1
-with ``saliency_loss="kl"`` at ``saliency_levels`` (0.2, 0.6) distils the backbone's presence gradient
-averaged over two levels (a 2-step Integrated Gradients, as good a teacher as IG-F on the images) as a
-whole ranking, instead of rewarding the mass on one top feature; ``diversity_weight`` 8 keeps the groups
-apart under that teacher (18.6 distinct of 20 instead of 10 at weight 1); ``unit_lambda`` predicts with
-λ = 1 (λ < 1 at small τ shrank or flipped the groups' logits) while λ's gradient still trains the
-generator; ``demote_blank`` ranks all-background patches last (on-object share 0.79 → 0.87);
-``keep_special_tokens`` (text backbones with special tokens only, see :data:`REQUIRES`) keeps [CLS]/[SEP]
-out of the groups but in every group pass (with the earlier recipe 28 % of the groups held [CLS]);
-training at lr 1e-3 (text: 5e-4) with 5 % warm-up, as in the research.  On text (issue #34) the teacher
-averages five levels (0.1 … 0.9: the two-level one ranks a tweet's words worse than IG-F) and the overlap
-penalty is 2 (a tweet has too few words for 8 groups kept apart at 8).
+every group (without it nothing can teach usefulness to centred, diverse rows); ``diversity_weight`` 8
+penalises the overlap of the attention rows; ``unit_lambda`` predicts with λ = 1 (λ < 1 at small τ shrank or
+flipped the groups' logits) while λ's gradient still trains the generator; ``demote_blank`` ranks
+all-background patches last; ``keep_special_tokens`` (text backbones with special tokens only, see
+:data:`REQUIRES`) keeps [CLS]/[SEP] out of the groups but in every group pass (with the earlier recipe 28 %
+of the groups held [CLS]); training at lr 1e-3 (text: 5e-4) with 5 % warm-up, as in the research.
+
+Image classifiers (issue #41): ``agreement_prior`` 3 weights the groups that alone make the backbone
+predict what it predicts on the whole input (SOP agreed with the demo's ordinary ViT on 72–73 % of the test
+images before, on 95–96 % with it), and ``sufficiency_weight`` 4 trains every group towards that; the
+saliency teacher of 0.5 (``saliency_weight`` 1, a 2-level presence gradient) is off: with the prior it
+made the groups overlap (pairwise IoU 0.48 against 0.17 without it) and cost a backward pass per level.
+On text (issue #34) the teacher stays, averaging five levels (0.1 … 0.9: the two-level one ranks a tweet's
+words worse than IG-F), with an overlap penalty of 2 (a tweet has too few words for 8 groups kept apart at
+8), and the agreement options stay off until they are measured there.  A regressor keeps the 2-level
+teacher (the agreement options compare classes).
 
 The execution mode is part of the recipe too (``SOP(mode=None)``, the default, from Python and the
 command line alike): ``"paper"`` runs ``exact``, the authors' algorithm; ``"sopfast"`` runs ``drop``
@@ -60,15 +64,17 @@ class Recipe:
     training_by_modality: dict[str, dict[str, Any]] = field(default_factory=dict)
     mode: str = "exact"
     model_by_modality: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_by_task: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def default_mode(self, adapter: Any) -> str:
         """The execution mode of a model built without ``mode=``: the recipe's, where the backbone's
         ``adapter`` runs it (``drop`` falls back to ``exact`` for CNNs, Swin …)."""
         return self.mode if self.mode in adapter.supported_modes else "exact"
 
-    def model_for(self, modality: str | None) -> dict[str, Any]:
-        """The model options, with those of ``modality`` ("image", "text") where it has its own."""
-        return {**self.model, **self.model_by_modality.get(modality or "", {})}
+    def model_for(self, modality: str | None, task: str = "classification") -> dict[str, Any]:
+        """The model options, with those of ``modality`` ("image", "text") and then of ``task``
+        ("classification", "regression") where they have their own."""
+        return {**self.model, **self.model_by_modality.get(modality or "", {}), **self.model_by_task.get(task, {})}
 
     def training_for(self, modality: str | None) -> dict[str, Any]:
         """The training defaults, with those of ``modality`` ("image", "text") where it has its own."""
@@ -101,25 +107,26 @@ RECIPES: dict[str, Recipe] = {
     ),
     "sopfast": Recipe(
         "sopfast",
-        "standardised attention logits at γ = 2, centred embeddings, diverse query rows, a key score, KL to the "
-        "backbone's 2-level saliency, an attention-overlap penalty of 8, λ = 1 in the prediction, blank features "
-        "ranked last (text: [CLS]/[SEP] always kept, never grouped; a 5-level saliency, overlap penalty 2); lr 1e-3 "
-        "(text 5e-4) with 5 % warm-up",
+        "standardised attention logits at γ = 2, centred embeddings, diverse query rows, a key score, an "
+        "attention-overlap penalty of 8, λ = 1 in the prediction, blank features ranked last, an agreement prior of "
+        "3 and a sufficiency term of 4 (text: [CLS]/[SEP] always kept, never grouped; KL to a 5-level saliency, "
+        "overlap penalty 2, no agreement options; regression: KL to a 2-level saliency); lr 1e-3 (text 5e-4) with "
+        "5 % warm-up",
         model={
             "group_gen_scale": 2.0,
             "normalize_logits": True,
             "center_embeddings": True,
             "queries": "diverse",
             "diversity_weight": 8.0,
-            "saliency_weight": 1.0,
+            "saliency_weight": 0.0,
             "saliency_loss": "kl",
             "saliency_levels": (0.2, 0.6),
             "key_score": True,
             "unit_lambda": True,
             "demote_blank": True,
             "keep_special_tokens": True,
-            "agreement_prior": 0.0,
-            "sufficiency_weight": 0.0,
+            "agreement_prior": 3.0,
+            "sufficiency_weight": 4.0,
             "distill_weight": 0.0,
         },
         training={"lr": 1e-3, "warmup_ratio": 0.05},
@@ -129,7 +136,18 @@ RECIPES: dict[str, Recipe] = {
         # issue #34 (docs/quality.md, "Issue #34"): on text the 2-level teacher ranks words worse than IG-F
         # (one group 0.767 vs 0.817 for 5 levels) and an overlap penalty of 8 keeps the few words of a tweet
         # from being shared by the groups
-        model_by_modality={"text": {"saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9), "diversity_weight": 2.0}},
+        model_by_modality={
+            "text": {
+                "saliency_weight": 1.0,
+                "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9),
+                "diversity_weight": 2.0,
+                "agreement_prior": 0.0,
+                "sufficiency_weight": 0.0,
+            }
+        },
+        # issue #44: a regressor (the cosmology demo's CNN) keeps the 2-level saliency teacher, which pulls
+        # towards the full-input outputs; the prior and sufficiency compare classes (CLASSIFICATION_ONLY)
+        model_by_task={"regression": {"saliency_weight": 1.0}},
     ),
 }
 RECIPE_OPTIONS = tuple(RECIPES["paper"].model)
@@ -156,7 +174,7 @@ def resolve_options(
     ``"paper"`` value for an option that needs a capability ``adapter`` lacks, see :data:`REQUIRES`, or that
     compares classes in a regression ``task``, see :data:`CLASSIFICATION_ONLY`)."""
     out = {}
-    for name, value in recipe.model_for(getattr(adapter, "modality", None)).items():
+    for name, value in recipe.model_for(getattr(adapter, "modality", None), task).items():
         if given.get(name) is not None:
             out[name] = given[name]
         elif name in REQUIRES and not getattr(adapter, REQUIRES[name], False):
