@@ -59,7 +59,7 @@ def test_evaluate_reports_agreement_and_kl_against_the_backbones_full_input_pred
 
 
 def test_a_model_that_disagrees_by_construction_scores_zero_agreement_everywhere(tmp_path):
-    sop = disagreeing(model())
+    sop = disagreeing(model(agreement_prior=0.0))  # a selector that does not look at the backbone's answer
     results = sopfast.evaluate(sop, [(X, Y)], metrics=["agreement"], progress=False)
     assert results["SOP"]["agreement"] == 0.0 and results["SOP"]["agreement_kl"] > 1.0
     report = sopfast.diagnose(sop, TensorDataset(X, Y), progress=False, informed_examples=0)
@@ -123,7 +123,7 @@ def test_the_agreement_prior_hands_each_class_to_the_group_that_best_predicts_th
     chosen = out.group_logits[torch.arange(len(X)), best]
     torch.testing.assert_close(out.logits, chosen)  # λ = 1 (unit_lambda), one group weighted 1 per class
     assert bool((out.group_scores.argmax(-1) == best.view(-1, 1)).all())
-    plain = model()
+    plain = model(agreement_prior=0.0)
     with torch.no_grad():
         assert plain(X).backbone_logits is None  # no prior, no extra backbone pass
 

@@ -129,7 +129,9 @@ def test_attention_overlap_by_hand():
 
 def test_diversity_weight_adds_the_overlap_to_the_training_loss():
     torch.manual_seed(0)
-    model = sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, diversity_weight=0.5, saliency_weight=0.0)
+    model = sopfast.SOP(
+        make_hf_vit(), num_groups=4, tau=0.25, diversity_weight=0.5, saliency_weight=0.0, sufficiency_weight=0.0
+    )
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     out = model(x)
     plain = sopfast.SOPOutput(**{k: v for k, v in vars(out).items() if k != "penalty_terms"})
@@ -201,6 +203,7 @@ def test_mean_saliency_runs_the_full_input_once_and_equals_the_levels_mean():
     expected = torch.stack([feature_saliency(model, inputs, z) for z in levels]).mean(dim=0)
     calls = []
     model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    inputs = model.prepare(inputs.pixels.clone())  # new tensors: the full input is not known yet
     assert torch.equal(mean_saliency(model, inputs, levels), expected)
     assert len(calls) == len(levels) + 1  # one soft forward per level, the full input once
 
