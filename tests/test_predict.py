@@ -124,8 +124,7 @@ def test_object_fraction_and_the_docs_queries_run(tmp_path, monkeypatch):
     docs = (ROOT / "docs" / "predict.md").read_text()
     code = re.search(r"```python\n(import pandas.*?)```", docs, re.S).group(1)
     card = (tmp_path / "OUT" / "README.md").read_text()
-    assert code.strip() in card  # the card and the README show the docs' queries
-    assert code.strip() in (ROOT / "README.md").read_text()
+    assert code.strip() in card  # the card shows the docs' queries
     names: dict = {}
     monkeypatch.chdir(tmp_path)
     exec(code, names)

@@ -1,4 +1,4 @@
-"""Your own data and models on the command line: the README's "Your own data" commands, run on tiny
+"""Your own data and models on the command line: docs/data.md's "Your own data" commands, run on tiny
 files the tests write (image folder + HF ViT, saved dataset + BERT, CSV + timm ViT with local
 weights, CNNs), and the data layer underneath (splits, columns, labels, preprocessing)."""
 
@@ -20,7 +20,7 @@ from sopfast.cli.app import main
 from sopfast.data import user_data as D
 from sopfast.testing import TinyCNN, make_bert, make_hf_vit
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "data.md"
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-groups", "4", "--lr", "1e-3", "--no-progress"]
 
 
