@@ -1,11 +1,14 @@
-"""The README's speed chart: SOP's `exact` and `drop` against the authors' algorithm, on the CPU and on a GPU.
+"""The README's two charts.
 
-Every bar is a ratio measured side by side with the authors' algorithm in one run and written in a
-committed results file; :data:`SPEED` names the file and the text it appears as, and
-``tests/test_charts.py`` checks that each value still stands there, so the chart cannot drift from the
-measurements.
+* Speed: SOP's `exact` and `drop` against the authors' algorithm, on the CPU and on a GPU.  Every bar is a
+  ratio measured side by side with the authors' algorithm in one run and written in a committed results
+  file; :data:`SPEED` names the file and the text it appears as, and ``tests/test_charts.py`` checks that
+  each value still stands there, so the chart cannot drift from the measurements.
+* Quality: accuracy and agreement with the backbone of SOP with the 0.5.3 and the 0.6 recipe and of random
+  groups through the 0.6 selector, per backbone, read from ``bench/quality/agreement_research.jsonl`` (every
+  row and seed of ``bench/quality/agreement_research.py``; mean and full range over the seeds).
 
-    python bench/charts.py        # writes docs/img/speed.png
+    python bench/charts.py        # writes docs/img/speed.png and docs/img/quality.png
 """
 
 from __future__ import annotations
@@ -80,5 +83,89 @@ def speed_chart(path: str = OUT) -> str:
     return path
 
 
+QUALITY = os.path.join(ROOT, "docs", "img", "quality.png")
+RESEARCH = os.path.join(ROOT, "bench", "quality", "agreement_research.jsonl")
+#: The research rows the quality chart compares (``bench/quality/agreement_research.py``'s ROWS).
+RECIPE_053, RECIPE_06 = "recipe", "prior3-suff4-sal0"
+BACKBONE_NAMES = {
+    "plain": "demo ViT",
+    "adapted": "its adapted copy",
+    "deit": "DeiT (6 layers)",
+    "cnn": "ResNet-style CNN",
+    "minilm": "MiniLM (text)",
+}
+
+
+def quality_rows(path: str = RESEARCH, tau: str = "tau=0.2") -> dict[tuple[str, str], list[float]]:
+    """``{(backbone, bar): [values over seeds]}`` of accuracy and agreement for the chart's three bars."""
+    import json
+
+    out: dict[tuple[str, str], list[float]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            bars = {
+                RECIPE_053: [("SOP, 0.5.3 recipe", "SOP")],
+                RECIPE_06: [("SOP, 0.6 recipe", "SOP"), ("random groups, 0.6 selector", "Random")],
+            }
+            for bar, method in bars.get(record["row"], []):
+                for metric in ("accuracy", "agreement"):
+                    out.setdefault((record["backbone"], f"{bar}|{metric}"), []).append(record[tau][method][metric])
+            if record["row"] == RECIPE_06 and "Backbone" in record[tau]:
+                out.setdefault((record["backbone"], "backbone|accuracy"), []).append(
+                    record[tau]["Backbone"]["accuracy"]
+                )
+    return out
+
+
+def quality_chart(path: str = QUALITY, research: str = RESEARCH) -> str:
+    """Accuracy and agreement per backbone (mean, with the range over seeds as an error bar) into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = quality_rows(research)
+    backbones = [
+        b
+        for b in BACKBONE_NAMES
+        if any(k[0] == b and RECIPE_06 for k in rows) and (b, "SOP, 0.6 recipe|accuracy") in rows
+    ]
+    bars = ("SOP, 0.5.3 recipe", "SOP, 0.6 recipe", "random groups, 0.6 selector")
+    colours = ("#bdbdbd", "#3182bd", "#fd8d3c")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
+    width = 0.26
+    for ax, metric in zip(axes, ("agreement", "accuracy")):
+        for j, bar in enumerate(bars):
+            for i, backbone in enumerate(backbones):
+                values = rows.get((backbone, f"{bar}|{metric}"))
+                if not values:
+                    continue
+                mean = sum(values) / len(values)
+                err = [[mean - min(values)], [max(values) - mean]]
+                ax.bar(i + (j - 1) * width, mean, width, yerr=err, color=colours[j], label=bar if i == 0 else None)
+        if metric == "accuracy":
+            for i, backbone in enumerate(backbones):
+                values = rows.get((backbone, "backbone|accuracy"))
+                if values:
+                    label = "the backbone itself" if i == 0 else None
+                    ax.hlines(max(values), i - 1.5 * width, i + 1.5 * width, color="black", lw=1.5, label=label)
+            ax.legend(fontsize=8, loc="lower left")
+        ax.set_xticks(range(len(backbones)), [BACKBONE_NAMES[b] for b in backbones], fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_title("agreement with the backbone's prediction" if metric == "agreement" else "accuracy", fontsize=10)
+    axes[0].legend(fontsize=8, loc="lower left", handles=axes[0].get_legend_handles_labels()[0])
+    fig.suptitle(
+        "SOP at τ = 0.2, m = 20 (text: m = 8), 1,000 test images (text: 500); bars: mean, lines: range over seeds",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 if __name__ == "__main__":
     print(speed_chart())
+    print(quality_chart())

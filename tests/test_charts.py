@@ -1,4 +1,4 @@
-"""The README's speed chart draws only numbers that stand in the committed results files."""
+"""The README's charts draw only numbers that stand in the committed results files."""
 
 from __future__ import annotations
 
@@ -27,6 +27,14 @@ def test_every_bar_is_quoted_from_its_results_file():
         assert any(s in bar.quoted for s in shown), (bar, "the ratio is not in the quoted text")
 
 
-def test_the_chart_is_drawn(tmp_path):
-    path = _charts().speed_chart(str(tmp_path / "speed.png"))
-    assert Path(path).stat().st_size > 10_000
+def test_the_charts_are_drawn(tmp_path):
+    for draw in (_charts().speed_chart, _charts().quality_chart):
+        path = draw(str(tmp_path / "chart.png"))
+        assert Path(path).stat().st_size > 10_000
+
+
+def test_the_quality_chart_reads_the_committed_research():
+    charts = _charts()
+    rows = charts.quality_rows()
+    assert rows[("plain", "SOP, 0.6 recipe|agreement")] and rows[("plain", "SOP, 0.5.3 recipe|agreement")]
+    assert all(0 <= v <= 1 for values in rows.values() for v in values)

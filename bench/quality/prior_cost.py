@@ -75,11 +75,11 @@ def main() -> None:
         step(name)
     for _ in range(args.rounds):
         for name, model in models.items():
-            times.setdefault(("forward", name), []).append(timed(lambda: forward(model)))
-            times.setdefault(("training step", name), []).append(timed(lambda: step(name)))
+            times.setdefault(("forward", name), []).append(timed(lambda m=model: forward(m)))
+            times.setdefault(("training step", name), []).append(timed(lambda n=name: step(n)))
     median = {k: statistics.median(v) for k, v in times.items()}
     lines = [
-        f"# What the 0.6 recipe costs (issue #41)\n",
+        "# What the 0.6 recipe costs (issue #41)\n",
         f"`python bench/quality/prior_cost.py --model {args.model} --batch {args.batch} --rounds {args.rounds}`; "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         "`drop` mode, m = 20, τ = 0.2; median of the rounds, interleaved; ratios against the 0.5.3 recipe.\n",
