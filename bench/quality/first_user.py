@@ -1,4 +1,4 @@
-"""A user's first ``sopfast train`` on their own backbone (issues #20, #28): an image folder of 600
+"""A user's first ``sopfast train`` on their own backbone (issues #20, #28, #41): an image folder of 600
 Fashion-MNIST PNGs (``data/train/<class>/``, ``data/test/<class>/``), the demo's small ViT trained the
 ordinary way (no masking; its config names the classes), **default flags** — then ``sopfast evaluate``
 on the 1,000 PNGs of the test split, against random groups through the same selector.  With
@@ -98,7 +98,7 @@ def main() -> None:
     trained = evaluate(
         ["--checkpoint", run_dir, "--baselines", "random"],
         data_dir,
-        ["accuracy", "diversity"],
+        ["accuracy", "agreement", "bounds", "diversity"],
         os.path.join(args.out, "trained.json"),
     )
     with open(os.path.join(run_dir, "diagnosis.json")) as f:
@@ -113,7 +113,11 @@ def main() -> None:
         "diagnosis_to_beat": diagnosis["to_beat"],
         "diagnosis_verdict": diagnosis["verdict"],
         "sop_accuracy": trained["SOP"]["accuracy"],
+        "sop_agreement": trained["SOP"]["agreement"],
+        "sop_generator_bound": trained["SOP"]["generator_bound"],
+        "sop_selector_bound": trained["SOP"]["selector_bound"],
         "random_groups_accuracy": trained["Random"]["accuracy"],
+        "random_groups_agreement": trained["Random"]["agreement"],
         "distinct_groups": trained["SOP"]["distinct_groups"],
         "steps": records[-1]["step"],
         "stopped": records[-1]["stopped"],
