@@ -14,17 +14,17 @@ from sopfast.adapters import get_adapter
 from sopfast.adapters.sources import load_backbone
 from sopfast.cli.app import main
 from sopfast.masking import masked_forward, random_groups
-from sopfast.model.checkpoint import hash_backbone
-from sopfast.ops import num_kept
-from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
-from sopfast.training.adapt import PROVENANCE_NAME
-from sopfast.training.diagnose import (
+from sopfast.masking.adapt import PROVENANCE_NAME
+from sopfast.masking.diagnose import (
     DIAGNOSIS_NAME,
     Diagnosis,
     GroupAccuracy,
     informed_group,
     verdict,
 )
+from sopfast.model.checkpoint import hash_backbone
+from sopfast.ops import num_kept
+from sopfast.testing import make_bert, make_cnn, make_hf_vit, text_batch
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ from sopfast.evaluation import metrics as M
 from sopfast.evaluation.evaluate import evaluate
 from sopfast.evaluation.methods import Method, Prediction
 from sopfast.evaluation.registry import PURITY_THRESHOLDS
+from sopfast.masking.diagnose import diagnose
+from sopfast.masking.regression_diagnosis import RegressionDiagnosis
 from sopfast.model.losses import feature_saliency
-from sopfast.training.diagnose import diagnose
-from sopfast.training.regression_diagnosis import RegressionDiagnosis
 
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-groups", "3", "--no-progress", "--quiet"]
 

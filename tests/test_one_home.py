@@ -22,13 +22,13 @@ from sopfast.devices import module_device
 from sopfast.evaluation import baselines as B
 from sopfast.evaluation.methods import top_tau_masks
 from sopfast.integrity import state_sha256
+from sopfast.masking.adapt import KEEP_RANGE, _training_masks
 from sopfast.masking.explainers import EXPLAINERS, Explainer, ExplainerName, get_explainer, register_explainer
 from sopfast.masking.random_groups import random_group_scores, random_groups
 from sopfast.ops import num_kept
 from sopfast.ops.counts import num_kept_table
 from sopfast.prediction import store
 from sopfast.testing import make_bert, make_hf_vit, text_batch
-from sopfast.training.adapt import KEEP_RANGE, _training_masks
 
 PACKAGE = Path(sopfast.__file__).parent
 
@@ -126,7 +126,7 @@ def test_agreement_refuses_an_explainer_that_runs_no_masked_inputs():
 
 # -- the random-group sampler: the draws each user's tests pin ---------------------------------------------
 def _diagnose_masks_before(candidates, tau, m, generator):
-    """``training/diagnose.random_group_masks`` before #45, as it was."""
+    """``masking/diagnose.random_group_masks`` before #45, as it was."""
     valid = candidates.cpu()
     b, d = valid.shape
     k = torch.tensor(num_kept_table(float(tau), d))[valid.sum(dim=1)]
@@ -136,7 +136,7 @@ def _diagnose_masks_before(candidates, tau, m, generator):
 
 
 def _adapt_masks_before(candidates, equal_sizes, generator):
-    """``training/adapt._training_masks`` before #45, as it was."""
+    """``masking/adapt._training_masks`` before #45, as it was."""
     low, high = KEEP_RANGE
     b, d = candidates.shape
     keep = torch.rand(1 if equal_sizes else b, generator=generator) * (high - low) + low

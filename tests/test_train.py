@@ -12,9 +12,9 @@ from torch.utils.data import Dataset, TensorDataset
 
 import sopfast
 from sopfast.model.checkpoint import STATE_NAME, load_training_state, save_training_state, trainable_state_dict
+from sopfast.schedules import lr_factor
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 from sopfast.training import NonFiniteLossError, TrainConfig, train
-from sopfast.training.config import lr_factor
 
 
 def image_data(n: int, seed: int = 0, backbone: nn.Module | None = None) -> TensorDataset:

@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 import sopfast
 from sopfast.adapters.sources import load_backbone
 from sopfast.cli.app import main
+from sopfast.masking.adapt import PROVENANCE_NAME, save_adapted
 from sopfast.model.checkpoint import (
     CONFIG_NAME,
     STATE_NAME,
@@ -34,7 +35,6 @@ from sopfast.model.checkpoint import (
 )
 from sopfast.testing import make_hf_vit
 from sopfast.training import train
-from sopfast.training.adapt import PROVENANCE_NAME, save_adapted
 
 ADAPT = dict(steps=1, batch_size=4, num_groups=2, progress=False)
 RUN = dict(batch_size=2, max_steps=1, progress=False, log_every=1, diagnose_examples=4)
@@ -132,7 +132,7 @@ def test_a_crash_while_saving_the_adapted_copy_leaves_no_half_written_model(vit_
     def killed(origin, out):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("sopfast.training.adapt._copy_preprocessing", killed)
+    monkeypatch.setattr("sopfast.masking.adapt._copy_preprocessing", killed)
     with pytest.raises(KeyboardInterrupt):
         sopfast.adapt_backbone(load_backbone(str(vit_dir)), images(), output_dir=tmp_path / "adapted", **ADAPT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backbone"]  # neither the folder nor its temp copy

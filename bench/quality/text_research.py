@@ -35,10 +35,10 @@ from curves import curves
 
 from sopfast.evaluation.baselines import AttributionBaseline, make_baseline
 from sopfast.evaluation.methods import candidate_mask, run_masks, top_tau_masks
+from sopfast.masking.diagnose import diagnose
 from sopfast.masking.forward import run_mask_sets
 from sopfast.model.losses import mean_saliency
 from sopfast.model.sop import SOP
-from sopfast.training.diagnose import diagnose
 from sopfast.training.trainer import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))

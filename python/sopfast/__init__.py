@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from . import masking, ops
     from .adapters import BackboneAdapter, get_adapter, list_adapters, register_adapter
     from .evaluation import baselines, evaluate, format_table, metrics
-    from .masking import MaskedForward, masked_forward, rise
+    from .masking import MaskedForward, adapt_backbone, diagnose, masked_forward, rise
     from .model import SOP, SOPOutput
     from .prediction import PredictResult, predict
-    from .training import Trainer, TrainerCallback, TrainResult, adapt_backbone, diagnose, train
+    from .training import Trainer, TrainerCallback, TrainResult, train
 
 # each public name that is not a submodule → the subpackage that defines it
 _SOURCES = {
@@ -43,8 +43,8 @@ _SOURCES = {
     "Trainer": ".training",
     "TrainerCallback": ".training",
     "TrainResult": ".training",
-    "adapt_backbone": ".training",
-    "diagnose": ".training",
+    "adapt_backbone": ".masking",
+    "diagnose": ".masking",
     "train": ".training",
 }
 

@@ -97,7 +97,7 @@ def backbone_scores(model: nn.Module, maps: LensingMaps) -> dict[str, Any]:
 
 def run_cosmology_demo(out_dir: str, quick: bool, device: torch.device, seed: int, seeds: int = 2) -> dict:
     """The cosmology demo (module docstring); returns the results dict (``run_demo`` writes it)."""
-    from ..training.adapt import PROVENANCE_NAME, adapt_backbone
+    from ..masking.adapt import PROVENANCE_NAME, adapt_backbone
 
     sizes = _sizes(quick)
     simulator = Simulator()
@@ -168,8 +168,8 @@ def _sop_study(backbone: nn.Module, run: CosmologyRun, suffix: str) -> dict:
     from ..evaluation.evaluate import evaluate
     from ..evaluation.plots import plot_curves
     from ..evaluation.seeds import combine_seeds
+    from ..masking.diagnose import diagnose
     from ..model.checkpoint import save_pretrained
-    from ..training.diagnose import diagnose
 
     device, out_dir = run.device, run.out_dir
     study: dict[str, Any] = {"backbone": backbone_scores(backbone, run.test)}

@@ -178,7 +178,7 @@ def _study(study: dict) -> list[str]:
 
 
 def _regression_diagnosis(diagnosis: dict) -> list[str]:
-    from ..training.regression_diagnosis import GroupMSE, RegressionDiagnosis
+    from ..masking.regression_diagnosis import GroupMSE, RegressionDiagnosis
 
     fields = {k: v for k, v in diagnosis.items() if k in RegressionDiagnosis.__dataclass_fields__}
     fields["random_groups"] = {m: GroupMSE(**g) for m, g in diagnosis["random_groups"].items()}

@@ -186,7 +186,8 @@ def text_targets(comparison: dict[str, dict]) -> list[tuple[str, float, float, b
 
 
 def _diagnosis_lines(diagnosis: dict) -> list[str]:
-    from ..training.diagnose import Diagnosis, GroupAccuracy, OwnGroups
+    from ..masking.diagnose import Diagnosis, GroupAccuracy
+    from ..masking.own_groups import OwnGroups
 
     fields = {k: v for k, v in diagnosis.items() if k in Diagnosis.__dataclass_fields__}
     fields["random_groups"] = {m: GroupAccuracy(**g) for m, g in diagnosis["random_groups"].items()}

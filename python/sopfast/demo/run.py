@@ -199,7 +199,7 @@ def run_image_demo(
     """The image demo at ``scale``; returns the results dict (also written to ``<out>/results.json``): the
     backbone trained the ordinary way, SOP on it (``"ordinary"``), the opt-in adaptation of a copy
     (``"adaptation"``) and SOP on the adapted copy (``"adapted"``)."""
-    from ..training.adapt import PROVENANCE_NAME, adapt_backbone
+    from ..masking.adapt import PROVENANCE_NAME, adapt_backbone
 
     quick = scale is SCALES["quick"]
     train_data, test_data = _load_images(quick)
@@ -264,8 +264,8 @@ def _sop_study(backbone: nn.Module, run: ImageRun, suffix: str, baselines: str |
     ``<out>/sop<suffix>``."""
     from ..evaluation.plots import plot_curves
     from ..evaluation.seeds import combine_seeds
+    from ..masking.diagnose import diagnose
     from ..model.checkpoint import save_pretrained
-    from ..training.diagnose import diagnose
     from .backbones import accuracy
 
     device, out_dir, which = run.device, run.out_dir, "the adapted copy" if suffix else "the backbone as trained"

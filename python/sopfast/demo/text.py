@@ -202,8 +202,8 @@ def text_study(
     over the seeds; the first seed's model in ``<out>/sop`` and its pages in ``<out>/explanations``."""
     from ..evaluation.plots import plot_curves
     from ..evaluation.seeds import combine_seeds
+    from ..masking.diagnose import diagnose
     from ..model.checkpoint import save_pretrained
-    from ..training.diagnose import diagnose
 
     compared = test_set.subset(torch.arange(min(len(test_set), scale.compare)))
     parts = text_parts(compared, scale.curve)

@@ -30,13 +30,14 @@ StateT = TypeVar("StateT")
 class Prediction:
     """A self-attributing prediction: ``logits [B, C]``, ``attributions [B, C, m]`` (summing to the
     logits), ``group_masks [B, m, d]`` bool, ``used [B, C, m]`` (the groups each class uses) and
-    ``group_logits [B, m, C]``, the backbone's logits on each group alone."""
+    ``group_logits [B, m, C]``, the backbone's logits on each group alone (``None`` for a method that does not
+    give them: the ``bounds`` metric needs them)."""
 
     logits: torch.Tensor
     attributions: torch.Tensor
     group_masks: torch.Tensor
     used: torch.Tensor
-    group_logits: torch.Tensor
+    group_logits: torch.Tensor | None = None
 
 
 class Method(ABC, Generic[StateT]):

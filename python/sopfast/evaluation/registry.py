@@ -212,10 +212,19 @@ register_metric(
     )
 )
 BOUNDS = ("generator_bound", "one_group_agrees", "generator_bound_correct", "selector_bound")
+
+
+def _group_logits(step: Step) -> torch.Tensor:
+    """``[B, m, C]``: the backbone on each of the method's groups alone (a ValueError for a method without)."""
+    if step.base.group_logits is None:
+        raise ValueError(f"metric 'bounds' needs each group's logits, which method {step.method.name!r} does not give")
+    return step.base.group_logits
+
+
 register_metric(
     Metric(
         "bounds",
-        lambda s: M.group_bounds(s.base.group_logits, s.reference, s.labels),
+        lambda s: M.group_bounds(_group_logits(s), s.reference, s.labels),
         lambda kept, plan, model: {k: float(kept[k].mean()) for k in BOUNDS if k in kept},
         tasks=("classification",),
     )

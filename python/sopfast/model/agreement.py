@@ -5,6 +5,9 @@ frozen backbone predict what it predicts on the whole input (SOP's ``agreement_p
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 
 
@@ -39,3 +42,33 @@ def group_bounds(
         pick = torch.where(agrees.any(dim=1), agrees.float().argmax(dim=1), confident)
         out["selector_bound"] = (group_class.gather(1, pick.unsqueeze(1)).squeeze(1) == labels).float()
     return out
+
+
+class FullInputLogits:
+    """The frozen backbone's logits ``[B, C]`` (fp32, no gradient) on whole inputs, through ``adapter``'s
+    ``full_forward``, kept for the last inputs: an evaluation asks for them once per method and sparsity.
+    What is kept is used again only for the same input tensors, unchanged since (their in-place versions),
+    and the backbone's weights unchanged (their versions, dtypes and devices)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+        self._kept: tuple[tuple, list, torch.Tensor] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"adapter": self.adapter, "_kept": None}  # what is kept is a cache: never saved or copied
+
+    def _key(self, inputs: Any) -> tuple:
+        tensors = tuple((id(t), t._version) for t in vars(inputs).values() if isinstance(t, torch.Tensor))
+        backbone = self.adapter.backbone
+        weights = tuple((p._version, p.dtype, p.device) for p in backbone.parameters())
+        return tensors, id(backbone), weights
+
+    def __call__(self, inputs: Any) -> torch.Tensor:
+        key = self._key(inputs)
+        if self._kept is not None and self._kept[0] == key and all(r() is not None for r in self._kept[1]):
+            return self._kept[2]
+        with torch.no_grad():
+            logits = self.adapter.full_forward(inputs)[0].float()
+        tensors = [t for t in vars(inputs).values() if isinstance(t, torch.Tensor)]
+        self._kept = (key, [weakref.ref(t) for t in tensors], logits)
+        return logits

@@ -266,3 +266,14 @@ def check_candidates(valid: torch.Tensor) -> None:
         "second segment); SOP needs at least one",
         lambda: f": examples {(~found).nonzero().flatten().tolist()[:5]}",
     )
+
+
+def no_groups(m: int, d: int, k: int, device: torch.device) -> Groups:
+    """The groups of an empty batch (``m`` groups of ``k`` of ``d`` features): every tensor with a batch
+    dimension of 0."""
+    return Groups(
+        mask=torch.zeros(0, m, d, dtype=torch.bool, device=device),
+        indices=torch.zeros(0, m, k, dtype=torch.long, device=device),
+        lam=torch.zeros(0, m, device=device),
+        attention=torch.zeros(0, m, d, device=device),
+    )

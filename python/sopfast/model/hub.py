@@ -89,6 +89,22 @@ def backbone_module(backbone: object) -> nn.Module:
     return module
 
 
+class SOPConfig(dict):
+    """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
+    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved.  Its
+    ``to_dict`` / ``to_json_string`` / ``from_dict`` are what ``Trainer``'s loggers (``report_to``) read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        return json.dumps(self, indent=2, sort_keys=True, default=str) + "\n"
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> SOPConfig:
+        return cls({**config_dict, **kwargs})
+
+
 class HubMixin:
     """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``, the model card and ``preprocess`` of
     :class:`sopfast.SOP` (which builds the model from the constructor options these methods save)."""

@@ -4,6 +4,7 @@ page per text (:func:`explain_text`); :meth:`sopfast.SOP.explain` draws a batch 
 from __future__ import annotations
 
 import html
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -254,3 +255,37 @@ def explain_text(
     )
     atomic_write_text(path, page)
     return spans
+
+
+def explain_batch(
+    model: Any,
+    x: torch.Tensor,
+    out_dir: str | os.PathLike,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+    class_names: Sequence[str] | None = None,
+    labels: torch.Tensor | None = None,
+    tokens: Sequence[Sequence[str]] | None = None,
+) -> list[str]:
+    """:meth:`sopfast.SOP.explain`: one picture per example of ``model``'s predictions on a batch, written in
+    ``out_dir`` (a PNG per image, an HTML page per text); returns the paths."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x, attention_mask, token_type_ids)
+    finally:
+        model.train(was_training)
+    paths = []
+    for i in range(out.logits.shape[0]):
+        label = None if labels is None else int(labels[i])
+        if model.adapter.modality == "text":
+            words = list(tokens[i]) if tokens is not None else [str(t) for t in x[i].tolist()]
+            path = os.path.join(os.fspath(out_dir), f"text_{i:04d}.html")
+            shown = None if attention_mask is None else attention_mask[i]
+            explain_text(words, out, i, path, class_names, shown, label)
+        else:
+            path = os.path.join(os.fspath(out_dir), f"image_{i:04d}.png")
+            explain_image(x[i], out, i, image_grid(model, x[i : i + 1]), path, class_names, label)
+        paths.append(path)
+    return paths

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -28,43 +26,19 @@ from ..checks import (
 )
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .agreement import agreement_scores
+from .agreement import FullInputLogits, agreement_scores
 from .authors import AuthorsCheckpoint
 from .checkpoint import hash_backbone
-from .generator import GroupGenerator, check_candidates, check_finite_lam
-from .hub import HubMixin, backbone_module
+from .generator import GroupGenerator, check_candidates, check_finite_lam, no_groups
+from .hub import HubMixin, SOPConfig, backbone_module
 from .output import SOPOutput, check_finite_group_logits, concatenate_outputs
 from .penalty import RegularisedOutput, training_penalty
-from .pictures import explain_image, explain_text, image_grid
+from .pictures import explain_batch
 from .recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RecipeName, check_options, get_recipe, resolve_options
 from .runtime import COMPILE_CHOICES, cast_backbone, compile_blocks, compiles_on
 from .selector import GroupSelector, check_class_weights
 
 TASKS = ("classification", "regression")
-
-
-def _input_key(inputs: FeatureInputs, backbone: nn.Module) -> tuple:
-    """What :meth:`SOP.reference_logits` depends on: each input tensor (identity and in-place version) and
-    the backbone's weights (their in-place versions)."""
-    tensors = tuple((id(t), t._version) for t in vars(inputs).values() if isinstance(t, torch.Tensor))
-    weights = [(p._version, p.dtype, p.device) for p in backbone.parameters()]
-    return tensors, id(backbone), tuple(weights)
-
-
-class SOPConfig(dict):
-    """The constructor arguments (a plain ``dict`` for saving); training loops such as Hugging Face
-    ``Trainer`` may set attributes on it (``model.config.use_cache = ...``), which are not saved.  Its
-    ``to_dict`` / ``to_json_string`` / ``from_dict`` are what ``Trainer``'s loggers (``report_to``) read."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
-
-    def to_json_string(self, use_diff: bool = True) -> str:
-        return json.dumps(self, indent=2, sort_keys=True, default=str) + "\n"
-
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> SOPConfig:
-        return cls({**config_dict, **kwargs})
 
 
 class SOP(HubMixin, nn.Module):
@@ -256,7 +230,7 @@ class SOP(HubMixin, nn.Module):
         if compile is True and not self.adapter.compile_units(self.projection):
             raise ValueError(f"compile=True: {type(self.adapter).__name__} names no blocks to compile; use False")
         self._compiled = False
-        self._reference: tuple[tuple, list, torch.Tensor] | None = None
+        self._reference = FullInputLogits(self.adapter)
         self.epoch = 0
         self.config = SOPConfig(
             {
@@ -360,8 +334,9 @@ class SOP(HubMixin, nn.Module):
         """
         tau = self.tau if tau is None else check_tau(tau)
         m = self.num_groups if num_groups is None else check_int("num_groups", num_groups, 1)
+        d = self.adapter.num_features(inputs)
         if inputs.batch_size == 0:
-            return self._no_groups(inputs, m, tau)
+            return no_groups(m, d, num_kept(tau, d), inputs.device)
         valid = self.adapter.candidates(inputs)
         if valid is not None:
             check_candidates(valid)
@@ -423,39 +398,15 @@ class SOP(HubMixin, nn.Module):
 
     def reference_logits(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, C]`` (fp32): the frozen backbone's logits on the whole ``inputs`` (its own function, no
-        gradient): what SOP's prediction is compared with (agreement) and what ``agreement_prior`` selects by.
-
-        The last result is kept for the same input tensors (unchanged since, and the backbone's weights
-        too): an evaluation asks for it once per method and sparsity."""
-        key = _input_key(inputs, self.backbone)
-        if (
-            self._reference is not None
-            and self._reference[0] == key
-            and all(r() is not None for r in self._reference[1])
-        ):
-            return self._reference[2]
-        with torch.no_grad():
-            logits = self.adapter.full_forward(inputs)[0].float()
-        tensors = [t for t in vars(inputs).values() if isinstance(t, torch.Tensor)]
-        self._reference = (key, [weakref.ref(t) for t in tensors], logits)
-        return logits
+        gradient): what SOP's prediction is compared with (agreement) and what ``agreement_prior`` selects by;
+        kept for the last inputs (:class:`sopfast.model.agreement.FullInputLogits`)."""
+        return self._reference(inputs)
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
         with autograd on the batch runs whole."""
         tokens = TOKENS_PER_EXAMPLE_CHUNK * call_scale(inputs.device)
         return max(1, tokens // (self.adapter.num_features(inputs) + 1))
-
-    def _no_groups(self, inputs: FeatureInputs, m: int, tau: float) -> Groups:
-        """The groups of an empty batch: every tensor with a batch dimension of 0."""
-        d = self.adapter.num_features(inputs)
-        device = inputs.device
-        return Groups(
-            mask=torch.zeros(0, m, d, dtype=torch.bool, device=device),
-            indices=torch.zeros(0, m, num_kept(tau, d), dtype=torch.long, device=device),
-            lam=torch.zeros(0, m, device=device),
-            attention=torch.zeros(0, m, d, device=device),
-        )
 
     def predict_groups(
         self, inputs: FeatureInputs, groups: Groups, mode: str | None = None, reference: torch.Tensor | None = None
@@ -535,25 +486,7 @@ class SOP(HubMixin, nn.Module):
         an HTML page per text (``x`` the ``input_ids [B, T]`` with ``attention_mask``; ``tokens`` their
         strings, e.g. ``tokenizer.convert_ids_to_tokens``).  ``labels`` adds the true class.  Returns
         the paths written."""
-        was_training = self.training
-        self.eval()
-        try:
-            out = self(x, attention_mask, token_type_ids)
-        finally:
-            self.train(was_training)
-        paths = []
-        for i in range(out.logits.shape[0]):
-            label = None if labels is None else int(labels[i])
-            if self.adapter.modality == "text":
-                words = list(tokens[i]) if tokens is not None else [str(t) for t in x[i].tolist()]
-                path = os.path.join(os.fspath(out_dir), f"text_{i:04d}.html")
-                shown = None if attention_mask is None else attention_mask[i]
-                explain_text(words, out, i, path, class_names, shown, label)
-            else:
-                path = os.path.join(os.fspath(out_dir), f"image_{i:04d}.png")
-                explain_image(x[i], out, i, image_grid(self, x[i : i + 1]), path, class_names, label)
-            paths.append(path)
-        return paths
+        return explain_batch(self, x, out_dir, attention_mask, token_type_ids, class_names, labels, tokens)
 
     def group_chunk_size(self, tokens: int, device: torch.device | None = None, mode: str | None = None) -> int:
         """Groups per backbone call of ``tokens`` each: ``group_batch_size``, or about ``tokens_per_call(device, mode)``

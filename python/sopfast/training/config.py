@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -16,8 +15,8 @@ from ..checks import check_bool, check_choice, check_int, check_number, check_pa
 from ..defaults import BATCH_SIZE
 from ..devices import check_device
 from ..model.recipes import Recipe
+from ..schedules import SCHEDULES
 
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 HEAD_SCHEDULES = ("phases", "epochs")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 METRICS = {"accuracy": "max", "loss": "min", "mse": "min"}
@@ -201,28 +200,6 @@ class TrainResult:
     output_dir: Path | None = None
     stop_reason: str = "epochs"
     diagnosis: dict[str, Any] | None = None
-
-
-def lr_factor(schedule: str, warmup: int, total: int, period: int | None = None) -> Callable[[int], float]:
-    """The learning-rate multiplier of step ``s`` (0-based): linear warm-up, then ``schedule``.
-
-    With ``period`` the schedule restarts every ``period`` steps (``total`` is then one period).
-    """
-
-    def factor(step: int) -> float:
-        if period is not None:
-            step %= period
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if schedule == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "inverse_sqrt":
-            base = max(1, warmup)
-            return math.sqrt(base / (step - warmup + base))
-        return 1.0
-
-    return factor
 
 
 def resolve_metric(metric: str | None, task: str) -> str:

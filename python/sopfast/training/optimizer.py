@@ -9,7 +9,8 @@ import torch
 
 from ..devices import adamw
 from ..model.sop import SOP
-from .config import TrainConfig, lr_factor
+from ..schedules import lr_factor
+from .config import TrainConfig
 
 
 @dataclass

@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 
 from ..data.batches import to_device
 from ..devices import resolve_device
+from ..masking.diagnose import diagnose_run, saved_diagnosis
+from ..masking.verdicts import below_the_bar
 from ..model.checkpoint import (
     STATE_NAME,
     load_trainable_state_dict,
@@ -36,7 +38,6 @@ from ..model.numerics import flush_denormal
 from ..model.sop import SOP
 from .callbacks import LegacyCallback, TrainerCallback, as_callbacks, emit
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, resolve_metric
-from .diagnose import diagnose_run, saved_diagnosis
 from .distributed import (
     ResumableSampler,
     all_reduce_sum,
@@ -454,7 +455,8 @@ class Trainer:
             stopped=self._stopped(),
         )
         logger.info(self._stopped())
-        if self.info.is_main and (verdict := self._against_diagnosis()):
+        best = self.best_metric if self.metric == "accuracy" else None
+        if self.info.is_main and (verdict := below_the_bar(self.diagnosis, best, self.model.provenance)):
             logger.warning(verdict)
         self.log.plot()
         self._emit("end", record)
@@ -468,20 +470,6 @@ class Trainer:
             output_dir,
             stop_reason=self.stopping.reason,
             diagnosis=self.diagnosis,
-        )
-
-    def _against_diagnosis(self) -> str | None:
-        """The best validation accuracy (and agreement with the backbone) against the diagnostic's bar, in
-        words, when SOP stayed below it (``None`` otherwise, or without a diagnostic or validation)."""
-        bar = (self.diagnosis or {}).get("to_beat")
-        if bar is None or self.best_metric is None or self.metric != "accuracy" or self.best_metric >= bar:
-            return None
-        agreement = self.model.provenance.get("validation", {}).get("val_agreement")
-        agrees = "" if agreement is None else f"; at the last evaluation it agreed with the backbone on {agreement:.1%}"
-        return (
-            f"SOP's best validation accuracy {self.best_metric:.3f} stayed below {bar:.3f}, what groups that are "
-            f'not learned reach in the diagnostic{agrees}: train longer, or see docs/training.md ("Before the '
-            'first step: what the backbone allows")'
         )
 
     def _stopped(self) -> str:

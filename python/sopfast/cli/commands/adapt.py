@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...training.adapt import adapt_backbone
+from ...masking.adapt import adapt_backbone
 from ..common import (
     add_common,
     add_data,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...masking.diagnose import diagnose
 from ...model.sop import SOP
-from ...training.diagnose import diagnose
 from ..common import (
     add_common,
     add_data,

@@ -11,7 +11,7 @@ model's size in each mode, and says in plain words what that means for SOP and w
     print(report)           # the table and the verdict; report.to_dict() for files
 
 A regression model (``SOP(task="regression")``, or ``task="regression"``) is measured in mean squared
-error instead (:class:`sopfast.training.regression_diagnosis.RegressionDiagnosis`): always predicting the
+error instead (:class:`sopfast.masking.regression_diagnosis.RegressionDiagnosis`): always predicting the
 examples' mean target, the full input, and random groups.
 """
 
@@ -35,13 +35,13 @@ from ..checks import check_bool, check_choice, check_class_ids, check_int, check
 from ..data.batches import parse_batch
 from ..devices import module_device, resolve_device
 from ..integrity import atomic_write_text
-from ..masking.forward import adapter_of, run_mask_sets
-from ..masking.random_groups import random_groups
-from ..model.agreement import group_bounds
 from ..model.sop import SOP, TASKS
 from ..model.state_files import move_aside
 from ..ops.counts import num_kept_table
 from ..types import FeatureInputs
+from .forward import adapter_of, run_mask_sets
+from .own_groups import OwnGroups, own_group_scores
+from .random_groups import random_groups
 from .verdicts import BLIND, ROBUST, check_finite
 
 if TYPE_CHECKING:
@@ -59,42 +59,6 @@ class GroupAccuracy:
     one_group: float
     mean_of_groups: float
     best_of_groups: float
-
-
-@dataclass
-class OwnGroups:
-    """A (trained) SOP model on the same examples with its own groups, in its mode: its accuracy, its
-    agreement with the backbone's full-input prediction, and where it loses — the generator bound (some
-    group alone makes the backbone predict what it predicts on the whole input), the selector bound (the
-    accuracy of the label-free rule "the first agreeing group, else the most confident") and the share
-    of single groups that agree (:func:`sopfast.evaluation.metrics.group_bounds`)."""
-
-    accuracy: float
-    agreement: float
-    generator_bound: float
-    selector_bound: float
-    one_group_agrees: float
-
-    def lines(self, mode: str) -> list[str]:
-        """The measurements, and which part of SOP loses, in words."""
-        out = [
-            f"  this SOP with its own groups in {mode}: accuracy {self.accuracy:.3f}, agrees with the backbone on "
-            f"{self.agreement:.1%} of the examples",
-            f"  some group of its own alone agrees with the backbone on {self.generator_bound:.1%} (generator "
-            f"bound); one group on {self.one_group_agrees:.1%}; the first agreeing group is right on "
-            f"{self.selector_bound:.1%} (selector bound, accuracy)",
-        ]
-        if self.agreement < self.generator_bound - 0.05:
-            out.append(
-                f"  the selector loses: on {self.generator_bound - self.agreement:.1%} of the examples a group agrees "
-                "with the backbone but SOP's prediction does not (agreement_prior weights the groups that agree)"
-            )
-        if self.generator_bound < 0.9:
-            out.append(
-                f"  the groups lose: on {1 - self.generator_bound:.1%} of the examples no group alone makes the "
-                "backbone predict what it predicts on the whole input"
-            )
-        return out
 
 
 @dataclass
@@ -318,7 +282,7 @@ def diagnose(
                 check_finite(group_logits, adapter, f"its output on random groups in {group_mode} mode")
                 sums[group_mode] += _group_scores(group_logits, truth).cpu()
             if own is not None:
-                own_sums += _own_group_scores(own, inputs, logits, truth, chosen_mode)
+                own_sums += own_group_scores(own, inputs, logits, truth, chosen_mode)
             take = min(n, informed_examples - informed_seen)
             if take > 0:
                 rows = slice(0, take)
@@ -493,26 +457,6 @@ def _count(counts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """``counts`` (examples per class so far) plus the classes of ``truth [B]``."""
     found = torch.bincount(truth.cpu(), minlength=len(counts))
     return found + torch.nn.functional.pad(counts, (0, len(found) - len(counts)))
-
-
-def _own_group_scores(
-    model: SOP, inputs: FeatureInputs, reference: torch.Tensor, truth: torch.Tensor, mode: str
-) -> torch.Tensor:
-    """Per-batch sums ``[5]`` of :class:`OwnGroups`' fields: ``model`` in eval mode on ``inputs`` in ``mode``
-    against ``truth [B]``, with the backbone's full-input logits ``reference [B, C]``."""
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.predict_groups(inputs, model.make_groups(inputs), mode, reference)
-    finally:
-        model.train(was_training)
-    bounds = group_bounds(out.group_logits, reference, truth)
-    values = [
-        (out.logits.argmax(-1) == truth).double(),
-        (out.logits.argmax(-1) == reference.argmax(-1)).double(),
-        *(bounds[k].double() for k in ("generator_bound", "selector_bound", "one_group_agrees")),
-    ]
-    return torch.stack([v.sum() for v in values]).cpu()
 
 
 def _group_scores(logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -38,15 +38,16 @@ from ..adapters import BackboneAdapter, get_adapter
 from ..adapters.sources import Backbone, source_folders
 from ..checks import check_bool, check_choice, check_int, check_number, check_path
 from ..data.batches import parse_batch
-from ..devices import module_device, resolve_device
+from ..devices import adamw, module_device, resolve_device
 from ..integrity import listed, non_finite
-from ..masking.random_groups import random_groups
 from ..model.checkpoint import hash_backbone
 from ..model.sop import TASKS
 from ..model.state_files import MODEL_PREFIXES, check_model_folder, write_model_folder
+from ..schedules import lr_factor
 from ..types import FeatureInputs, Groups
 from ..version import __version__
 from .diagnose import Diagnosis, diagnose
+from .random_groups import random_groups
 from .regression_diagnosis import RegressionDiagnosis
 
 PROVENANCE_NAME = "sopfast_adaptation.json"
@@ -179,9 +180,8 @@ def adapt_backbone(
         raise ValueError("train_data has no length: give steps=")
     total = steps if steps is not None else max(MIN_STEPS, len(cast(Sized, loader)))
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
-    warmup = max(1, total // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total))
+    optimizer = adamw([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor("cosine", max(1, total // 20), total))
     adapted.train()
     bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
     for step, raw in zip(range(total), _cycle(loader)):
@@ -398,12 +398,6 @@ def _batches(data: Any, batch_size: int, seed: int) -> Iterable[Any]:
 def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
     while True:
         yield from loader
-
-
-def _lr_factor(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 __all__ = ["AdaptResult", "adapt_backbone", "save_adapted"]

@@ -26,3 +26,19 @@ def check_finite(values: torch.Tensor, adapter: BackboneAdapter, what: str) -> N
     else:
         cause = f"{what} holds NaN or Inf"
     raise ValueError(f"diagnose: the backbone's outputs are not finite: {cause}; accuracies over them mean nothing")
+
+
+def below_the_bar(diagnosis: dict | None, best_accuracy: float | None, provenance: dict) -> str | None:
+    """In words, when a trained SOP's best validation accuracy stayed below what groups that are not learned
+    reach in the run's ``diagnosis`` (its ``to_beat``), with its agreement with the backbone at the last
+    evaluation (the model's ``provenance["validation"]``); ``None`` when it did not, or without either."""
+    bar = (diagnosis or {}).get("to_beat")
+    if bar is None or best_accuracy is None or best_accuracy >= bar:
+        return None
+    agreement = (provenance.get("validation") or {}).get("val_agreement")
+    agrees = "" if agreement is None else f"; at the last evaluation it agreed with the backbone on {agreement:.1%}"
+    return (
+        f"SOP's best validation accuracy {best_accuracy:.3f} stayed below {bar:.3f}, what groups that are "
+        f'not learned reach in the diagnostic{agrees}: train longer, or see docs/training.md ("Before the '
+        'first step: what the backbone allows")'
+    )

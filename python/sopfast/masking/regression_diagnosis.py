@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 from ..adapters import BackboneAdapter
 from ..data.batches import parse_batch
 from ..integrity import atomic_write_text
-from ..masking.forward import run_mask_sets
-from ..masking.random_groups import random_groups
+from .forward import run_mask_sets
+from .random_groups import random_groups
 from .verdicts import BLIND, ROBUST, check_finite
 
 
