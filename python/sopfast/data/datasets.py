@@ -81,6 +81,12 @@ class TextDataset(torch.utils.data.Dataset):
         warn_if_mostly_unknown(tokenizer, encoded["input_ids"], encoded["attention_mask"])
         return cls(encoded, None if labels is None else torch.as_tensor(labels, dtype=torch.long), tokenizer, classes)
 
+    def require_labels(self) -> torch.Tensor:
+        """``labels [N]``, which labelled texts have (a ValueError for unlabelled ones)."""
+        if self.labels is None:
+            raise ValueError("these texts have no labels")
+        return self.labels
+
     def subset(self, index: torch.Tensor | Sequence[int]) -> TextDataset:
         """The examples at ``index`` (a bool mask or positions), as a new dataset."""
         index = torch.as_tensor(index)

@@ -31,7 +31,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("SOPFAST_CACHE") or Path.home() / ".cache" / "sopfast")
 
 
-def cached_backbone(name: str, settings: dict[str, Any], make: Callable[[], nn.Module]) -> nn.Module:
+def cached_backbone(name: str, settings: dict[str, Any], make: Callable[[], Any]) -> nn.Module:
     """The Hugging Face classifier ``make()`` trains, kept in ``<cache_root()>/demo/<name>-<key>`` (``key``:
     a hash of ``settings`` and the versions of sopfast, torch and transformers) so that a later run with the
     same settings loads it instead of training it again.  The folder records the weights' SHA-256; a copy

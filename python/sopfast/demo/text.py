@@ -85,7 +85,7 @@ def _text_backbone(texts: TextDataset, device: torch.device, quick: bool, seed: 
             ]
         )
     opt = torch.optim.AdamW(head, lr=3e-3)
-    labels = texts.labels.to(device)
+    labels = texts.require_labels().to(device)
     for _ in range(60 if quick else 200):
         logits = model.classifier(model.bert.pooler(hidden))
         loss = torch.nn.functional.cross_entropy(logits, labels)
@@ -207,7 +207,7 @@ def text_study(
 
     compared = test_set.subset(torch.arange(min(len(test_set), scale.compare)))
     parts = text_parts(compared, scale.curve)
-    share = float(compared.labels.float().mean())
+    share = float(compared.require_labels().float().mean())
     results: dict = {
         "dataset": "tweets",
         "backbone_accuracy": _backbone_text_accuracy(backbone, test_set, device),

@@ -152,10 +152,10 @@ def concatenate_outputs(parts: list[SOPOutput]) -> SOPOutput:
     width = max(p.group_indices.shape[-1] for p in parts)
     indices = [F.pad(p.group_indices, (0, width - p.group_indices.shape[-1]), value=-1) for p in parts]
     fields = ("logits", "group_logits", "group_scores", "lam", "group_masks", "attention")
-    references = [p.backbone_logits for p in parts]
+    references = [p.backbone_logits for p in parts if p.backbone_logits is not None]
     return SOPOutput(
         **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields},
         group_indices=torch.cat(indices),
         task=parts[0].task,
-        backbone_logits=None if any(r is None for r in references) else torch.cat(references),
+        backbone_logits=torch.cat(references) if len(references) == len(parts) else None,
     )

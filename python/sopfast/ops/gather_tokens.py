@@ -95,7 +95,7 @@ def _check_arguments(x: torch.Tensor, indices: torch.Tensor, prefix: object) -> 
             f"(x {tuple(x.shape)} [B, T, E], indices {tuple(indices.shape)} [B, m, k])"
         )
     if type(prefix) is not int:
-        prefix = check_int("prefix", prefix)
+        prefix = int(check_int("prefix", prefix))
     if not 0 <= prefix <= x.shape[1]:
         raise ValueError(f"prefix must lie in [0, T={x.shape[1]}], got {prefix}")
     return prefix

@@ -430,9 +430,10 @@ def _sop_columns(
     p.group_scores = _host(out.group_scores) if wanted & {"group_scores", "used_groups"} else None
     p.group_logits = _host(out.group_logits) if "group_logits" in wanted else None
     if "backbone_prediction" in wanted and sop.task == "classification":
-        p.backbone_logits = _host(
-            out.backbone_logits if out.backbone_logits is not None else sop.reference_logits(inputs)
-        )
+        if out.backbone_logits is not None:
+            p.backbone_logits = _host(out.backbone_logits)
+        elif inputs is not None:  # prepared for it (_agreement)
+            p.backbone_logits = _host(sop.reference_logits(inputs))
     if "attributions" in wanted:
         p.attributions = _host(_shaped(run, inputs, out.feature_attributions(target)))
     if "object_fraction" in wanted and ground_truth is not None and inputs is not None:
