@@ -42,7 +42,7 @@ from ..types import FeatureInputs
 from .forward import adapter_of, run_mask_sets
 from .own_groups import OwnGroups, own_group_scores
 from .random_groups import random_groups
-from .verdicts import BLIND, ROBUST, check_finite
+from .verdicts import ROBUST, check_finite, verdict
 
 if TYPE_CHECKING:
     from .regression_diagnosis import RegressionDiagnosis
@@ -245,7 +245,6 @@ def diagnose(
     if own_groups and sop is None:
         raise ValueError("own_groups=True measures an SOP model's own groups: pass the model, not a backbone")
     own = sop if own_groups is not False and chosen_task == "classification" else None
-    own_sums = torch.zeros(5, dtype=torch.float64)
     run_device = resolve_device(device) if device is not None else module_device(adapter.backbone)
     if device is not None:
         (backbone if isinstance(backbone, nn.Module) else adapter.backbone).to(run_device)
@@ -257,18 +256,44 @@ def diagnose(
         return diagnose_regression(
             adapter, batches, tau, num_groups, chosen_mode, examples, generator, run_device, progress
         )
-    sums = {m: torch.zeros(3, dtype=torch.float64) for m in adapter.supported_modes}
+    plan = _Plan(adapter, tau, num_groups, chosen_mode, examples, informed_examples, run_device, own)
+    report = _measure(plan, _batches(data, examples, batch_size, generator), generator, progress)
+    report.verdict, report.advice = verdict(report)
+    return report
+
+
+@dataclass
+class _Plan:
+    """What :func:`diagnose` measures: the backbone's ``adapter``, groups of ``tau`` (``num_groups`` per
+    example) in every mode, the verdict's ``mode``, at most ``examples`` examples (the informed group on the
+    first ``informed_examples``), on ``device``; ``own``: the SOP model measured with its own groups, or ``None``."""
+
+    adapter: BackboneAdapter
+    tau: float
+    num_groups: int
+    mode: str
+    examples: int
+    informed_examples: int
+    device: torch.device
+    own: SOP | None
+
+
+def _measure(plan: _Plan, batches: Iterable[Any], generator: torch.Generator, progress: bool) -> Diagnosis:
+    """The :class:`Diagnosis` of ``plan`` over ``batches`` (random groups drawn with ``generator``), without
+    its verdict."""
+    own_sums = torch.zeros(5, dtype=torch.float64)
+    sums = {m: torch.zeros(3, dtype=torch.float64) for m in plan.adapter.supported_modes}
     full = seen = informed = informed_seen = 0
     counts = torch.zeros(0, dtype=torch.long)  # examples per class of the truth measured against
     used_labels = True
-    bar = tqdm(total=examples, desc="sopfast diagnose", disable=not progress, leave=False)
+    bar = tqdm(total=plan.examples, desc="sopfast diagnose", disable=not progress, leave=False)
     with torch.no_grad():
-        for raw in _batches(data, examples, batch_size, generator):
-            batch = parse_batch(raw).to(run_device)
-            n = min(len(batch), examples - seen)
-            inputs = adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs())).rows(slice(0, n))
-            logits = adapter.full_forward(inputs)[0].float()
-            check_finite(logits, adapter, "its output on the data")
+        for raw in batches:
+            batch = parse_batch(raw).to(plan.device)
+            n = min(len(batch), plan.examples - seen)
+            inputs = plan.adapter.prepare(**cast(dict[str, Any], batch.adapter_inputs())).rows(slice(0, n))
+            logits = plan.adapter.full_forward(inputs)[0].float()
+            check_finite(logits, plan.adapter, "its output on the data")
             if batch.labels is None or batch.labels.dim() != 1:
                 used_labels = False
                 truth = logits.argmax(-1)
@@ -276,30 +301,30 @@ def diagnose(
                 truth = check_labels(batch.labels[:n], int(logits.shape[-1]))
             counts = _count(counts, truth)
             full += int((logits.argmax(-1) == truth).sum())
-            masks = random_groups(adapter.candidate_mask(inputs), tau, num_groups, generator)
-            for group_mode in adapter.supported_modes:
-                group_logits = run_mask_sets(adapter, inputs, masks.to(run_device), group_mode).logits.float()
-                check_finite(group_logits, adapter, f"its output on random groups in {group_mode} mode")
+            masks = random_groups(plan.adapter.candidate_mask(inputs), plan.tau, plan.num_groups, generator)
+            for group_mode in plan.adapter.supported_modes:
+                group_logits = run_mask_sets(plan.adapter, inputs, masks.to(plan.device), group_mode).logits.float()
+                check_finite(group_logits, plan.adapter, f"its output on random groups in {group_mode} mode")
                 sums[group_mode] += _group_scores(group_logits, truth).cpu()
-            if own is not None:
-                own_sums += own_group_scores(own, inputs, logits, truth, chosen_mode)
-            take = min(n, informed_examples - informed_seen)
+            if plan.own is not None:
+                own_sums += own_group_scores(plan.own, inputs, logits, truth, plan.mode)
+            take = min(n, plan.informed_examples - informed_seen)
             if take > 0:
                 rows = slice(0, take)
-                group = informed_group(adapter, inputs.rows(rows), logits[rows].argmax(-1), tau, chosen_mode)
+                group = informed_group(plan.adapter, inputs.rows(rows), logits[rows].argmax(-1), plan.tau, plan.mode)
                 informed += int((group.argmax(-1) == truth[rows]).sum())
                 informed_seen += take
             seen += n
             bar.update(n)
-            if seen >= examples:
+            if seen >= plan.examples:
                 break
     bar.close()
     if seen == 0:
         raise ValueError("diagnose: data yielded no examples")
-    report = Diagnosis(
-        tau=tau,
-        num_groups=num_groups,
-        mode=chosen_mode,
+    return Diagnosis(
+        tau=plan.tau,
+        num_groups=plan.num_groups,
+        mode=plan.mode,
         examples=seen,
         chance=int(counts.max()) / seen,
         full_accuracy=full / seen,
@@ -307,10 +332,8 @@ def diagnose(
         labels="labels" if used_labels else "backbone predictions",
         informed_group=informed / informed_seen if informed_seen else None,
         informed_examples=informed_seen,
-        own_groups=None if own is None else OwnGroups(*(own_sums / seen).tolist()),
+        own_groups=None if plan.own is None else OwnGroups(*(own_sums / seen).tolist()),
     )
-    report.verdict, report.advice = verdict(report)
-    return report
 
 
 def diagnose_run(model: SOP, data: Any, config: Any, device: torch.device, write: Any) -> dict[str, Any]:
@@ -360,63 +383,6 @@ def saved_diagnosis(output_dir: Path | None, records: Iterable[dict[str, Any]] =
             logger.warning("%s is damaged (%s): moved aside to %s", path, " ".join(str(err).split()), aside.name)
     logged = [r for r in records if r.get("event") == "diagnosis"]
     return {k: v for k, v in logged[-1].items() if k not in ("event", "step")} if logged else None
-
-
-def verdict(report: Diagnosis) -> tuple[str, list[str]]:
-    """The plain-words verdict on ``report`` and what to do about it."""
-    kept = report.retained()
-    share = f"{report.tau:.0%}"
-    if report.full_accuracy <= report.chance + 0.05:
-        text = (
-            f"at chance: the backbone itself scores {report.full_accuracy:.3f} on whole inputs (chance "
-            f"{report.chance:.3f}), and SOP cannot be more accurate than its backbone"
-        )
-        return text, [
-            "check that the backbone was trained for these labels (its label names and order), and the "
-            "preprocessing (--image-mean/--image-std, --image-size, the tokenizer)"
-        ]
-    if kept >= ROBUST:
-        text = (
-            f"robust: one random group of {share} of the features keeps {kept:.0%} of the accuracy above chance "
-            f"in {report.mode} mode, so SOP has room to learn groups better than random ones"
-        )
-        advice: list[str] = []
-    elif kept >= BLIND:
-        text = (
-            f"fragile: one random group of {share} of the features keeps only {kept:.0%} of the accuracy above "
-            f"chance in {report.mode} mode; SOP's groups will cost accuracy and learn slowly"
-        )
-        advice = [_ADAPT, _RAISE_TAU]
-    else:
-        text = (
-            f"blind: the backbone barely predicts from {share} of its features ({kept:.0%} of its accuracy above "
-            f"chance in {report.mode} mode); SOP can learn little over it as it is"
-        )
-        advice = [_ADAPT, _RAISE_TAU]
-    better = [
-        m
-        for m in report.random_groups
-        if m != report.mode and report.random_groups[m].one_group > report.random_groups[report.mode].one_group + 0.1
-    ]
-    if better:
-        advice.append(f"mode={better[0]!r} (--mode {better[0]}) keeps more of the accuracy on this backbone")
-    groups = report.random_groups
-    if report.mode == "drop" and "exact" in groups and groups["drop"].one_group > groups["exact"].one_group + 0.1:
-        advice.append(
-            f"drop and exact disagree on this backbone: one random group scores {groups['drop'].one_group:.3f} in drop "
-            f"but {groups['exact'].one_group:.3f} in exact, the backbone's own function on masked inputs; SOP in drop "
-            "explains what the backbone computes on the kept features alone, so check its agreement with the "
-            "backbone after training (sopfast evaluate --metrics accuracy agreement bounds)"
-        )
-    return text, advice
-
-
-_ADAPT = (
-    "adapt a copy of the backbone to masked inputs first (sopfast adapt / sopfast.adapt_backbone): it makes groups "
-    "predictive for a little accuracy on full inputs (2-3 points on the demo's ViT), but SOP then explains the "
-    "adapted copy, not your original model"
-)
-_RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
 
 
 def informed_group(

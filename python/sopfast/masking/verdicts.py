@@ -3,6 +3,8 @@ the verdict's thresholds, and the refusal of a backbone whose outputs are not fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..adapters import BackboneAdapter
@@ -42,3 +44,60 @@ def below_the_bar(diagnosis: dict | None, best_accuracy: float | None, provenanc
         f'not learned reach in the diagnostic{agrees}: train longer, or see docs/training.md ("Before the '
         'first step: what the backbone allows")'
     )
+
+
+def verdict(report: Any) -> tuple[str, list[str]]:
+    """The plain-words verdict on ``report`` (a :class:`sopfast.masking.diagnose.Diagnosis`) and what to do about it."""
+    kept = report.retained()
+    share = f"{report.tau:.0%}"
+    if report.full_accuracy <= report.chance + 0.05:
+        text = (
+            f"at chance: the backbone itself scores {report.full_accuracy:.3f} on whole inputs (chance "
+            f"{report.chance:.3f}), and SOP cannot be more accurate than its backbone"
+        )
+        return text, [
+            "check that the backbone was trained for these labels (its label names and order), and the "
+            "preprocessing (--image-mean/--image-std, --image-size, the tokenizer)"
+        ]
+    if kept >= ROBUST:
+        text = (
+            f"robust: one random group of {share} of the features keeps {kept:.0%} of the accuracy above chance "
+            f"in {report.mode} mode, so SOP has room to learn groups better than random ones"
+        )
+        advice: list[str] = []
+    elif kept >= BLIND:
+        text = (
+            f"fragile: one random group of {share} of the features keeps only {kept:.0%} of the accuracy above "
+            f"chance in {report.mode} mode; SOP's groups will cost accuracy and learn slowly"
+        )
+        advice = [_ADAPT, _RAISE_TAU]
+    else:
+        text = (
+            f"blind: the backbone barely predicts from {share} of its features ({kept:.0%} of its accuracy above "
+            f"chance in {report.mode} mode); SOP can learn little over it as it is"
+        )
+        advice = [_ADAPT, _RAISE_TAU]
+    better = [
+        m
+        for m in report.random_groups
+        if m != report.mode and report.random_groups[m].one_group > report.random_groups[report.mode].one_group + 0.1
+    ]
+    if better:
+        advice.append(f"mode={better[0]!r} (--mode {better[0]}) keeps more of the accuracy on this backbone")
+    groups = report.random_groups
+    if report.mode == "drop" and "exact" in groups and groups["drop"].one_group > groups["exact"].one_group + 0.1:
+        advice.append(
+            f"drop and exact disagree on this backbone: one random group scores {groups['drop'].one_group:.3f} in drop "
+            f"but {groups['exact'].one_group:.3f} in exact, the backbone's own function on masked inputs; SOP in drop "
+            "explains what the backbone computes on the kept features alone, so check its agreement with the "
+            "backbone after training (sopfast evaluate --metrics accuracy agreement bounds)"
+        )
+    return text, advice
+
+
+_ADAPT = (
+    "adapt a copy of the backbone to masked inputs first (sopfast adapt / sopfast.adapt_backbone): it makes groups "
+    "predictive for a little accuracy on full inputs (2-3 points on the demo's ViT), but SOP then explains the "
+    "adapted copy, not your original model"
+)
+_RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
