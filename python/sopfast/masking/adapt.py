@@ -179,31 +179,8 @@ def adapt_backbone(
     if steps is None and not isinstance(loader, Sized):
         raise ValueError("train_data has no length: give steps=")
     total = steps if steps is not None else max(MIN_STEPS, len(cast(Sized, loader)))
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = adamw([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor("cosine", max(1, total // 20), total))
-    adapted.train()
-    bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
-    for step, raw in zip(range(total), _cycle(loader)):
-        batch = parse_batch(raw).to(run_device)
-        if label_weight > 0 and (batch.labels is None or (batch.labels.dim() == 1) != (task == "classification")):
-            what = "class labels" if task == "classification" else "regression targets [B, C]"
-            raise ValueError(
-                f"adapt_backbone needs {what} in every batch ((x, y) pairs or 'labels'), or label_weight=0"
-            )
-        inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
-        loss = _loss(student, teacher, inputs, batch.labels, (label_weight, teacher_weight), generator, task)
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise ValueError(_non_finite_loss(value, step + 1, lr, adapted, teacher, inputs))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(adapted.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        bar.update(1)
-        bar.set_postfix(loss=f"{value:.3f}")
-    bar.close()
+    generator, weights = torch.Generator().manual_seed(seed), (label_weight, teacher_weight)
+    _fine_tune(student, teacher, _cycle(loader), total, lr, weights, generator, task, progress)
     adapted.eval().requires_grad_(False)
     after = diagnose(student, val_data, **diagnostics)
     settings = {
@@ -231,6 +208,47 @@ def adapt_backbone(
     if output_dir is not None:
         result.output_dir = save_adapted(adapted, provenance, output_dir, source, overwrite=overwrite)
     return result
+
+
+def _fine_tune(
+    student: BackboneAdapter,
+    teacher: BackboneAdapter,
+    batches: Iterator[Any],
+    total: int,
+    lr: float,
+    weights: tuple[float, float],
+    generator: torch.Generator,
+    task: str,
+    progress: bool,
+) -> None:
+    """``total`` optimizer steps of the ``student``'s backbone (the copy) on ``batches``, under random feature
+    masking, towards the labels and the ``teacher``'s whole-input prediction (``weights``: theirs), with the
+    fused AdamW and the schedule of :mod:`sopfast.schedules` (5 % warm-up, then cosine)."""
+    adapted, device = student.backbone, module_device(teacher.backbone)
+    optimizer = adamw([p for p in adapted.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor("cosine", max(1, total // 20), total))
+    adapted.train()
+    bar = tqdm(total=total, desc="sopfast adapt", disable=not progress)
+    for step, raw in zip(range(total), batches):
+        batch = parse_batch(raw).to(device)
+        if weights[0] > 0 and (batch.labels is None or (batch.labels.dim() == 1) != (task == "classification")):
+            what = "class labels" if task == "classification" else "regression targets [B, C]"
+            raise ValueError(
+                f"adapt_backbone needs {what} in every batch ((x, y) pairs or 'labels'), or label_weight=0"
+            )
+        inputs = teacher.prepare(**cast(dict[str, Any], batch.adapter_inputs()))
+        loss = _loss(student, teacher, inputs, batch.labels, weights, generator, task)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise ValueError(_non_finite_loss(value, step + 1, lr, adapted, teacher, inputs))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(adapted.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.3f}")
+    bar.close()
 
 
 def _check_finite_parameters(model: nn.Module) -> None:
