@@ -76,6 +76,9 @@ def test_sop_lists_the_recipe_options_once_and_takes_each_given():
         "unit_lambda": False,
         "demote_blank": False,
         "keep_special_tokens": False,
+        "agreement_prior": 1.0,
+        "sufficiency_weight": 1.5,
+        "distill_weight": 0.5,
     }
     assert set(given) == set(RECIPE_OPTIONS)
     assert all(given[name] != RECIPES["sopfast"].model[name] for name in given)

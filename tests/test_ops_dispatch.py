@@ -352,11 +352,13 @@ print("ok")
 @needs_cpp
 def test_a_tiny_sop_forward_compiles_to_one_graph_through_the_ops():
     """torch.compile(fullgraph=True) of a whole SOP forward (tiny HF ViT, drop and exact): no graph break
-    anywhere, the ops in the graph, the outputs those of eager."""
+    anywhere, the ops in the graph, the outputs those of eager. The agreement prior is off: it adds the
+    backbone's own full-input forward, whose Hugging Face output-capture hooks dynamo cannot enter (a lock);
+    with it on, the next test compiles with that break."""
     from sopfast.testing import make_hf_vit
 
     backbone = make_hf_vit()
-    model = sopfast.SOP(backbone, num_groups=4, tau=0.25).eval()
+    model = sopfast.SOP(backbone, num_groups=4, tau=0.25, agreement_prior=0.0).eval()
     x = torch.randn(2, 3, backbone.config.image_size, backbone.config.image_size)
     graphs = []
 
@@ -373,6 +375,22 @@ def test_a_tiny_sop_forward_compiles_to_one_graph_through_the_ops():
         code = graphs[0].code
         assert len(graphs) == 1 and "sopfast.top_tau" in code and "sopfast.group_select" in code, code
         assert ("sopfast.gather_tokens" in code) == (mode == "drop")
+
+
+def test_a_sop_forward_with_the_agreement_prior_compiles_to_the_eager_outputs():
+    """The default recipe's agreement prior (the backbone's full-input forward in the selector) under
+    torch.compile without fullgraph: the outputs those of eager, in both modes."""
+    from sopfast.testing import make_hf_vit
+
+    backbone = make_hf_vit()
+    model = sopfast.SOP(backbone, num_groups=4, tau=0.25).eval()
+    assert model.config["agreement_prior"] > 0
+    x = torch.randn(2, 3, backbone.config.image_size, backbone.config.image_size)
+    for mode in ("drop", "exact"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t, mode=mode: model(t, mode=mode).logits)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x, mode=mode).logits)
 
 
 @needs_cpp
