@@ -398,11 +398,9 @@ class SOP(HubMixin, nn.Module):
 
     def reference_logits(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, C]`` (fp32): the frozen backbone's logits on the whole ``inputs`` (its own function, no
-        gradient): what SOP's prediction is compared with (agreement) and what ``agreement_prior`` selects by;
-        kept for the last inputs (:class:`sopfast.model.agreement.FullInputLogits`); ``[0, C]`` for an empty batch."""
-        if inputs.batch_size == 0:
-            return torch.zeros(0, self.num_classes, device=inputs.device)
-        return self._reference(inputs)
+        gradient; ``[0, C]`` for an empty batch): what SOP's prediction is compared with (agreement) and what
+        ``agreement_prior`` selects by; kept for the last inputs (:class:`sopfast.model.agreement.FullInputLogits`)."""
+        return self._reference(inputs) if inputs.batch_size else torch.zeros(0, self.num_classes, device=inputs.device)
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
         """Examples per chunk of an inference forward (about ``TOKENS_PER_EXAMPLE_CHUNK`` input tokens);
