@@ -155,10 +155,9 @@ def quality_chart(path: str = QUALITY, research: str = RESEARCH) -> str:
         ax.set_ylim(0, 1)
         ax.set_title("agreement with the backbone's prediction" if metric == "agreement" else "accuracy", fontsize=10)
     axes[0].legend(fontsize=8, loc="lower left", handles=axes[0].get_legend_handles_labels()[0])
-    fig.suptitle(
-        "SOP at τ = 0.2, m = 20 (text: m = 8), 1,000 test images (text: 500); bars: mean, lines: range over seeds",
-        fontsize=9,
-    )
+    text = "minilm" in backbones
+    where = "m = 20 (text: m = 8), 1,000 test images (text: 500)" if text else "m = 20, 1,000 Fashion-MNIST test images"
+    fig.suptitle(f"SOP at τ = 0.2, {where}; bars: mean, lines: range over seeds", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=130)
