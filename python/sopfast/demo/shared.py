@@ -37,12 +37,15 @@ def sop_accuracy(model: SOP, batches: list[Batch], mode: str) -> tuple[float, fl
     with torch.no_grad():
         for batch in batches:
             labels = batch_labels(batch)
-            out = model(**batch.model_inputs(), mode=mode)
-            pred = out.logits.argmax(-1)
-            correct += int((pred == labels).sum())
-            active += int(out.active_groups.gather(1, pred[:, None]).sum())
-            total += len(labels)
+            right, used = _correct_and_used(model(**batch.model_inputs(), mode=mode), labels)
+            correct, active, total = correct + right, active + used, total + len(labels)
     return correct / max(1, total), active / max(1, total)
+
+
+def _correct_and_used(out: Any, labels: torch.Tensor) -> tuple[int, int]:
+    """How many of ``out``'s predictions equal ``labels [B]``, and the groups used for them, summed."""
+    pred = out.logits.argmax(-1)
+    return int((pred == labels).sum()), int(out.active_groups.gather(1, pred[:, None]).sum())
 
 
 def train_sop(
@@ -87,9 +90,9 @@ def record_accuracy(results: dict, model: SOP, batches: list[Batch]) -> None:
             labels = batch_labels(batch)
             outs = {mode: model(**batch.model_inputs(), mode=mode) for mode in ("exact", "drop")}
             for mode, out in outs.items():
-                pred = out.logits.argmax(-1)
-                counts[mode] += int((pred == labels).sum())
-                counts[f"active_{mode}"] += int(out.active_groups.gather(1, pred[:, None]).sum())
+                right, used = _correct_and_used(out, labels)
+                counts[mode] += right
+                counts[f"active_{mode}"] += used
             same = outs["exact"].logits.argmax(-1) == outs["drop"].logits.argmax(-1)
             same_groups = outs["exact"].group_logits.argmax(-1) == outs["drop"].group_logits.argmax(-1)
             counts["final"] += int(same.sum())
