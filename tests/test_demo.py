@@ -42,15 +42,18 @@ def _said_phases(printed: str) -> int:
 def test_each_phase_says_its_expected_time_on_two_cores_when_measured(capsys):
     from sopfast.demo.phases import EXPECTED, Phases
 
-    phases = Phases(2, "default")
+    phases = Phases(3, "default")
     with phases.phase("training SOP", "sop"):
         pass
-    with phases.phase("something never timed", "unknown"):
+    with phases.phase("something never timed", "unknown", unless="seconds when cached"):
+        pass
+    with phases.phase("the backbone", "backbone", unless="seconds when an earlier run cached it"):
         pass
     printed = capsys.readouterr().out.splitlines()
     assert "sop" in EXPECTED["default"]
-    assert printed[0].startswith("[1/2] training SOP, about ") and printed[0].endswith(" on 2 CPU cores")
-    assert printed[2] == "[2/2] something never timed" and printed[3].startswith("[2/2] done in ")
+    assert printed[0].startswith("[1/3] training SOP, about ") and printed[0].endswith(" on 2 CPU cores")
+    assert printed[2] == "[2/3] something never timed" and printed[3].startswith("[2/3] done in ")
+    assert printed[4].endswith(" on 2 CPU cores (seconds when an earlier run cached it)")
 
 
 def test_image_demo_quick(image_demo):

@@ -35,11 +35,14 @@ class Phases:
         self.total, self.done, self.expected = total, 0, EXPECTED.get(scale, {})
 
     @contextmanager
-    def phase(self, title: str, kind: str) -> Iterator[None]:
-        """Print ``title`` numbered, with the time a ``kind`` of phase is expected to take, then its duration."""
+    def phase(self, title: str, kind: str, unless: str = "") -> Iterator[None]:
+        """Print ``title`` numbered, with the time a ``kind`` of phase is expected to take (and ``unless``, when
+        the phase can be much shorter: ``"seconds when an earlier run cached it"``), then its duration."""
         self.done += 1
         expected = self.expected.get(kind)
         when = f", {_about(expected)} on 2 CPU cores" if expected else ""
+        if expected and unless:
+            when += f" ({unless})"
         print(f"[{self.done}/{self.total}] {title}{when}", flush=True)
         start = time.perf_counter()
         yield

@@ -203,7 +203,8 @@ def run_image_demo(
 
     quick = scale is SCALES["quick"]
     train_data, test_data = _load_images(quick)
-    with phases.phase("the backbone: a small ViT trained the ordinary way", "backbone"):
+    cached = "seconds when an earlier run cached it" if cache else ""
+    with phases.phase("the backbone: a small ViT trained the ordinary way", "backbone", unless=cached):
         backbone, grid = _image_backbone(train_data, scale, device, seed, cache)
     x_test, y_test = test_data.x.to(device), test_data.y.to(device)
     n_eval, n_sop, n_curve = scale.eval_images, scale.sop_images, scale.curve_images
