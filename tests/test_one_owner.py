@@ -79,6 +79,7 @@ def test_sop_lists_the_recipe_options_once_and_takes_each_given():
         "agreement_prior": 1.0,
         "sufficiency_weight": 1.5,
         "distill_weight": 0.5,
+        "explore": 0.25,
     }
     assert set(given) == set(RECIPE_OPTIONS)
     assert all(given[name] != RECIPES["sopfast"].model[name] for name in given)

@@ -11,7 +11,7 @@ import torch
 import sopfast
 from sopfast.evaluation.methods import SOPMethod
 from sopfast.model.checkpoint import save_pretrained
-from sopfast.model.generator import GroupGenerator, diverse_positions
+from sopfast.model.generator import GroupGenerator, diverse_positions, gumbel_noise
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 
 
@@ -429,8 +429,38 @@ def test_research_options_survive_a_checkpoint(tmp_path):
         ({"saliency_levels": ()}, ValueError, r"saliency_levels must be a non-empty sequence .* got \(\)"),
         ({"saliency_levels": "0.2"}, ValueError, r"saliency_levels must be a non-empty sequence .* got '0.2'"),
         ({"saliency_levels": (0.2, "a")}, TypeError, r"saliency_levels\[1\] must be a float in \(0, 1\], got 'a'"),
+        ({"explore": -0.5}, ValueError, r"explore must be a finite number ≥ 0.0, got -0.5"),
+        ({"explore": "a"}, TypeError, r"explore must be a finite number ≥ 0.0, got 'a' \(str\)"),
     ],
 )
 def test_bad_research_options_name_what_is_allowed(options, error, match):
     with pytest.raises(error, match=match):
         sopfast.SOP(make_hf_vit(), **options)
+
+
+def test_gumbel_noise_is_standard_gumbel():
+    torch.manual_seed(0)
+    sample = gumbel_noise(torch.empty(200_000))
+    assert abs(float(sample.mean()) - 0.5772) < 0.01  # the Euler–Mascheroni constant
+    assert abs(float(sample.var()) - math.pi**2 / 6) < 0.03
+    assert bool(torch.isfinite(sample).all())
+
+
+def test_explore_draws_groups_near_the_generators_own_in_training_only():
+    torch.manual_seed(0)
+    model = sopfast.SOP(make_hf_vit(), num_groups=6, tau=0.25, explore=0.5)
+    inputs = model.prepare(torch.randn(4, 3, 32, 32))
+    own = model.eval().make_groups(inputs).mask
+    assert torch.equal(model.make_groups(inputs).mask, own)  # evaluation: no noise
+    model.train()
+    torch.manual_seed(1)
+    drawn = model.make_groups(inputs)
+    torch.manual_seed(2)
+    again = model.make_groups(inputs).mask
+    assert not torch.equal(drawn.mask, own) and not torch.equal(again, drawn.mask)
+    kept = (drawn.mask & own).sum() / own.sum()
+    assert 0.5 < float(kept) < 1.0  # near the generator's choice, not a random group
+    drawn.lam.sum().backward()
+    assert model.generator.heads[0].grad is not None and model.generator.heads[0].grad.abs().sum() > 0
+    model.explore = 0.0
+    assert torch.equal(model.make_groups(inputs).mask, own)

@@ -62,6 +62,7 @@ def test_sopfast_is_the_research_winner():
         "agreement_prior": 3.0,
         "sufficiency_weight": 4.0,
         "distill_weight": 0.0,
+        "explore": 0.0,
     }
     assert RECIPES["sopfast"].training == {"lr": 1e-3, "warmup_ratio": 0.05}
     model = sopfast.SOP(make_hf_vit())

@@ -58,7 +58,7 @@ METRICS = ["accuracy", "agreement", "bounds", "diversity", "grounding"]
 
 #: The 0.5.3 default recipe's options that 0.6 changed: every row is written over them, so that a row means
 #: the same with either version's default.
-RECIPE_053 = {"saliency_weight": 1.0, "agreement_prior": 0.0, "sufficiency_weight": 0.0}
+RECIPE_053 = {"saliency_weight": 1.0, "agreement_prior": 0.0, "sufficiency_weight": 0.0, "explore": 0.0}
 # name: (what it tests, SOP options over the 0.5.3 recipe, options set only for the evaluation)
 ROWS: dict[str, tuple[str, dict, dict]] = {
     "recipe": ("the default recipe of 0.5.3", {}, {}),
@@ -100,6 +100,42 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "prior3-suff4-sal0": (
         "agreement prior 3 + sufficiency 4, no saliency teacher",
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff8-sal0": (
+        "agreement prior 3 + sufficiency 8, no saliency teacher",
+        {"agreement_prior": 3.0, "sufficiency_weight": 8.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff16-sal0": (
+        "agreement prior 3 + sufficiency 16, no saliency teacher",
+        {"agreement_prior": 3.0, "sufficiency_weight": 16.0, "saliency_weight": 0.0},
+        {},
+    ),
+    "prior3-suff4-sal0-explore0.5": (
+        "the 0.6 default + exploration 0.5 (Gumbel noise on the generator's logits when training picks the groups)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
+        {},
+    ),
+    "prior3-suff4-sal0-explore1": (
+        "the 0.6 default + exploration 1 (at 1 each group is a Plackett–Luce draw from the attention)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 1.0},
+        {},
+    ),
+    "prior3-suff8-sal0-explore0.5": (
+        "agreement prior 3 + sufficiency 8, no teacher, Gumbel exploration 0.5",
+        {"agreement_prior": 3.0, "sufficiency_weight": 8.0, "saliency_weight": 0.0, "explore": 0.5},
+        {},
+    ),
+    "prior3-suff4-sal0-div2-explore0.5": (
+        "agreement prior 3 + sufficiency 4, no teacher, overlap penalty 2, Gumbel exploration 0.5",
+        {
+            "agreement_prior": 3.0,
+            "sufficiency_weight": 4.0,
+            "saliency_weight": 0.0,
+            "diversity_weight": 2.0,
+            "explore": 0.5,
+        },
         {},
     ),
     "prior3-suff1-div32": (
@@ -267,6 +303,28 @@ def table(path: str = RESULTS) -> str:
     return "\n".join(out)
 
 
+def curves_table(path: str = CURVES) -> str:
+    """SOP's and random groups' accuracy at each τ and group count m (``--curves`` records): mean and range
+    over the seeds of each (backbone, row); with m = 1 there is nothing to select, so the groups alone compare."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            rows.setdefault((r["backbone"], r["row"]), []).append(r)
+    keys = [f"{tau:g}/{m}" for tau in TAUS for m in CURVE_COUNTS]
+    head = " | ".join(f"τ = {k.split('/')[0]}, m = {k.split('/')[1]}" for k in keys)
+    out = [
+        "\nAccuracy over the group count m (`--curves`; SOP / random groups through the same selector)\n",
+        f"| backbone | row | seeds | {head} |",
+        "|" + "---|" * (3 + len(keys)),
+    ]
+    for (backbone, row), records in sorted(rows.items()):
+        cells = [f"{_cell([r['SOP'][k] for r in records])} / {_cell([r['Random'][k] for r in records])}" for k in keys]
+        seeds = ",".join(str(r["seed"]) for r in records)
+        out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
 def _cell(values: list, digits: int = 3) -> str:
     values = [v for v in values if v is not None]
     if not values:
@@ -300,7 +358,7 @@ def main() -> None:
                 flush=True,
             )
     if args.table:
-        text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + table()
+        text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + table() + "\n" + curves_table()
         with open(os.path.join(HERE, "agreement_research.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         print(text)

@@ -6,7 +6,8 @@ on the 1,000 PNGs of the test split, against random groups through the same sele
 
     python bench/quality/first_user.py --out /tmp/first-user [--adapt]
 
-Writes ``bench/quality/first_user.json`` (``first_user_adapted.json`` with ``--adapt``) and prints a
+Writes ``bench/quality/first_user.json`` (``first_user_adapted.json`` with ``--adapt``; ``_seed<N>`` added
+with ``--seed N``, the training seed) and prints a
 Markdown table: the backbone's accuracy, the diagnostic the run printed (one random group, the bar of
 groups that are not learned), the trained SOP's accuracy and distinct groups of 20, random groups',
 the steps, why training stopped and the wall time.  Everything runs through the CLI, as a user would.
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--train-images", type=int, default=600)
     parser.add_argument("--test-images", type=int, default=1000)
     parser.add_argument("--adapt", action="store_true", help="run sopfast adapt on the folder first")
+    parser.add_argument("--seed", type=int, default=0, help="sopfast train --seed (0, the default, is not passed)")
     args = parser.parse_args()
     train, test = image_data()
     backbone_dir, data_dir = os.path.join(args.out, "backbone"), os.path.join(args.out, "data")
@@ -93,7 +95,8 @@ def main() -> None:
         backbone_dir = adapted_dir
     adapt_seconds = time.perf_counter() - start
     run_dir = os.path.join(args.out, "run-adapted" if args.adapt else "run")
-    cli("train", "--backbone", backbone_dir, "--data", data_dir, "--output-dir", run_dir, "--no-progress")
+    seed = ["--seed", str(args.seed)] if args.seed else []
+    cli("train", "--backbone", backbone_dir, "--data", data_dir, "--output-dir", run_dir, "--no-progress", *seed)
     seconds = time.perf_counter() - start
     trained = evaluate(
         ["--checkpoint", run_dir, "--baselines", "random"],
@@ -124,8 +127,9 @@ def main() -> None:
         "adapt_seconds": adapt_seconds,
         "train_seconds": seconds - adapt_seconds,
         "threads": torch.get_num_threads(),
+        "seed": args.seed,
     }
-    name = "first_user_adapted.json" if args.adapt else "first_user.json"
+    name = ("first_user_adapted" if args.adapt else "first_user") + (f"_seed{args.seed}" if args.seed else "") + ".json"
     with open(os.path.join(HERE, name), "w") as f:
         json.dump(result, f, indent=2)
     print("| quantity | value |\n|---|---|")

@@ -234,14 +234,27 @@ class GroupGenerator(nn.Module):
         deletion: bool = False,
         grid: tuple[int, int] | None = None,
         demote: torch.Tensor | None = None,
+        explore: float = 0.0,
     ) -> Groups:
         """Groups from feature embeddings ``emb [B, d, E]`` (``valid [B, d]`` bool or ``None``; ``demote``
-        see :meth:`logits`)."""
+        see :meth:`logits`).  ``explore > 0`` adds ``explore ·`` standard Gumbel noise to the logits before
+        the top τ (and λ, the attention) are taken: each group is then a draw near the generator's choice
+        (at 1, a Plackett–Luce draw from its attention), so that a reward on λ can find better groups
+        (``SOP(explore=...)``, in training only)."""
         b, d, _ = emb.shape
         every = torch.ones(b, d, dtype=torch.bool, device=emb.device) if valid is None else valid
         with torch.autocast(device_type=emb.device.type, enabled=False):
             s = self.logits(emb, every, num_groups, head, demote)
+        if explore > 0:
+            s = s + explore * gumbel_noise(s)
         return self.binarise(s, valid, tau, deletion, grid)
+
+
+def gumbel_noise(like: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel samples ``−log(−log U)`` (``U`` uniform in (0, 1), from torch's global generator) shaped
+    and typed like ``like``."""
+    u = torch.rand_like(like).clamp(1e-10, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
 
 
 def check_finite_lam(lam: torch.Tensor) -> None:

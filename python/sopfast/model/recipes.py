@@ -102,6 +102,7 @@ RECIPES: dict[str, Recipe] = {
             "agreement_prior": 0.0,
             "sufficiency_weight": 0.0,
             "distill_weight": 0.0,
+            "explore": 0.0,
         },
         training={"lr": 5e-6, "warmup_ratio": 0.0},
     ),
@@ -128,6 +129,7 @@ RECIPES: dict[str, Recipe] = {
             "agreement_prior": 3.0,
             "sufficiency_weight": 4.0,
             "distill_weight": 0.0,
+            "explore": 0.0,
         },
         training={"lr": 1e-3, "warmup_ratio": 0.05},
         mode="drop",
@@ -195,6 +197,7 @@ def check_options(options: dict[str, Any], adapter: Any, task: str = "classifica
     out["group_gen_scale"] = check_number("group_gen_scale", options["group_gen_scale"], 0.0, above=True)
     out["diversity_weight"] = check_number("diversity_weight", options["diversity_weight"], 0.0)
     out["saliency_weight"] = check_number("saliency_weight", options["saliency_weight"], 0.0)
+    out["explore"] = check_number("explore", options["explore"], 0.0)
     for name in CLASSIFICATION_ONLY:
         out[name] = check_number(name, options[name], 0.0)
         if out[name] > 0 and task != "classification":

@@ -113,6 +113,7 @@ class SOP(HubMixin, nn.Module):
             recipe; 0 is the paper's loss; classification only).
         distill_weight: in training, add ``distill_weight ·`` the KL divergence of SOP's class distribution from
             the backbone's on the whole input (from the recipe; 0 is the paper's loss; classification only).
+        explore: in training, ``explore ·`` Gumbel noise on the generator's logits before the top τ (from the recipe).
         deletion: groups keep the lowest-attention features instead of the highest.
         group_batch_size: groups per backbone call (bounds memory); ``None`` picks about
             ``TOKENS_PER_CALL`` (4,096; 65,536 on a GPU; 2,048 in ``exact`` on the CPU) tokens per call.
@@ -166,6 +167,7 @@ class SOP(HubMixin, nn.Module):
         agreement_prior: float | None = None,
         sufficiency_weight: float | None = None,
         distill_weight: float | None = None,
+        explore: float | None = None,
         deletion: bool = False,
         group_batch_size: int | None = None,
         checkpoint_projection: bool | None = None,
@@ -202,7 +204,7 @@ class SOP(HubMixin, nn.Module):
         self.diversity_weight, self.saliency_weight = options["diversity_weight"], options["saliency_weight"]
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
-        self.agreement_prior = options["agreement_prior"]
+        self.agreement_prior, self.explore = options["agreement_prior"], options["explore"]
         self.sufficiency_weight, self.distill_weight = options["sufficiency_weight"], options["distill_weight"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
         self.mode = self.recipe.default_mode(self.adapter) if mode is None else mode
@@ -343,11 +345,9 @@ class SOP(HubMixin, nn.Module):
         self._compile_for(inputs.device)
         widths = self.adapter.drop_widths(inputs, tau)  # before the projection pass: no GPU sync later
         emb = self.adapter.embed(self.projection, inputs)
-        head = self.epoch % self.generator.num_heads if self.training else None
+        head, explore = (self.epoch % self.generator.num_heads, self.explore) if self.training else (None, 0.0)
         grid = self.adapter.feature_grid(inputs)
-        groups = self.generator(
-            emb, valid, m, tau, head=head, deletion=self.deletion, grid=grid, demote=self.demoted(inputs)
-        )
+        groups = self.generator(emb, valid, m, tau, head, self.deletion, grid, self.demoted(inputs), explore)
         groups.drop_widths = widths
         return groups
 
