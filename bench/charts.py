@@ -4,8 +4,8 @@
   ratio measured side by side with the authors' algorithm in one run and written in a committed results
   file; :data:`SPEED` names the file and the text it appears as, and ``tests/test_charts.py`` checks that
   each value still stands there, so the chart cannot drift from the measurements.
-* Quality: accuracy and agreement with the backbone of SOP with the 0.5.3 and the 0.6 recipe and of random
-  groups through the 0.6 selector, per backbone, read from ``bench/quality/agreement_research.jsonl`` (every
+* Quality: accuracy and agreement with the backbone of SOP with the 0.5.3 and the 0.6.1 recipe and of random
+  groups through the 0.6.1 selector, per backbone, read from ``bench/quality/agreement_research.jsonl`` (every
   row and seed of ``bench/quality/agreement_research.py``; mean and full range over the seeds).
 
     python bench/charts.py        # writes docs/img/speed.png and docs/img/quality.png
@@ -86,7 +86,7 @@ def speed_chart(path: str = OUT) -> str:
 QUALITY = os.path.join(ROOT, "docs", "img", "quality.png")
 RESEARCH = os.path.join(ROOT, "bench", "quality", "agreement_research.jsonl")
 #: The research rows the quality chart compares (``bench/quality/agreement_research.py``'s ROWS).
-RECIPE_053, RECIPE_06 = "recipe", "prior3-suff4-sal0"
+RECIPE_053, RECIPE_NOW = "recipe", "prior3-suff4-sal0-explore0.5"
 BACKBONE_NAMES = {
     "plain": "demo ViT",
     "adapted": "its adapted copy",
@@ -106,12 +106,12 @@ def quality_rows(path: str = RESEARCH, tau: str = "tau=0.2") -> dict[tuple[str, 
             record = json.loads(line)
             bars = {
                 RECIPE_053: [("SOP, 0.5.3 recipe", "SOP")],
-                RECIPE_06: [("SOP, 0.6 recipe", "SOP"), ("random groups, 0.6 selector", "Random")],
+                RECIPE_NOW: [("SOP, 0.6.1 recipe", "SOP"), ("random groups, 0.6.1 selector", "Random")],
             }
             for bar, method in bars.get(record["row"], []):
                 for metric in ("accuracy", "agreement"):
                     out.setdefault((record["backbone"], f"{bar}|{metric}"), []).append(record[tau][method][metric])
-            if record["row"] == RECIPE_06 and "Backbone" in record[tau]:
+            if record["row"] == RECIPE_NOW and "Backbone" in record[tau]:
                 out.setdefault((record["backbone"], "backbone|accuracy"), []).append(
                     record[tau]["Backbone"]["accuracy"]
                 )
@@ -129,9 +129,9 @@ def quality_chart(path: str = QUALITY, research: str = RESEARCH) -> str:
     backbones = [
         b
         for b in BACKBONE_NAMES
-        if any(k[0] == b and RECIPE_06 for k in rows) and (b, "SOP, 0.6 recipe|accuracy") in rows
+        if any(k[0] == b and RECIPE_NOW for k in rows) and (b, "SOP, 0.6.1 recipe|accuracy") in rows
     ]
-    bars = ("SOP, 0.5.3 recipe", "SOP, 0.6 recipe", "random groups, 0.6 selector")
+    bars = ("SOP, 0.5.3 recipe", "SOP, 0.6.1 recipe", "random groups, 0.6.1 selector")
     colours = ("#bdbdbd", "#3182bd", "#fd8d3c")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
     width = 0.26

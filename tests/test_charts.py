@@ -36,5 +36,5 @@ def test_the_charts_are_drawn(tmp_path):
 def test_the_quality_chart_reads_the_committed_research():
     charts = _charts()
     rows = charts.quality_rows()
-    assert rows[("plain", "SOP, 0.6 recipe|agreement")] and rows[("plain", "SOP, 0.5.3 recipe|agreement")]
+    assert rows[("plain", "SOP, 0.6.1 recipe|agreement")] and rows[("plain", "SOP, 0.5.3 recipe|agreement")]
     assert all(0 <= v <= 1 for values in rows.values() for v in values)

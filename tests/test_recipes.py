@@ -62,7 +62,7 @@ def test_sopfast_is_the_research_winner():
         "agreement_prior": 3.0,
         "sufficiency_weight": 4.0,
         "distill_weight": 0.0,
-        "explore": 0.0,
+        "explore": 0.5,
     }
     assert RECIPES["sopfast"].training == {"lr": 1e-3, "warmup_ratio": 0.05}
     model = sopfast.SOP(make_hf_vit())
@@ -72,7 +72,8 @@ def test_sopfast_is_the_research_winner():
 
 def test_sopfast_on_text_has_the_text_research_winner():
     """Issue #34 (docs/quality.md): a 5-level teacher and an overlap penalty of 2 on text, without the agreement
-    options (unmeasured there when they became the image default); a regressor keeps the 2-level teacher."""
+    options or exploration (measured on one text model only); a regressor keeps the 2-level teacher and no
+    exploration."""
     assert RECIPES["sopfast"].model_by_modality == {
         "text": {
             "saliency_weight": 1.0,
@@ -80,19 +81,20 @@ def test_sopfast_on_text_has_the_text_research_winner():
             "diversity_weight": 2.0,
             "agreement_prior": 0.0,
             "sufficiency_weight": 0.0,
+            "explore": 0.0,
         }
     }
     assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
     text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
     assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (1.0, (0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
-    assert (text.agreement_prior, text.sufficiency_weight) == (0.0, 0.0)
-    assert (image.saliency_weight, image.diversity_weight) == (0.0, 8.0)
+    assert (text.agreement_prior, text.sufficiency_weight, text.explore) == (0.0, 0.0, 0.0)
+    assert (image.saliency_weight, image.diversity_weight, image.explore) == (0.0, 8.0, 0.5)
     given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))
     assert (given.saliency_levels, given.diversity_weight) == ((0.2, 0.6), 8.0)
     assert RECIPES["paper"].model_for("text") == RECIPES["paper"].model
     regression = sopfast.SOP(make_hf_vit(), task="regression", class_weights=torch.randn(3, 32))
     assert (regression.saliency_weight, regression.saliency_levels) == (1.0, (0.2, 0.6))
-    assert regression.agreement_prior == regression.sufficiency_weight == 0.0
+    assert regression.agreement_prior == regression.sufficiency_weight == regression.explore == 0.0
 
 
 def test_options_that_need_an_adapter_capability_are_off_where_it_lacks():
