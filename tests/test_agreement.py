@@ -128,6 +128,25 @@ def test_the_agreement_prior_hands_each_class_to_the_group_that_best_predicts_th
         assert plain(X).backbone_logits is None  # no prior, no extra backbone pass
 
 
+def test_the_prior_can_be_added_to_a_text_model_trained_without_it():
+    from sopfast.testing import make_bert, text_batch
+
+    backbone = make_bert()
+    torch.manual_seed(0)
+    trained = sopfast.SOP(backbone, num_groups=4).eval()  # the text recipe: no prior
+    assert trained.agreement_prior == 0.0
+    with_prior = sopfast.SOP(backbone, num_groups=4, agreement_prior=1e4).eval()
+    with_prior.load_state_dict(trained.state_dict())
+    ids, mask, types = text_batch()
+    with torch.no_grad():
+        before = trained(ids, mask, types).group_scores
+        trained.agreement_prior = 1e4
+        after, expected = trained(ids, mask, types), with_prior(ids, mask, types)
+    torch.testing.assert_close(after.group_scores, expected.group_scores)
+    torch.testing.assert_close(after.logits, expected.logits)
+    assert (after.group_scores - before).abs().max() > 0.1  # the prior changed the selection
+
+
 def test_random_groups_go_through_the_same_selector_with_its_prior():
     sop = model(agreement_prior=1e4)
     results = sopfast.evaluate(sop, [(X, Y)], metrics=["agreement", "bounds"], baselines=["random"], progress=False)

@@ -9,7 +9,8 @@ alone agrees), the selector bound (the label-free "first agreeing group" rule on
 the share of single groups that agree, distinct groups of 20 and the share of group patches on the
 garment.  Rows are appended to ``bench/quality/agreement_research.jsonl``; ``--table`` writes them to
 ``agreement_research.md``; ``--curves`` scores trained rows at m = 1, 5 and 20 (``agreement_curves.jsonl``).
-The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``.
+The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``; 0.6.1's is
+``prior3-suff4-sal0-explore0.5``.
 
     python bench/quality/agreement_research.py --rows recipe prior3 --seeds 0 1 [--backbone plain]
     python bench/quality/agreement_research.py --table
@@ -105,11 +106,6 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "prior3-suff8-sal0": (
         "agreement prior 3 + sufficiency 8, no saliency teacher",
         {"agreement_prior": 3.0, "sufficiency_weight": 8.0, "saliency_weight": 0.0},
-        {},
-    ),
-    "prior3-suff16-sal0": (
-        "agreement prior 3 + sufficiency 16, no saliency teacher",
-        {"agreement_prior": 3.0, "sufficiency_weight": 16.0, "saliency_weight": 0.0},
         {},
     ),
     "prior3-suff4-sal0-explore0.5": (

@@ -7,7 +7,7 @@ on the 1,000 PNGs of the test split, against random groups through the same sele
     python bench/quality/first_user.py --out /tmp/first-user [--adapt]
 
 Writes ``bench/quality/first_user.json`` (``first_user_adapted.json`` with ``--adapt``; ``_seed<N>`` added
-with ``--seed N``, the training seed) and prints a
+with ``--seed N``, the training seed, and ``_threads1`` with one torch thread) and prints a
 Markdown table: the backbone's accuracy, the diagnostic the run printed (one random group, the bar of
 groups that are not learned), the trained SOP's accuracy and distinct groups of 20, random groups',
 the steps, why training stopped and the wall time.  Everything runs through the CLI, as a user would.
@@ -129,7 +129,8 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "seed": args.seed,
     }
-    name = ("first_user_adapted" if args.adapt else "first_user") + (f"_seed{args.seed}" if args.seed else "") + ".json"
+    name = "first_user" + ("_adapted" if args.adapt else "") + (f"_seed{args.seed}" if args.seed else "")
+    name += ("_threads1" if torch.get_num_threads() == 1 else "") + ".json"
     with open(os.path.join(HERE, name), "w") as f:
         json.dump(result, f, indent=2)
     print("| quantity | value |\n|---|---|")
