@@ -71,23 +71,21 @@ def test_sopfast_is_the_research_winner():
 
 
 def test_sopfast_on_text_has_the_text_research_winner():
-    """Issue #34 (docs/quality.md): a 5-level teacher and an overlap penalty of 2 on text, without the agreement
-    options or exploration (measured on one text model only); a regressor keeps the 2-level teacher and no
-    exploration."""
+    """Issues #34 and #41 (docs/quality.md): on text an overlap penalty of 2, the agreement prior and sufficiency
+    without the teacher (a teacher given explicitly averages 5 levels), no exploration; a regressor keeps the
+    2-level teacher and no exploration."""
     assert RECIPES["sopfast"].model_by_modality == {
         "text": {
-            "saliency_weight": 1.0,
+            "saliency_weight": 0.0,
             "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9),
             "diversity_weight": 2.0,
-            "agreement_prior": 0.0,
-            "sufficiency_weight": 0.0,
             "explore": 0.0,
         }
     }
     assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
     text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
-    assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (1.0, (0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
-    assert (text.agreement_prior, text.sufficiency_weight, text.explore) == (0.0, 0.0, 0.0)
+    assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (0.0, (0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
+    assert (text.agreement_prior, text.sufficiency_weight, text.explore) == (3.0, 4.0, 0.0)
     assert (image.saliency_weight, image.diversity_weight, image.explore) == (0.0, 8.0, 0.5)
     given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))
     assert (given.saliency_levels, given.diversity_weight) == ((0.2, 0.6), 8.0)
@@ -101,7 +99,7 @@ def test_options_that_need_an_adapter_capability_are_off_where_it_lacks():
     assert set(REQUIRES) == {"saliency_weight", "keep_special_tokens"}
     vit, bert = sopfast.SOP(make_hf_vit()), sopfast.SOP(make_bert())
     assert not vit.adapter.keep_special_tokens and bert.adapter.keep_special_tokens
-    assert bert.saliency_weight == 1.0 and vit.saliency_weight == 0.0  # the image recipe has no teacher
+    assert bert.saliency_weight == vit.saliency_weight == 0.0  # no classifier recipe has a teacher (0.6.1)
     assert resolve_options(RECIPES["sopfast"], {}, bert.adapter, "regression")["saliency_weight"] == 1.0
     assert resolve_options(RECIPES["sopfast"], {}, object(), "regression")["saliency_weight"] == 0.0
     assert (
