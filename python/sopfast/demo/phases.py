@@ -14,7 +14,7 @@ from typing import Any
 #: scale never timed quietly (``full``, ``quick``), is said without a time.
 EXPECTED: dict[str, dict[str, float]] = {
     "default": {"backbone": 140.0, "sop": 30.0, "evaluate": 50.0, "adapt": 17.0},
-    "text-default": {"backbone": 95.0, "sop": 310.0, "evaluate": 250.0},
+    "text-default": {"backbone": 105.0, "sop": 155.0, "evaluate": 250.0},
 }
 
 
