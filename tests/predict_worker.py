@@ -19,7 +19,8 @@ EXAMPLES, BATCH, SHARD = 22, 3, 4
 
 
 def make_model() -> sopfast.SOP:
-    return sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, mode="drop")
+    """In eval mode, as ``predict`` runs it (in training the default recipe draws its groups with noise)."""
+    return sopfast.SOP(make_hf_vit(), num_groups=4, tau=0.25, mode="drop").eval()
 
 
 def make_data(n: int = EXAMPLES) -> TensorDataset:
