@@ -274,13 +274,19 @@ COLUMNS = (
 )
 
 
-def table(path: str = RESULTS) -> str:
-    """Mean and range over seeds of each (backbone, row): SOP and random groups at each τ."""
+def _by_row(path: str) -> dict[tuple[str, str], list[dict]]:
+    """The JSON-lines records of ``path`` grouped by (backbone, row), in file order."""
     rows: dict[tuple[str, str], list[dict]] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
             rows.setdefault((r["backbone"], r["row"]), []).append(r)
+    return rows
+
+
+def table(path: str = RESULTS) -> str:
+    """Mean and range over seeds of each (backbone, row): SOP and random groups at each τ."""
+    rows = _by_row(path)
     out = []
     for tau in TAUS:
         key = f"tau={tau:g}"
@@ -302,11 +308,7 @@ def table(path: str = RESULTS) -> str:
 def curves_table(path: str = CURVES) -> str:
     """SOP's and random groups' accuracy at each τ and group count m (``--curves`` records): mean and range
     over the seeds of each (backbone, row); with m = 1 there is nothing to select, so the groups alone compare."""
-    rows: dict[tuple[str, str], list[dict]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
-            rows.setdefault((r["backbone"], r["row"]), []).append(r)
+    rows = _by_row(path)
     keys = [f"{tau:g}/{m}" for tau in TAUS for m in CURVE_COUNTS]
     head = " | ".join(f"τ = {k.split('/')[0]}, m = {k.split('/')[1]}" for k in keys)
     out = [
