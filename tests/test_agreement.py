@@ -63,7 +63,10 @@ def test_a_model_that_disagrees_by_construction_scores_zero_agreement_everywhere
     results = sopfast.evaluate(sop, [(X, Y)], metrics=["agreement"], progress=False)
     assert results["SOP"]["agreement"] == 0.0 and results["SOP"]["agreement_kl"] > 1.0
     report = sopfast.diagnose(sop, TensorDataset(X, Y), progress=False, informed_examples=0)
-    assert report.own_groups is not None and report.own_groups.agreement == 0.0
+    own = report.own_groups
+    assert own is not None and own.agreement == 0.0
+    assert own.selector_misses == pytest.approx(own.generator_bound)  # wherever a group agrees, SOP misses it
+    assert ("the selector loses" in "\n".join(own.lines("drop"))) == (own.selector_misses > 0.05)
     sopfast.predict(sop, TensorDataset(X, Y), tmp_path / "out", progress=False)
     rows = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet"))).to_pydict()
     assert all(p != b for p, b in zip(rows["prediction"], rows["backbone_prediction"]))
@@ -95,6 +98,21 @@ def test_group_bounds_by_hand():
     assert bounds["selector_bound"].tolist() == [1.0, 1.0]
     bounds = group_bounds(group_logits, reference, torch.tensor([2, 2]))
     assert bounds["selector_bound"].tolist() == [1.0, 0.0]  # the most confident group of example 1 says 1
+    assert "selector_misses" not in bounds  # only with the method's logits
+
+
+def test_selector_misses_counts_the_inputs_where_a_group_agrees_and_the_method_does_not():
+    group_logits = torch.tensor(
+        [
+            [[3.0, 0, 0], [0, 0, 2.0]],  # group 1 agrees with the backbone (class 2)
+            [[3.0, 0, 0], [0, 0, 2.0]],  # the same groups
+            [[0, 4.0, 0], [0, 1.0, 0]],  # no group agrees with the backbone (class 0)
+        ]
+    )
+    reference = torch.tensor([[0, 0, 1.0], [0, 0, 1.0], [1.0, 0, 0]])
+    method = torch.tensor([[1.0, 0, 0], [0, 0, 1.0], [0, 1.0, 0]])  # misses, agrees, disagrees with no group agreeing
+    bounds = group_bounds(group_logits, reference, logits=method)
+    assert bounds["selector_misses"].tolist() == [1.0, 0.0, 0.0]
 
 
 def test_bounds_metric_and_the_diagnosis_of_a_trained_model_match_group_bounds():
@@ -103,13 +121,14 @@ def test_bounds_metric_and_the_diagnosis_of_a_trained_model_match_group_bounds()
     with torch.no_grad():
         out = sop(X)
         reference = sop.adapter.full_forward(sop.prepare(X))[0]
-    expected = {k: float(v.mean()) for k, v in group_bounds(out.group_logits, reference, Y).items()}
+    expected = {k: float(v.mean()) for k, v in group_bounds(out.group_logits, reference, Y, out.logits).items()}
+    assert set(expected) >= {"selector_misses", "selector_bound", "generator_bound"}
     for key, value in expected.items():
         assert results["SOP"][key] == pytest.approx(value)
     own = sopfast.diagnose(sop, TensorDataset(X, Y), progress=False, informed_examples=0).own_groups
     assert own is not None
-    assert (own.generator_bound, own.selector_bound) == pytest.approx(
-        (expected["generator_bound"], expected["selector_bound"])
+    assert (own.generator_bound, own.selector_bound, own.selector_misses) == pytest.approx(
+        (expected["generator_bound"], expected["selector_bound"], expected["selector_misses"])
     )
     assert own.accuracy == pytest.approx(float((out.logits.argmax(-1) == Y).float().mean()))
 
@@ -219,3 +238,12 @@ def test_the_backbones_full_input_logits_are_computed_once_for_the_same_inputs(m
 def test_the_demo_table_shows_agreement_beside_accuracy():
     table = format_comparison({"SOP": {"accuracy": 0.8, "agreement": 0.9, "agreement_kl": 0.2}})
     assert "agrees with the backbone" in table and "0.900" in table
+
+
+def test_a_diagnosis_saved_before_selector_misses_reads_without_it():
+    from sopfast.masking.own_groups import OwnGroups
+
+    saved = {"accuracy": 0.8, "agreement": 0.7, "generator_bound": 0.9, "selector_bound": 0.85, "one_group_agrees": 0.4}
+    own = OwnGroups(**saved)
+    assert own.selector_misses is None
+    assert not any("the selector loses" in line for line in own.lines("drop"))

@@ -211,7 +211,7 @@ register_metric(
         default=True,
     )
 )
-BOUNDS = ("generator_bound", "one_group_agrees", "generator_bound_correct", "selector_bound")
+BOUNDS = ("generator_bound", "one_group_agrees", "generator_bound_correct", "selector_bound", "selector_misses")
 
 
 def _group_logits(step: Step) -> torch.Tensor:
@@ -224,7 +224,7 @@ def _group_logits(step: Step) -> torch.Tensor:
 register_metric(
     Metric(
         "bounds",
-        lambda s: M.group_bounds(_group_logits(s), s.reference, s.labels),
+        lambda s: M.group_bounds(_group_logits(s), s.reference, s.labels, s.base.logits),
         lambda kept, plan, model: {k: float(kept[k].mean()) for k in BOUNDS if k in kept},
         tasks=("classification",),
     )

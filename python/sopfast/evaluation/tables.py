@@ -16,6 +16,7 @@ SCALARS = (
     "agreement_kl",
     "generator_bound",
     "selector_bound",
+    "selector_misses",
     "error",
     "mse",
     "fidelity",

@@ -281,7 +281,7 @@ class _Plan:
 def _measure(plan: _Plan, batches: Iterable[Any], generator: torch.Generator, progress: bool) -> Diagnosis:
     """The :class:`Diagnosis` of ``plan`` over ``batches`` (random groups drawn with ``generator``), without
     its verdict."""
-    own_sums = torch.zeros(5, dtype=torch.float64)
+    own_sums = torch.zeros(6, dtype=torch.float64)
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in plan.adapter.supported_modes}
     full = seen = informed = informed_seen = 0
     counts = torch.zeros(0, dtype=torch.long)  # examples per class of the truth measured against

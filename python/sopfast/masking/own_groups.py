@@ -17,14 +17,16 @@ class OwnGroups:
     """A (trained) SOP model on the same examples with its own groups, in its mode: its accuracy, its
     agreement with the backbone's full-input prediction, and where it loses — the generator bound (some
     group alone makes the backbone predict what it predicts on the whole input), the selector bound (the
-    accuracy of the label-free rule "the first agreeing group, else the most confident") and the share
-    of single groups that agree (:func:`sopfast.evaluation.metrics.group_bounds`)."""
+    accuracy of the label-free rule "the first agreeing group, else the most confident"), the share of
+    single groups that agree, and the selector's misses (a group agrees, SOP does not)
+    (:func:`sopfast.evaluation.metrics.group_bounds`)."""
 
     accuracy: float
     agreement: float
     generator_bound: float
     selector_bound: float
     one_group_agrees: float
+    selector_misses: float | None = None  # None: read from a diagnosis saved before sopfast 0.6.2
 
     def lines(self, mode: str) -> list[str]:
         """The measurements, and which part of SOP loses, in words."""
@@ -35,10 +37,10 @@ class OwnGroups:
             f"bound); one group on {self.one_group_agrees:.1%}; the first agreeing group is right on "
             f"{self.selector_bound:.1%} (selector bound, accuracy)",
         ]
-        if self.agreement < self.generator_bound - 0.05:
+        if self.selector_misses is not None and self.selector_misses > 0.05:
             out.append(
-                f"  the selector loses: on {self.generator_bound - self.agreement:.1%} of the examples a group agrees "
-                "with the backbone but SOP's prediction does not (agreement_prior weights the groups that agree)"
+                f"  the selector loses: on {self.selector_misses:.1%} of the examples a group agrees with the "
+                "backbone but SOP's prediction does not (agreement_prior weights the groups that agree)"
             )
         if self.generator_bound < 0.9:
             out.append(
@@ -51,7 +53,7 @@ class OwnGroups:
 def own_group_scores(
     model: SOP, inputs: FeatureInputs, reference: torch.Tensor, truth: torch.Tensor, mode: str
 ) -> torch.Tensor:
-    """Per-batch sums ``[5]`` of :class:`OwnGroups`' fields: ``model`` in eval mode on ``inputs`` in ``mode``
+    """Per-batch sums ``[6]`` of :class:`OwnGroups`' fields: ``model`` in eval mode on ``inputs`` in ``mode``
     against ``truth [B]``, with the backbone's full-input logits ``reference [B, C]``."""
     was_training = model.training
     model.eval()
@@ -59,10 +61,10 @@ def own_group_scores(
         out = model.predict_groups(inputs, model.make_groups(inputs), mode, reference)
     finally:
         model.train(was_training)
-    bounds = group_bounds(out.group_logits, reference, truth)
+    bounds = group_bounds(out.group_logits, reference, truth, out.logits)
     values = [
         (out.logits.argmax(-1) == truth).double(),
         (out.logits.argmax(-1) == reference.argmax(-1)).double(),
-        *(bounds[k].double() for k in ("generator_bound", "selector_bound", "one_group_agrees")),
+        *(bounds[k].double() for k in ("generator_bound", "selector_bound", "one_group_agrees", "selector_misses")),
     ]
     return torch.stack([v.sum() for v in values]).cpu()

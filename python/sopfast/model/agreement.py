@@ -21,7 +21,10 @@ def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor)
 
 
 def group_bounds(
-    group_logits: torch.Tensor, reference_logits: torch.Tensor, labels: torch.Tensor | None = None
+    group_logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Where a grouped prediction can lose, per example (1/0), from the backbone's logits on each group
     ``group_logits [B, m, C]`` and on the whole input ``reference_logits [B, C]``:
@@ -31,11 +34,18 @@ def group_bounds(
     * ``selector_bound`` – the label-free rule "the first group that agrees with the backbone, else the
       most confident group" predicts correctly (with ``labels``): what a selector that finds the agreeing
       group would score with these groups;
-    * ``one_group_agrees`` – the share of the ``m`` groups that alone agree with the backbone.
+    * ``selector_misses`` – some group agrees with the backbone but the method's prediction (its ``logits
+      [B, C]``) does not: the inputs its selector loses. The method is below the rule by exactly the
+      correct predictions it loses there less those it gains where no group agrees (where the rule's most
+      confident group is seldom right);
+    * ``one_group_agrees`` – the share of the ``m`` groups that alone agree.
     """
     group_class = group_logits.argmax(dim=-1)
-    agrees = group_class == reference_logits.argmax(dim=-1).unsqueeze(1)
+    backbone_class = reference_logits.argmax(dim=-1)
+    agrees = group_class == backbone_class.unsqueeze(1)
     out = {"generator_bound": agrees.any(dim=1).float(), "one_group_agrees": agrees.float().mean(dim=1)}
+    if logits is not None:
+        out["selector_misses"] = (agrees.any(dim=1) & (logits.argmax(dim=-1) != backbone_class)).float()
     if labels is not None:
         out["generator_bound_correct"] = (group_class == labels.unsqueeze(1)).any(dim=1).float()
         confident = torch.softmax(group_logits.float(), dim=-1).amax(dim=-1).argmax(dim=1)
