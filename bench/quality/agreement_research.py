@@ -8,7 +8,9 @@ prediction (and the KL of SOP's class distribution from the backbone's), the gen
 alone agrees), the selector bound (the label-free "first agreeing group" rule on the method's own groups),
 the share of single groups that agree, distinct groups of 20 and the share of group patches on the
 garment.  Rows are appended to ``bench/quality/agreement_research.jsonl``; ``--table`` writes them to
-``agreement_research.md``; ``--curves`` scores trained rows at m = 1, 5 and 20 (``agreement_curves.jsonl``).
+``agreement_research.md``; ``--curves`` scores trained rows at m = 1, 5 and 20 (``agreement_curves.jsonl``);
+``--misses`` scores SOP alone against the label-free rule, with the selector's misses (a group agrees, SOP
+does not: ``agreement_misses.jsonl``).
 The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``; 0.6.1's is
 ``prior3-suff4-sal0-explore0.5``.
 
@@ -50,6 +52,7 @@ from sopfast.training.trainer import train
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "agreement_research.jsonl")
 CURVES = os.path.join(HERE, "agreement_curves.jsonl")
+MISSES = os.path.join(HERE, "agreement_misses.jsonl")
 #: ``--curves``: accuracy of SOP and random groups at these group counts (m = 1: one group, no selection).
 CURVE_COUNTS = (1, 5, 20)
 TAUS = (0.2, 0.1)
@@ -103,6 +106,17 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
         {},
     ),
+    "prior3-suff4-sal0+prior10-eval": (
+        "the 0.6 image default's (0.6.1 text default's) model, its agreement prior raised from 3 to 10 at "
+        "inference only",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        {"agreement_prior": 10.0},
+    ),
+    "prior10-suff4-sal0": (
+        "agreement prior 10 (training and inference) + sufficiency 4, no saliency teacher",
+        {"agreement_prior": 10.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        {},
+    ),
     "prior3-suff8-sal0": (
         "agreement prior 3 + sufficiency 8, no saliency teacher",
         {"agreement_prior": 3.0, "sufficiency_weight": 8.0, "saliency_weight": 0.0},
@@ -112,6 +126,12 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         "the 0.6 default + exploration 0.5 (Gumbel noise on the generator's logits when training picks the groups)",
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
         {},
+    ),
+    "prior3-suff4-sal0-explore0.5+prior10-eval": (
+        "the 0.6.1 default's model, its agreement prior raised from 3 to 10 at inference only (a selector that "
+        "leans harder on the groups that agree)",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
+        {"agreement_prior": 10.0},
     ),
     "prior3-suff4-sal0-explore1": (
         "the 0.6 default + exploration 1 (at 1 each group is a Plackett–Luce draw from the attention)",
@@ -253,6 +273,57 @@ def run_curves(backbone_name: str, row: str, seed: int) -> dict:
     return record
 
 
+def run_misses(backbone_name: str, row: str, seed: int) -> dict:
+    """SOP of a trained row alone at τ ∈ :data:`TAUS`: accuracy, agreement and the ``bounds`` metric, whose
+    ``selector_misses`` are the inputs where one of its groups agrees with the backbone and SOP does not."""
+    model, _ = trained_model(backbone_name, row, seed)
+    for name, value in ROWS[row][2].items():
+        setattr(model, name, value)
+    if backbone_name == "minilm":
+        _, test = text_data()
+        loader = torch.utils.data.DataLoader(test.subset(torch.arange(TEXT["test"])), batch_size=50)
+    else:
+        _, test = image_data()
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]), batch_size=100
+        )
+    record: dict = {"backbone": backbone_name, "row": row, "seed": seed}
+    for tau in TAUS:
+        model.tau = tau
+        record[f"tau={tau:g}"] = evaluate(model, loader, ["accuracy", "agreement", "bounds"], progress=False)["SOP"]
+    with open(MISSES, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+MISSES_COLUMNS = (
+    ("accuracy", "SOP acc."),
+    ("selector_bound", "label-free rule"),
+    ("agreement", "agrees"),
+    ("generator_bound", "gen. bound"),
+    ("selector_misses", "selector misses"),
+)
+
+
+def misses_table(path: str = MISSES) -> str:
+    """SOP against the label-free rule and the selector's misses (``--misses`` records): mean and range over
+    the seeds of each (backbone, row), at each τ."""
+    rows = _by_row(path)
+    keys = [f"tau={tau:g}" for tau in TAUS]
+    head = " | ".join(f"{label}, τ = {k[4:]}" for k in keys for _, label in MISSES_COLUMNS)
+    out = [
+        "\nSOP against the label-free rule on its own groups (`--misses`; selector misses: a group agrees with "
+        "the backbone, SOP does not)\n",
+        f"| backbone | row | seeds | {head} |",
+        "|" + "---|" * (3 + len(keys) * len(MISSES_COLUMNS)),
+    ]
+    for (backbone, row), records in sorted(rows.items()):
+        cells = [_cell([r[k].get(metric) for r in records]) for k in keys for metric, _ in MISSES_COLUMNS]
+        seeds = ",".join(str(r["seed"]) for r in records)
+        out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
 HEADER = (
     "Written by `python bench/quality/agreement_research.py --table` from `agreement_research.jsonl`. Each row "
     "trains SOP as `sopfast demo --full` does on a backbone trained the ordinary way (`plain`: the demo's ViT; "
@@ -341,12 +412,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--curves", action="store_true", help="accuracy over m = 1, 5, 20 of trained rows instead")
+    parser.add_argument("--misses", action="store_true", help="SOP against the label-free rule, its selector's misses")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for row in args.rows:
         for seed in args.seeds:
-            if args.curves:
-                print(run_curves(args.backbone, row, seed), flush=True)
+            if args.curves or args.misses:
+                print((run_curves if args.curves else run_misses)(args.backbone, row, seed), flush=True)
                 continue
             record = run_row(args.backbone, row, seed)
             sop, rnd = record["tau=0.2"]["SOP"], record["tau=0.2"]["Random"]
@@ -356,7 +428,8 @@ def main() -> None:
                 flush=True,
             )
     if args.table:
-        text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + table() + "\n" + curves_table()
+        tables = [table(), curves_table(), misses_table()]
+        text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + "\n".join(tables)
         with open(os.path.join(HERE, "agreement_research.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         print(text)
