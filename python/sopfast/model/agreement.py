@@ -35,9 +35,9 @@ def group_bounds(
       most confident group" predicts correctly (with ``labels``): what a selector that finds the agreeing
       group would score with these groups;
     * ``selector_misses`` – some group agrees with the backbone but the method's prediction (its ``logits
-      [B, C]``) does not: the inputs its selector loses. The method is below the rule by exactly the
-      correct predictions it loses there less those it gains where no group agrees (where the rule's most
-      confident group is seldom right);
+      [B, C]``) does not: the inputs its selector loses. Where a group agrees the rule is right exactly
+      where the backbone is, so the method's accuracy differs from the rule's only on these inputs and on
+      those where no group agrees (where the rule falls back on the most confident group);
     * ``one_group_agrees`` – the share of the ``m`` groups that alone agree.
     """
     group_class = group_logits.argmax(dim=-1)
