@@ -119,6 +119,7 @@ def main() -> None:
         "sop_agreement": trained["SOP"]["agreement"],
         "sop_generator_bound": trained["SOP"]["generator_bound"],
         "sop_selector_bound": trained["SOP"]["selector_bound"],
+        "sop_selector_misses": trained["SOP"]["selector_misses"],
         "random_groups_accuracy": trained["Random"]["accuracy"],
         "random_groups_agreement": trained["Random"]["agreement"],
         "distinct_groups": trained["SOP"]["distinct_groups"],
