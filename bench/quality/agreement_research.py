@@ -218,27 +218,43 @@ def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
     return model, seconds
 
 
-def run_row(backbone_name: str, row: str, seed: int) -> dict:
-    """Train (or load) and score one row; the record appended to :data:`RESULTS`."""
-    from sopfast.data.object_masks import ObjectMasks
-
+def scored_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
+    """:func:`trained_model` with ``row``'s options set only for the evaluation applied."""
     model, seconds = trained_model(backbone_name, row, seed)
     for name, value in ROWS[row][2].items():
         setattr(model, name, value)
+    return model, seconds
+
+
+def scored_loader(backbone_name: str, object_masks: bool = False) -> torch.utils.data.DataLoader:
+    """The scored test split: the first :data:`TEXT` ``["test"]`` tweets for ``minilm``, else the first
+    :data:`TEST_IMAGES` images (with their object masks as a third element when ``object_masks``)."""
+    if backbone_name == "minilm":
+        _, texts = text_data()
+        return torch.utils.data.DataLoader(texts.subset(torch.arange(TEXT["test"])), batch_size=50)
+    _, test = image_data()
+    x, y = test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]
+    if object_masks:
+        from sopfast.data.object_masks import ObjectMasks
+
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y, ObjectMasks().from_pixels(x)), batch_size=100
+        )
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=100)
+
+
+def run_row(backbone_name: str, row: str, seed: int) -> dict:
+    """Train (or load) and score one row; the record appended to :data:`RESULTS`."""
+    model, seconds = scored_model(backbone_name, row, seed)
     record = {"backbone": backbone_name, "row": row, "seed": seed, "train_seconds": seconds, "mode": model.mode}
     if backbone_name == "minilm":
-        _, test = text_data()
-        loader = torch.utils.data.DataLoader(test.subset(torch.arange(TEXT["test"])), batch_size=50)
+        loader = scored_loader(backbone_name)
         for tau in TAUS:
             model.tau = tau
             baselines = TEXT["baselines"] if tau == 0.2 else ["random"]
             record[f"tau={tau:g}"] = evaluate(model, loader, METRICS[:-1], baselines=baselines, progress=False)
     else:
-        _, test = image_data()
-        x, y = test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]
-        loader = torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(x, y, ObjectMasks().from_pixels(x)), batch_size=100
-        )
+        loader = scored_loader(backbone_name, object_masks=True)
         for tau in TAUS:
             model.tau = tau
             results = evaluate(model, loader, METRICS, ground_truth_key=2, baselines=["random"], progress=False)
@@ -252,13 +268,8 @@ def run_row(backbone_name: str, row: str, seed: int) -> dict:
 def run_curves(backbone_name: str, row: str, seed: int) -> dict:
     """Accuracy of a trained row (and random groups through its selector) at τ ∈ :data:`TAUS` and
     m ∈ :data:`CURVE_COUNTS`: with one group there is nothing to select, so the groups alone compare."""
-    model, _ = trained_model(backbone_name, row, seed)
-    for name, value in ROWS[row][2].items():
-        setattr(model, name, value)
-    _, test = image_data()
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]), batch_size=100
-    )
+    model, _ = scored_model(backbone_name, row, seed)
+    loader = scored_loader(backbone_name)
     results = evaluate(
         model, loader, ["curves"], baselines=["random"], progress=False, curve_taus=TAUS, curve_counts=CURVE_COUNTS
     )
@@ -276,17 +287,8 @@ def run_curves(backbone_name: str, row: str, seed: int) -> dict:
 def run_misses(backbone_name: str, row: str, seed: int) -> dict:
     """SOP of a trained row alone at τ ∈ :data:`TAUS`: accuracy, agreement and the ``bounds`` metric, whose
     ``selector_misses`` are the inputs where one of its groups agrees with the backbone and SOP does not."""
-    model, _ = trained_model(backbone_name, row, seed)
-    for name, value in ROWS[row][2].items():
-        setattr(model, name, value)
-    if backbone_name == "minilm":
-        _, test = text_data()
-        loader = torch.utils.data.DataLoader(test.subset(torch.arange(TEXT["test"])), batch_size=50)
-    else:
-        _, test = image_data()
-        loader = torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(test.x[:TEST_IMAGES], test.y[:TEST_IMAGES]), batch_size=100
-        )
+    model, _ = scored_model(backbone_name, row, seed)
+    loader = scored_loader(backbone_name)
     record: dict = {"backbone": backbone_name, "row": row, "seed": seed}
     for tau in TAUS:
         model.tau = tau
