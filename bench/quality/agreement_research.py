@@ -21,7 +21,8 @@ Backbones (``--backbone``, each trained once and cached under ``.cache/``): ``pl
 ViT, ``common.image_backbone``), ``adapted`` (its ``sopfast adapt`` copy), ``deit`` (a 6-layer DeiT of
 width 96, patch 4, trained the same ordinary way), ``cnn`` (a small ResNet-style CNN, ``exact`` mode) and
 ``minilm`` (the text demo's MiniLM classifier on tweets: 8 groups, 3,000 training tweets, 2 epochs, 500 test
-tweets, IG-F and FRESH beside random groups at τ = 0.2).
+tweets, IG-F and FRESH beside random groups at τ = 0.2) and ``roberta`` (``second_text_model.py``'s RoBERTa,
+scored as ``minilm``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from common import (
     image_backbone,
     image_data,
     other_image_backbone,
+    roberta_backbone,
     text_backbone,
     text_data,
 )
@@ -170,8 +172,11 @@ TEXT = {
     "test": 500,
     "baselines": ["random", "ig-f", "fresh"],
 }
+#: The backbones scored on :data:`TEXT`'s tweets.
+TEXT_BACKBONES = ("minilm", "roberta")
 BACKBONES = {
     "minilm": text_backbone,
+    "roberta": roberta_backbone,
     "plain": image_backbone,
     "adapted": adapted_image_backbone,
     "deit": lambda: other_image_backbone("deit"),
@@ -184,7 +189,7 @@ def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
     options = ROWS[row][1]
     train_row = next(name for name, (_, o, _) in ROWS.items() if o == options)  # rows that differ only at eval
     backbone = BACKBONES[backbone_name]()
-    text = backbone_name == "minilm"
+    text = backbone_name in TEXT_BACKBONES
     torch.manual_seed(seed)
     model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, tau=0.2, **{**RECIPE_053, **options})
     run = os.path.join(CACHE, "agreement", f"{backbone_name}-{train_row}-s{seed}")
@@ -227,9 +232,9 @@ def scored_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
 
 
 def scored_loader(backbone_name: str, object_masks: bool = False) -> torch.utils.data.DataLoader:
-    """The scored test split: the first :data:`TEXT` ``["test"]`` tweets for ``minilm``, else the first
+    """The scored test split: the first :data:`TEXT` ``["test"]`` tweets for the text backbones, else the first
     :data:`TEST_IMAGES` images (with their object masks as a third element when ``object_masks``)."""
-    if backbone_name == "minilm":
+    if backbone_name in TEXT_BACKBONES:
         _, texts = text_data()
         return torch.utils.data.DataLoader(texts.subset(torch.arange(TEXT["test"])), batch_size=50)
     _, test = image_data()
@@ -247,7 +252,7 @@ def run_row(backbone_name: str, row: str, seed: int) -> dict:
     """Train (or load) and score one row; the record appended to :data:`RESULTS`."""
     model, seconds = scored_model(backbone_name, row, seed)
     record = {"backbone": backbone_name, "row": row, "seed": seed, "train_seconds": seconds, "mode": model.mode}
-    if backbone_name == "minilm":
+    if backbone_name in TEXT_BACKBONES:
         loader = scored_loader(backbone_name)
         for tau in TAUS:
             model.tau = tau
@@ -330,7 +335,8 @@ HEADER = (
     "Written by `python bench/quality/agreement_research.py --table` from `agreement_research.jsonl`. Each row "
     "trains SOP as `sopfast demo --full` does on a backbone trained the ordinary way (`plain`: the demo's ViT; "
     "`adapted`: its `sopfast adapt` copy; `deit`: a 6-layer DeiT of width 96; `cnn`: an HF ResNet of two basic "
-    "stages; `minilm`: the text demo's MiniLM classifier, 8 groups, 500 test tweets) and scores it on 1,000 "
+    "stages; `minilm`: the text demo's MiniLM classifier, 8 groups, 500 test tweets; `roberta`: "
+    "`second_text_model.py`'s RoBERTa, scored as `minilm`) and scores it on 1,000 "
     "test images; `recipe` is 0.5.3's default, every other row names what it changes. SOP and random groups "
     "go through the same trained selector (with the row's agreement prior). Cells: mean (min–max) over the "
     "seeds listed; 2-core machine shared with other jobs, one thread per run.\n"

@@ -150,3 +150,12 @@ def text_backbone(seed: int = 0):
         model = _text_backbone(train, torch.device("cpu"), False, seed)
         model.save_pretrained(path)
     return BertForSequenceClassification.from_pretrained(path).eval()
+
+
+def roberta_backbone():
+    """The second text model (``second_text_model.py``'s RoBERTa, trained from scratch on the text demo's
+    training tweets), built once and cached in ``.cache/tweets-roberta``."""
+    from second_text_model import FULL, _cached_backbone
+
+    train, _ = text_data()
+    return _cached_backbone(train, FULL, os.path.join(CACHE, "tweets-roberta"))[0]
