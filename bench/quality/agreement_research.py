@@ -135,6 +135,18 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
         {"agreement_prior": 10.0},
     ),
+    "prior3-suff4-sal0-explore0.5-keepblank": (
+        "the 0.6.1 default with blank patches ranked like any other (demote_blank off): random groups, which "
+        "keep about a third of their patches on the background, show the backbone the garment's outline",
+        {
+            "agreement_prior": 3.0,
+            "sufficiency_weight": 4.0,
+            "saliency_weight": 0.0,
+            "explore": 0.5,
+            "demote_blank": False,
+        },
+        {},
+    ),
     "prior3-suff4-sal0-explore1": (
         "the 0.6 default + exploration 1 (at 1 each group is a Plackett–Luce draw from the attention)",
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 1.0},
