@@ -366,13 +366,13 @@ COLUMNS = (
 
 
 def _by_row(path: str) -> dict[tuple[str, str], list[dict]]:
-    """The JSON-lines records of ``path`` grouped by (backbone, row), in file order."""
+    """The JSON-lines records of ``path`` grouped by (backbone, row), each group by seed."""
     rows: dict[tuple[str, str], list[dict]] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
             rows.setdefault((r["backbone"], r["row"]), []).append(r)
-    return rows
+    return {key: sorted(records, key=lambda r: r["seed"]) for key, records in rows.items()}
 
 
 def table(path: str = RESULTS) -> str:
