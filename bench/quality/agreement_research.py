@@ -10,7 +10,8 @@ the share of single groups that agree, distinct groups of 20 and the share of gr
 garment.  Rows are appended to ``bench/quality/agreement_research.jsonl``; ``--table`` writes them to
 ``agreement_research.md``; ``--curves`` scores trained rows at m = 1, 5 and 20 (``agreement_curves.jsonl``);
 ``--misses`` scores SOP alone against the label-free rule, with the selector's misses (a group agrees, SOP
-does not: ``agreement_misses.jsonl``).
+does not: ``agreement_misses.jsonl``); ``--blank`` scores trained image rows at τ = 0.05 … 0.4 with blank
+patches ranked last and like any other (``agreement_blank.jsonl``). A row may set the training τ (default 0.2).
 The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``; 0.6.1's is
 ``prior3-suff4-sal0-explore0.5``.
 
@@ -55,6 +56,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "agreement_research.jsonl")
 CURVES = os.path.join(HERE, "agreement_curves.jsonl")
 MISSES = os.path.join(HERE, "agreement_misses.jsonl")
+BLANK = os.path.join(HERE, "agreement_blank.jsonl")
+#: ``--blank``: the τ at which a trained row is scored with blank patches ranked last and like any other.
+BLANK_TAUS = (0.05, 0.1, 0.2, 0.4)
 #: ``--curves``: accuracy of SOP and random groups at these group counts (m = 1: one group, no selection).
 CURVE_COUNTS = (1, 5, 20)
 TAUS = (0.2, 0.1)
@@ -147,6 +151,23 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         },
         {},
     ),
+    "prior3-suff4-sal0-explore0.5-tau0.4": (
+        "the 0.6.1 default trained at τ = 0.4, as the diagnostic advises for a fragile backbone",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5, "tau": 0.4},
+        {},
+    ),
+    "prior3-suff4-sal0-explore0.5-keepblank-tau0.4": (
+        "the 0.6.1 default trained at τ = 0.4 with blank patches ranked like any other (--no-demote-blank)",
+        {
+            "agreement_prior": 3.0,
+            "sufficiency_weight": 4.0,
+            "saliency_weight": 0.0,
+            "explore": 0.5,
+            "demote_blank": False,
+            "tau": 0.4,
+        },
+        {},
+    ),
     "prior3-suff4-sal0-explore1": (
         "the 0.6 default + exploration 1 (at 1 each group is a Plackett–Luce draw from the attention)",
         {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 1.0},
@@ -203,7 +224,7 @@ def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
     backbone = BACKBONES[backbone_name]()
     text = backbone_name in TEXT_BACKBONES
     torch.manual_seed(seed)
-    model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, tau=0.2, **{**RECIPE_053, **options})
+    model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, **{"tau": 0.2, **RECIPE_053, **options})
     run = os.path.join(CACHE, "agreement", f"{backbone_name}-{train_row}-s{seed}")
     weights = os.path.join(run, "final.pt")
     seconds = 0.0
@@ -313,6 +334,49 @@ def run_misses(backbone_name: str, row: str, seed: int) -> dict:
     with open(MISSES, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     return record
+
+
+def run_blank(backbone_name: str, row: str, seed: int) -> dict:
+    """SOP of a trained image row at τ ∈ :data:`BLANK_TAUS`, once with blank patches ranked last
+    (``demote_blank``, the recipe's) and once ranked like any other, whatever the row trained with: accuracy,
+    agreement, the generator bound and the share of the groups' patches on the garment."""
+    model, _ = scored_model(backbone_name, row, seed)
+    loader = scored_loader(backbone_name, object_masks=True)
+    record: dict = {"backbone": backbone_name, "row": row, "seed": seed}
+    for demote in (True, False):
+        model.demote_blank = demote
+        for tau in BLANK_TAUS:
+            model.tau = tau
+            metrics = ["accuracy", "agreement", "bounds", "grounding"]
+            results = evaluate(model, loader, metrics, ground_truth_key=2, progress=False)["SOP"]
+            record[f"{'demote' if demote else 'keep'} tau={tau:g}"] = results
+    with open(BLANK, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+BLANK_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), ("on_object", "on object"))
+
+
+def blank_table(path: str = BLANK) -> str:
+    """Trained rows scored with and without blank patches ranked last (``--blank`` records): mean and range
+    over the seeds of each (backbone, row), at each τ."""
+    rows = _by_row(path)
+    out = [
+        "\nBlank patches at inference (`--blank`; `ranked last`: `demote_blank`, the recipe's; `like any other`: "
+        "off), at τ = " + ", ".join(f"{t:g}" for t in BLANK_TAUS) + "\n",
+        "| backbone | row | seeds | blank patches | "
+        + " | ".join(f"{label}, τ = {t:g}" for t in BLANK_TAUS for _, label in BLANK_COLUMNS)
+        + " |",
+        "|" + "---|" * (4 + len(BLANK_TAUS) * len(BLANK_COLUMNS)),
+    ]
+    for (backbone, row), records in sorted(rows.items()):
+        seeds = ",".join(str(r["seed"]) for r in records)
+        for setting, words in (("demote", "ranked last"), ("keep", "like any other")):
+            keys = [f"{setting} tau={t:g}" for t in BLANK_TAUS]
+            cells = [_cell([r[k].get(metric) for r in records]) for k in keys for metric, _ in BLANK_COLUMNS]
+            out.append(f"| {backbone} | {row} | {seeds} | {words} | {' | '.join(cells)} |")
+    return "\n".join(out)
 
 
 MISSES_COLUMNS = (
@@ -433,12 +497,14 @@ def main() -> None:
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--curves", action="store_true", help="accuracy over m = 1, 5, 20 of trained rows instead")
     parser.add_argument("--misses", action="store_true", help="SOP against the label-free rule, its selector's misses")
+    parser.add_argument("--blank", action="store_true", help="trained rows with and without blank patches ranked last")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for row in args.rows:
         for seed in args.seeds:
-            if args.curves or args.misses:
-                print((run_curves if args.curves else run_misses)(args.backbone, row, seed), flush=True)
+            if args.curves or args.misses or args.blank:
+                run = run_curves if args.curves else run_misses if args.misses else run_blank
+                print(run(args.backbone, row, seed), flush=True)
                 continue
             record = run_row(args.backbone, row, seed)
             sop, rnd = record["tau=0.2"]["SOP"], record["tau=0.2"]["Random"]
@@ -448,7 +514,7 @@ def main() -> None:
                 flush=True,
             )
     if args.table:
-        tables = [table(), curves_table(), misses_table()]
+        tables = [table(), curves_table(), misses_table(), blank_table()]
         text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + "\n".join(tables)
         with open(os.path.join(HERE, "agreement_research.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
