@@ -13,6 +13,7 @@ import sopfast
 from sopfast.adapters import get_adapter
 from sopfast.adapters.sources import load_backbone
 from sopfast.cli.app import main
+from sopfast.demo.report import _diagnosis_lines
 from sopfast.masking import masked_forward, random_groups
 from sopfast.masking.adapt import PROVENANCE_NAME
 from sopfast.masking.diagnose import (
@@ -132,6 +133,36 @@ def test_verdict_in_words(full, one, word, advice):
     text, lines = verdict(_report(full, one))
     assert text.startswith(word)
     assert len(lines) == len(advice) and all(a in line for a, line in zip(advice, lines))
+
+
+@pytest.mark.parametrize("blank_share, named", [(0.35, True), (0.1, True), (0.05, False), (None, False)])
+def test_a_larger_tau_comes_with_no_demote_blank_where_the_images_have_blank_patches(blank_share, named):
+    """The default recipe ranks blank patches last: at a larger τ every group would hold the same object
+    patches, so the advice to raise τ names --no-demote-blank where at least 10 % of the features are blank."""
+    report = _report(0.9, {"exact": 0.3, "drop": 0.35})
+    report.blank_share = blank_share
+    _, advice = verdict(report)
+    assert "--tau 0.4" in advice[1]
+    assert ("--no-demote-blank" in advice[1]) == named
+    assert ("of these features are blank" in advice[1]) == named
+    if named:
+        assert f"{blank_share:.0%} of these features are blank" in advice[1]
+
+
+def test_diagnose_measures_the_share_of_blank_patches(vit):
+    gen = torch.Generator().manual_seed(0)
+    x = 0.5 + torch.rand(6, 3, 32, 32, generator=gen)
+    x[:, :, :16] = 0.0  # the top half of every image is plain background: 8 of its 16 patches
+    x[:2, :, 16:24] = 0.0  # and the next row of patches of the first two: 12 of 16
+    data = torch.utils.data.TensorDataset(x, torch.randint(0, 3, (6,), generator=gen))
+    report = sopfast.diagnose(vit, data, num_groups=3, examples=6, informed_examples=0, progress=False)
+    assert report.blank_share == pytest.approx((4 * 8 / 16 + 2 * 12 / 16) / 6)
+    assert "blank features (all background): 58% of the features" in str(report)
+    plain = sopfast.diagnose(vit, _images(6), num_groups=3, examples=6, informed_examples=0, progress=False)
+    assert plain.blank_share == 0.0 and "blank features" not in str(plain)
+    record = plain.to_dict()
+    del record["blank_share"]  # a diagnosis saved before 0.6.3 reads without the line
+    assert not any("blank features" in line for line in _diagnosis_lines(record))
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,10 @@ class Diagnosis:
     verdict: str = ""
     advice: list[str] = field(default_factory=list)
     own_groups: OwnGroups | None = None
+    #: The share of the examples' features that the adapter finds blank (image backbones: all-background
+    #: patches, which ``SOP(demote_blank=True)``, the default recipe, ranks last); ``None`` for other inputs
+    #: and in records saved before 0.6.3.
+    blank_share: float | None = None
 
     @property
     def to_beat(self) -> float:
@@ -128,6 +132,8 @@ class Diagnosis:
         out.append(f"  groups that are not learned reach {self.to_beat:.3f} in {self.mode}: SOP's should beat it")
         if self.own_groups is not None:
             out += self.own_groups.lines(self.mode)
+        if self.blank_share:
+            out.append(f"  blank features (all background): {self.blank_share:.0%} of the features")
         out.append(f"  verdict: {self.verdict}")
         out += [f"  - {line}" for line in self.advice]
         return out
@@ -283,7 +289,8 @@ def _measure(plan: _Plan, batches: Iterable[Any], generator: torch.Generator, pr
     its verdict."""
     own_sums = torch.zeros(6, dtype=torch.float64)
     sums = {m: torch.zeros(3, dtype=torch.float64) for m in plan.adapter.supported_modes}
-    full = seen = informed = informed_seen = 0
+    full = seen = informed = informed_seen = blank_seen = 0
+    blank = 0.0
     counts = torch.zeros(0, dtype=torch.long)  # examples per class of the truth measured against
     used_labels = True
     bar = tqdm(total=plan.examples, desc="sopfast diagnose", disable=not progress, leave=False)
@@ -300,6 +307,10 @@ def _measure(plan: _Plan, batches: Iterable[Any], generator: torch.Generator, pr
             else:
                 truth = check_labels(batch.labels[:n], int(logits.shape[-1]))
             counts = _count(counts, truth)
+            blank_features = plan.adapter.blank_features(inputs) if inputs.pixels is not None else None
+            if blank_features is not None:
+                blank += float(blank_features.float().mean(dim=1).sum())
+                blank_seen += n
             full += int((logits.argmax(-1) == truth).sum())
             masks = random_groups(plan.adapter.candidate_mask(inputs), plan.tau, plan.num_groups, generator)
             for group_mode in plan.adapter.supported_modes:
@@ -333,6 +344,7 @@ def _measure(plan: _Plan, batches: Iterable[Any], generator: torch.Generator, pr
         informed_group=informed / informed_seen if informed_seen else None,
         informed_examples=informed_seen,
         own_groups=None if plan.own is None else OwnGroups(*(own_sums / seen).tolist()),
+        blank_share=blank / blank_seen if blank_seen else None,
     )
 
 

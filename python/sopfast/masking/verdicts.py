@@ -70,13 +70,13 @@ def verdict(report: Any) -> tuple[str, list[str]]:
             f"fragile: one random group of {share} of the features keeps only {kept:.0%} of the accuracy above "
             f"chance in {report.mode} mode; SOP's groups will cost accuracy and learn slowly"
         )
-        advice = [_ADAPT, _RAISE_TAU]
+        advice = [_ADAPT, raise_tau(report.blank_share)]
     else:
         text = (
             f"blind: the backbone barely predicts from {share} of its features ({kept:.0%} of its accuracy above "
             f"chance in {report.mode} mode); SOP can learn little over it as it is"
         )
-        advice = [_ADAPT, _RAISE_TAU]
+        advice = [_ADAPT, raise_tau(report.blank_share)]
     better = [
         m
         for m in report.random_groups
@@ -101,3 +101,19 @@ _ADAPT = (
     "adapted copy, not your original model"
 )
 _RAISE_TAU = "or give the groups more of the features (a larger tau, e.g. --tau 0.4)"
+#: Share of blank features at or above which a larger τ needs them ranked like any other.
+BLANK_SHARE = 0.1
+
+
+def raise_tau(blank_share: float | None) -> str:
+    """The advice to give the groups more of the features; where ``blank_share`` (a
+    :class:`~sopfast.masking.diagnose.Diagnosis`'s) is at least :data:`BLANK_SHARE`, with blank features
+    ranked like any other: the default recipe ranks them last, so at a larger τ every group holds nearly
+    the same other features (docs/quality.md, "Blank patches and a larger τ")."""
+    if blank_share is None or blank_share < BLANK_SHARE:
+        return _RAISE_TAU
+    return (
+        "or give the groups more of the features (a larger tau, e.g. --tau 0.4 --no-demote-blank: "
+        f"{blank_share:.0%} of these features are blank, which the default recipe ranks last, so with a larger "
+        "tau every group would hold nearly the same other features)"
+    )
