@@ -19,7 +19,7 @@ import sopfast
 import user_data as U
 from sopfast.adapters.preprocessing import Preprocessing
 from sopfast.cli.app import build_parser, main
-from sopfast.cli.common import label_map
+from sopfast.cli.common import label_map, load_backbone, load_model
 from sopfast.cli.parser import CLIError, config_tokens
 from sopfast.data import user_data as D
 from sopfast.data.builtin import FASHION_MNIST_CLASSES
@@ -207,6 +207,17 @@ def test_commands_on_the_checkpoint_use_the_label_map_it_was_trained_with(run_fo
     assert code == 0, err
     code, _, err = _cli(["predict", *common, "--output-dir", str(tmp_path / "predictions"), "--no-progress"], capsys)
     assert code == 0, err
+
+
+def test_commands_on_the_checkpoint_rank_blank_patches_as_trained_or_as_told(run_folder):
+    """``--no-demote-blank`` on a command that loads a model trained with the default recipe ranks blank
+    patches like any other at inference (docs/quality.md, "Blank patches and a larger τ")."""
+    _, run = run_folder
+    for command, required in (("evaluate", []), ("predict", ["--output-dir", "out"]), ("explain", [])):
+        parser = build_parser().subcommands[command]
+        for flags, demoted in (([], True), (["--no-demote-blank"], False)):
+            args = parser.parse_args(["--checkpoint", str(run), "--device", "cpu", *required, *flags])
+            assert load_model(args, load_backbone(args)).demote_blank is demoted, (command, flags)
 
 
 def test_diagnose_takes_the_backbone_and_options_from_the_checkpoint(run_folder, capsys):

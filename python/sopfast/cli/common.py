@@ -25,7 +25,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sopfast.cli")
 # SOP options that a saved model may take anew when it is loaded (what the checkpoint saves as
 # current values): every command that loads a --checkpoint has their flags.
-LOAD_OVERRIDES = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
+LOAD_OVERRIDES = (
+    "num_groups",
+    "tau",
+    "mode",
+    "deletion",
+    "demote_blank",
+    "group_batch_size",
+    "checkpoint_projection",
+)
 # the data flags a model trained by `sopfast train` records (its provenance["data"]) and a command that
 # loads it takes again when they are not given (with the preprocessing, recorded apart)
 RECORDED_DATA = ("data", "holdout", "image_column", "text_column", "text_pair_column", "label_column", "label_map")
