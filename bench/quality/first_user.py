@@ -9,7 +9,9 @@ on the 1,000 PNGs of the test split, against random groups through the same sele
 Writes ``bench/quality/first_user.json`` (``first_user_adapted.json`` with ``--adapt``; ``_seed<N>`` added
 with ``--seed N``, the training seed, and ``_threads1`` with one torch thread) and prints a
 Markdown table: the backbone's accuracy, the diagnostic the run printed (one random group, the bar of
-groups that are not learned), the trained SOP's accuracy and distinct groups of 20, random groups',
+groups that are not learned), the trained SOP's accuracy and distinct groups of 20 (and, from a second
+``sopfast evaluate --no-demote-blank``, its accuracy and agreement with blank patches ranked like any other
+at inference), random groups',
 the steps, why training stopped and the wall time.  Everything runs through the CLI, as a user would.
 """
 
@@ -104,6 +106,12 @@ def main() -> None:
         ["accuracy", "agreement", "bounds", "diversity"],
         os.path.join(args.out, "trained.json"),
     )
+    unranked = evaluate(
+        ["--checkpoint", run_dir, "--no-demote-blank"],
+        data_dir,
+        ["accuracy", "agreement"],
+        os.path.join(args.out, "trained_no_demote_blank.json"),
+    )
     with open(os.path.join(run_dir, "diagnosis.json")) as f:
         diagnosis = json.load(f)
     records = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
@@ -120,6 +128,8 @@ def main() -> None:
         "sop_generator_bound": trained["SOP"]["generator_bound"],
         "sop_selector_bound": trained["SOP"]["selector_bound"],
         "sop_selector_misses": trained["SOP"]["selector_misses"],
+        "sop_no_demote_blank_accuracy": unranked["SOP"]["accuracy"],
+        "sop_no_demote_blank_agreement": unranked["SOP"]["agreement"],
         "random_groups_accuracy": trained["Random"]["accuracy"],
         "random_groups_agreement": trained["Random"]["agreement"],
         "distinct_groups": trained["SOP"]["distinct_groups"],
