@@ -140,8 +140,8 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {"agreement_prior": 10.0},
     ),
     "prior3-suff4-sal0-explore0.5-keepblank": (
-        "the 0.6.1 default with blank patches ranked like any other (demote_blank off): random groups, which "
-        "keep about a third of their patches on the background, show the backbone the garment's outline",
+        "the 0.6.1 default with blank patches ranked like any other (demote_blank off), as random groups "
+        "keep them: can the groups show the backbone the garment's outline",
         {
             "agreement_prior": 3.0,
             "sufficiency_weight": 4.0,
@@ -343,11 +343,11 @@ def run_blank(backbone_name: str, row: str, seed: int) -> dict:
     model, _ = scored_model(backbone_name, row, seed)
     loader = scored_loader(backbone_name, object_masks=True)
     record: dict = {"backbone": backbone_name, "row": row, "seed": seed}
+    metrics = ["accuracy", "agreement", "bounds", "grounding"]
     for demote in (True, False):
         model.demote_blank = demote
         for tau in BLANK_TAUS:
             model.tau = tau
-            metrics = ["accuracy", "agreement", "bounds", "grounding"]
             results = evaluate(model, loader, metrics, ground_truth_key=2, progress=False)["SOP"]
             record[f"{'demote' if demote else 'keep'} tau={tau:g}"] = results
     with open(BLANK, "a", encoding="utf-8") as f:
@@ -371,11 +371,9 @@ def blank_table(path: str = BLANK) -> str:
         "|" + "---|" * (4 + len(BLANK_TAUS) * len(BLANK_COLUMNS)),
     ]
     for (backbone, row), records in sorted(rows.items()):
-        seeds = ",".join(str(r["seed"]) for r in records)
         for setting, words in (("demote", "ranked last"), ("keep", "like any other")):
-            keys = [f"{setting} tau={t:g}" for t in BLANK_TAUS]
-            cells = [_cell([r[k].get(metric) for r in records]) for k in keys for metric, _ in BLANK_COLUMNS]
-            out.append(f"| {backbone} | {row} | {seeds} | {words} | {' | '.join(cells)} |")
+            cells = _metric_cells(records, [f"{setting} tau={t:g}" for t in BLANK_TAUS], BLANK_COLUMNS)
+            out.append(f"| {backbone} | {row} | {_seeds(records)} | {words} | {' | '.join(cells)} |")
     return "\n".join(out)
 
 
@@ -401,9 +399,8 @@ def misses_table(path: str = MISSES) -> str:
         "|" + "---|" * (3 + len(keys) * len(MISSES_COLUMNS)),
     ]
     for (backbone, row), records in sorted(rows.items()):
-        cells = [_cell([r[k].get(metric) for r in records]) for k in keys for metric, _ in MISSES_COLUMNS]
-        seeds = ",".join(str(r["seed"]) for r in records)
-        out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} |")
+        cells = _metric_cells(records, keys, MISSES_COLUMNS)
+        out.append(f"| {backbone} | {row} | {_seeds(records)} | {' | '.join(cells)} |")
     return "\n".join(out)
 
 
@@ -455,8 +452,7 @@ def table(path: str = RESULTS) -> str:
                     cells.append(_cell([r[key][method].get(metric) for r in records]))
             distinct = _cell([r[key]["SOP"].get("distinct_groups") for r in records], 1)
             on_object = _cell([r[key]["SOP"].get("on_object") for r in records])
-            seeds = ",".join(str(r["seed"]) for r in records)
-            out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} | {distinct} | {on_object} |")
+            out.append(f"| {backbone} | {row} | {_seeds(records)} | {' | '.join(cells)} | {distinct} | {on_object} |")
     return "\n".join(out)
 
 
@@ -473,9 +469,18 @@ def curves_table(path: str = CURVES) -> str:
     ]
     for (backbone, row), records in sorted(rows.items()):
         cells = [f"{_cell([r['SOP'][k] for r in records])} / {_cell([r['Random'][k] for r in records])}" for k in keys]
-        seeds = ",".join(str(r["seed"]) for r in records)
-        out.append(f"| {backbone} | {row} | {seeds} | {' | '.join(cells)} |")
+        out.append(f"| {backbone} | {row} | {_seeds(records)} | {' | '.join(cells)} |")
     return "\n".join(out)
+
+
+def _seeds(records: list[dict]) -> str:
+    """The seeds of a (backbone, row)'s records, as a table cell."""
+    return ",".join(str(r["seed"]) for r in records)
+
+
+def _metric_cells(records: list[dict], keys: list[str], columns: tuple[tuple[str, str], ...]) -> list[str]:
+    """One :func:`_cell` per key and column: the metric's mean and range over ``records``' ``record[key]``."""
+    return [_cell([r[k].get(metric) for r in records]) for k in keys for metric, _ in columns]
 
 
 def _cell(values: list, digits: int = 3) -> str:

@@ -155,7 +155,7 @@ def text_backbone(seed: int = 0):
 def roberta_backbone():
     """The second text model (``second_text_model.py``'s RoBERTa, trained from scratch on the text demo's
     training tweets), built once and cached in ``.cache/tweets-roberta``."""
-    from second_text_model import FULL, _cached_backbone
+    from second_text_model import FULL, cached_roberta
 
     train, _ = text_data()
-    return _cached_backbone(train, FULL, os.path.join(CACHE, "tweets-roberta"))[0]
+    return cached_roberta(train, FULL, os.path.join(CACHE, "tweets-roberta"))[0]

@@ -117,7 +117,7 @@ def tweet_roberta(train_set: TextDataset, size: RobertaSize, seed: int = 0) -> t
     return model, time.perf_counter() - start
 
 
-def _cached_backbone(train_set: TextDataset, size: RobertaSize, path: str) -> tuple[Any, float]:
+def cached_roberta(train_set: TextDataset, size: RobertaSize, path: str) -> tuple[Any, float]:
     """:func:`tweet_roberta` of seed 0, saved in ``path`` (with its training seconds) and read back from there
     when a run is repeated."""
     from transformers import RobertaForSequenceClassification
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     results_dir = args.results or (out_dir if args.quick else HERE)
     os.makedirs(results_dir, exist_ok=True)
     train_set, test_set = text_splits(quick=args.quick, seed=0)
-    backbone, seconds = _cached_backbone(train_set, size, os.path.join(out_dir, "backbone"))
+    backbone, seconds = cached_roberta(train_set, size, os.path.join(out_dir, "backbone"))
     if args.fresh_check:
         check = fresh_check(backbone, test_set)
         print(json.dumps(check, indent=2))
