@@ -11,7 +11,10 @@ garment.  Rows are appended to ``bench/quality/agreement_research.jsonl``; ``--t
 ``agreement_research.md``; ``--curves`` scores trained rows at m = 1, 5 and 20 (``agreement_curves.jsonl``);
 ``--misses`` scores SOP alone against the label-free rule, with the selector's misses (a group agrees, SOP
 does not: ``agreement_misses.jsonl``); ``--blank`` scores trained image rows at τ = 0.05 … 0.4 with blank
-patches ranked last and like any other (``agreement_blank.jsonl``). A row may set the training τ (default 0.2).
+patches ranked last and like any other (``agreement_blank.jsonl``); ``--outline`` scores them at τ = 0.2 and
+0.4 also with only the blank patches away from the garment ranked last, and splits the groups' patches into
+those on the garment, other lit ones, blank ones bordering a lit one and other blank ones
+(``agreement_outline.jsonl``). A row may set the training τ (default 0.2).
 The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``; 0.6.1's is
 ``prior3-suff4-sal0-explore0.5``.
 
@@ -35,6 +38,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
@@ -48,7 +52,9 @@ from common import (
     text_data,
 )
 
+from sopfast.adapters.base import FeatureInputs
 from sopfast.evaluation.evaluate import evaluate
+from sopfast.evaluation.registry import feature_ground_truth
 from sopfast.model.sop import SOP
 from sopfast.training.trainer import train
 
@@ -59,6 +65,18 @@ MISSES = os.path.join(HERE, "agreement_misses.jsonl")
 BLANK = os.path.join(HERE, "agreement_blank.jsonl")
 #: ``--blank``: the τ at which a trained row is scored with blank patches ranked last and like any other.
 BLANK_TAUS = (0.05, 0.1, 0.2, 0.4)
+OUTLINE = os.path.join(HERE, "agreement_outline.jsonl")
+#: ``--outline``: the τ at which a trained row is scored with each :data:`OUTLINE_SETTINGS` ranking.
+OUTLINE_TAUS = (0.2, 0.4)
+#: ``--outline``: (record key, table words) of the blank patches each setting ranks last.
+OUTLINE_SETTINGS = (("demote", "all"), ("far", "those not bordering a lit patch"), ("keep", "none"))
+#: ``--outline``: (record key, table words) of the four places a group's patch can lie.
+PLACES = (
+    ("garment", "on the garment"),
+    ("lit_off_garment", "lit, off the garment"),
+    ("blank_bordering", "blank, bordering a lit patch"),
+    ("blank_far", "blank, farther"),
+)
 #: ``--curves``: accuracy of SOP and random groups at these group counts (m = 1: one group, no selection).
 CURVE_COUNTS = (1, 5, 20)
 TAUS = (0.2, 0.1)
@@ -355,6 +373,80 @@ def run_blank(backbone_name: str, row: str, seed: int) -> dict:
     return record
 
 
+def bordering_lit(blank: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """``[B, d]`` bool: the features with a non-``blank`` one among their 8 grid neighbours (``blank [B, d]``,
+    ``d = h·w`` for ``grid = (h, w)``)."""
+    lit = (~blank).float().view(-1, 1, *grid)
+    return F.max_pool2d(lit, 3, stride=1, padding=1).flatten(1) > 0
+
+
+def far_blank(model: SOP, inputs: FeatureInputs) -> torch.Tensor:
+    """``[B, d]`` bool: the adapter's blank features that do not border a lit one (``--outline``'s ``far``)."""
+    blank = model.adapter.blank_features(inputs)
+    return blank & ~bordering_lit(blank, model.adapter.feature_grid(inputs))
+
+
+@torch.no_grad()
+def patch_places(model: SOP, loader: torch.utils.data.DataLoader) -> dict[str, float]:
+    """Mean over the examples (and their groups) of the share of a group's patches in each of :data:`PLACES`;
+    ``loader`` yields ``(images, labels, object masks)``."""
+    totals = torch.zeros(len(PLACES))
+    for x, _, masks in loader:
+        inputs = model.prepare(x)
+        groups = model.make_groups(inputs).mask.float()
+        on = feature_ground_truth(model, inputs, masks)
+        blank = model.adapter.blank_features(inputs)
+        near = bordering_lit(blank, model.adapter.feature_grid(inputs))
+        size = groups.sum(-1).clamp_min(1)
+        for i, where in enumerate((on, ~on & ~blank, blank & near, blank & ~near)):
+            totals[i] += ((groups * where.unsqueeze(1)).sum(-1) / size).mean(1).sum()
+    return {key: float(v) / len(loader.dataset) for (key, _), v in zip(PLACES, totals)}
+
+
+def run_outline(backbone_name: str, row: str, seed: int) -> dict:
+    """SOP of a trained image row at τ ∈ :data:`OUTLINE_TAUS` with each :data:`OUTLINE_SETTINGS` ranking of
+    blank patches: accuracy, agreement, the share on the garment and :func:`patch_places`."""
+    model, _ = scored_model(backbone_name, row, seed)
+    model.eval()
+    loader = scored_loader(backbone_name, object_masks=True)
+    record: dict = {"backbone": backbone_name, "row": row, "seed": seed}
+    metrics = ["accuracy", "agreement", "grounding"]
+    for setting, _ in OUTLINE_SETTINGS:
+        model.demote_blank = setting != "keep"
+        if setting == "far":
+            model.demoted = lambda inputs: far_blank(model, inputs)
+        for tau in OUTLINE_TAUS:
+            model.tau = tau
+            results = evaluate(model, loader, metrics, ground_truth_key=2, progress=False)
+            record[f"{setting} tau={tau:g}"] = {**results["SOP"], **patch_places(model, loader)}
+        if setting == "far":
+            del model.demoted
+    with open(OUTLINE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+OUTLINE_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), *PLACES)
+
+
+def outline_table(path: str = OUTLINE) -> str:
+    """``--outline`` records: mean and range over the seeds of each (backbone, row), setting and τ."""
+    rows = _by_row(path)
+    out = [
+        "\nWhere the groups' patches lie (`--outline`; blank patches ranked last: all, the recipe's; those not "
+        "bordering a lit patch; none), at τ = " + ", ".join(f"{t:g}" for t in OUTLINE_TAUS) + "\n",
+        "| backbone | row | seeds | blank patches ranked last | "
+        + " | ".join(f"{label}, τ = {t:g}" for t in OUTLINE_TAUS for _, label in OUTLINE_COLUMNS)
+        + " |",
+        "|" + "---|" * (4 + len(OUTLINE_TAUS) * len(OUTLINE_COLUMNS)),
+    ]
+    for (backbone, row), records in sorted(rows.items()):
+        for setting, words in OUTLINE_SETTINGS:
+            cells = _metric_cells(records, [f"{setting} tau={t:g}" for t in OUTLINE_TAUS], OUTLINE_COLUMNS)
+            out.append(f"| {backbone} | {row} | {_seeds(records)} | {words} | {' | '.join(cells)} |")
+    return "\n".join(out)
+
+
 BLANK_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), ("on_object", "on object"))
 
 
@@ -503,12 +595,15 @@ def main() -> None:
     parser.add_argument("--curves", action="store_true", help="accuracy over m = 1, 5, 20 of trained rows instead")
     parser.add_argument("--misses", action="store_true", help="SOP against the label-free rule, its selector's misses")
     parser.add_argument("--blank", action="store_true", help="trained rows with and without blank patches ranked last")
+    parser.add_argument("--outline", action="store_true", help="where trained rows' group patches lie, blank or not")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for row in args.rows:
         for seed in args.seeds:
-            if args.curves or args.misses or args.blank:
-                run = run_curves if args.curves else run_misses if args.misses else run_blank
+            studies = {"curves": run_curves, "misses": run_misses, "blank": run_blank, "outline": run_outline}
+            chosen = [run for name, run in studies.items() if getattr(args, name)]
+            if chosen:
+                run = chosen[0]
                 print(run(args.backbone, row, seed), flush=True)
                 continue
             record = run_row(args.backbone, row, seed)
@@ -519,7 +614,7 @@ def main() -> None:
                 flush=True,
             )
     if args.table:
-        tables = [table(), curves_table(), misses_table(), blank_table()]
+        tables = [table(), curves_table(), misses_table(), blank_table(), outline_table()]
         text = "# Issue #41: the agreement research, every row and seed\n\n" + HEADER + "\n".join(tables)
         with open(os.path.join(HERE, "agreement_research.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
