@@ -431,20 +431,11 @@ OUTLINE_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), *PLACES)
 
 def outline_table(path: str = OUTLINE) -> str:
     """``--outline`` records: mean and range over the seeds of each (backbone, row), setting and τ."""
-    rows = _by_row(path)
-    out = [
-        "\nWhere the groups' patches lie (`--outline`; blank patches ranked last: all, the recipe's; those not "
-        "bordering a lit patch; none), at τ = " + ", ".join(f"{t:g}" for t in OUTLINE_TAUS) + "\n",
-        "| backbone | row | seeds | blank patches ranked last | "
-        + " | ".join(f"{label}, τ = {t:g}" for t in OUTLINE_TAUS for _, label in OUTLINE_COLUMNS)
-        + " |",
-        "|" + "---|" * (4 + len(OUTLINE_TAUS) * len(OUTLINE_COLUMNS)),
-    ]
-    for (backbone, row), records in sorted(rows.items()):
-        for setting, words in OUTLINE_SETTINGS:
-            cells = _metric_cells(records, [f"{setting} tau={t:g}" for t in OUTLINE_TAUS], OUTLINE_COLUMNS)
-            out.append(f"| {backbone} | {row} | {_seeds(records)} | {words} | {' | '.join(cells)} |")
-    return "\n".join(out)
+    title = (
+        "Where the groups' patches lie (`--outline`; blank patches ranked last: all, the recipe's; those not "
+        "bordering a lit patch; none)"
+    )
+    return _settings_table(path, title, "blank patches ranked last", OUTLINE_SETTINGS, OUTLINE_TAUS, OUTLINE_COLUMNS)
 
 
 BLANK_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), ("on_object", "on object"))
@@ -453,18 +444,31 @@ BLANK_COLUMNS = (("accuracy", "acc."), ("agreement", "agrees"), ("on_object", "o
 def blank_table(path: str = BLANK) -> str:
     """Trained rows scored with and without blank patches ranked last (``--blank`` records): mean and range
     over the seeds of each (backbone, row), at each τ."""
-    rows = _by_row(path)
+    title = "Blank patches at inference (`--blank`; `ranked last`: `demote_blank`, the recipe's; `like any other`: off)"
+    settings = (("demote", "ranked last"), ("keep", "like any other"))
+    return _settings_table(path, title, "blank patches", settings, BLANK_TAUS, BLANK_COLUMNS)
+
+
+def _settings_table(
+    path: str,
+    title: str,
+    setting_head: str,
+    settings: tuple[tuple[str, str], ...],
+    taus: tuple[float, ...],
+    columns: tuple[tuple[str, str], ...],
+) -> str:
+    """A row per (backbone, row) of ``path``'s records and per (record key, words) of ``settings``: each
+    column's mean and range over the seeds at each τ (the records' ``"<key> tau=<τ>"`` entries)."""
     out = [
-        "\nBlank patches at inference (`--blank`; `ranked last`: `demote_blank`, the recipe's; `like any other`: "
-        "off), at τ = " + ", ".join(f"{t:g}" for t in BLANK_TAUS) + "\n",
-        "| backbone | row | seeds | blank patches | "
-        + " | ".join(f"{label}, τ = {t:g}" for t in BLANK_TAUS for _, label in BLANK_COLUMNS)
+        f"\n{title}, at τ = " + ", ".join(f"{t:g}" for t in taus) + "\n",
+        f"| backbone | row | seeds | {setting_head} | "
+        + " | ".join(f"{label}, τ = {t:g}" for t in taus for _, label in columns)
         + " |",
-        "|" + "---|" * (4 + len(BLANK_TAUS) * len(BLANK_COLUMNS)),
+        "|" + "---|" * (4 + len(taus) * len(columns)),
     ]
-    for (backbone, row), records in sorted(rows.items()):
-        for setting, words in (("demote", "ranked last"), ("keep", "like any other")):
-            cells = _metric_cells(records, [f"{setting} tau={t:g}" for t in BLANK_TAUS], BLANK_COLUMNS)
+    for (backbone, row), records in sorted(_by_row(path).items()):
+        for setting, words in settings:
+            cells = _metric_cells(records, [f"{setting} tau={t:g}" for t in taus], columns)
             out.append(f"| {backbone} | {row} | {_seeds(records)} | {words} | {' | '.join(cells)} |")
     return "\n".join(out)
 
