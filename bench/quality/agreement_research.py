@@ -207,6 +207,16 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         },
         {},
     ),
+    "prior3-suff4-sal0-div4": (
+        "the 0.6.1 text default (prior 3, sufficiency 4, no teacher) with an overlap penalty of 4, text's 2 doubled",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "diversity_weight": 4.0},
+        {},
+    ),
+    "prior3-suff4-sal0-div8": (
+        "the 0.6.1 text default with an overlap penalty of 8, the image recipe's",
+        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "diversity_weight": 8.0},
+        {},
+    ),
     "prior3-suff1-div32": (
         "agreement prior 3 + sufficiency 1, overlap penalty 32",
         {"agreement_prior": 3.0, "sufficiency_weight": 1.0, "diversity_weight": 32.0},
