@@ -191,7 +191,12 @@ def test_text_batches_with_accumulation_and_bf16():
     model = sopfast.SOP(make_bert(), num_groups=2, mode="drop")
     before = trainable_state_dict(model)
     result = train(model, Text(), Text(), epochs=1, batch_size=2, grad_accum=2, amp="bf16", lr=1e-3, progress=False)
-    assert result.step == 1 and set(result.metrics) == {"val_loss", "val_accuracy", "val_agreement"}
+    assert result.step == 1 and set(result.metrics) == {
+        "val_loss",
+        "val_accuracy",
+        "val_agreement",
+        "val_distinct_groups",
+    }
     after = trainable_state_dict(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -201,7 +206,10 @@ def test_regression_uses_mse():
     x = image_data(4).tensors[0]
     data = TensorDataset(x, torch.randn(4))
     result = train(model, data, data, epochs=1, batch_size=2, progress=False)
-    assert set(result.metrics) == {"val_loss", "val_mse"} and result.best_metric == result.metrics["val_mse"]
+    assert (
+        set(result.metrics) == {"val_loss", "val_mse", "val_distinct_groups"}
+        and result.best_metric == result.metrics["val_mse"]
+    )
 
 
 def test_lr_schedules():

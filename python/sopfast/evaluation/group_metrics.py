@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_rank, check_same_length
+from ..model.group_counts import distinct_rows
 from .reductions import reduce
 
 
@@ -41,11 +42,7 @@ def distinct_groups(
     counts 0.
     """
     g, _, used = _check_group_masks(masks, valid, used)
-    same = (g.unsqueeze(2) == g.unsqueeze(1)).all(dim=-1)
-    m = g.shape[1]
-    earlier = torch.ones(m, m, dtype=torch.bool, device=g.device).tril(-1)
-    repeated = (same & earlier & used.unsqueeze(1)).any(dim=-1)
-    return reduce((used & ~repeated).sum(dim=-1).float(), reduction)
+    return reduce(distinct_rows(g, used).float(), reduction)
 
 
 def pairwise_iou(

@@ -287,7 +287,10 @@ def _data_line(model: Any) -> str:
 
 def _validation_line(model: Any) -> str:
     validation = model.provenance.get("validation") or {}
-    names = {"val_agreement": "agreement with the backbone's full-input prediction"}
+    names = {
+        "val_agreement": "agreement with the backbone's full-input prediction",
+        "val_distinct_groups": f"distinct groups per input (of {model.num_groups})",
+    }
     metrics = [
         f"{names.get(k, k[4:])} {v:.4f}" for k, v in validation.items() if k.startswith("val_") and isinstance(v, float)
     ]

@@ -144,6 +144,17 @@ def _loader_options(loader: DataLoader) -> dict:
     }
 
 
+def num_train_batches(loader: DataLoader) -> int:
+    """The batches of one epoch of the train ``loader`` (TypeError without a length, ValueError when none)."""
+    try:
+        n = len(loader)
+    except TypeError as err:
+        raise TypeError("train_data must have a length (a map-style Dataset or a DataLoader over one)") from err
+    if n == 0:
+        raise ValueError("train_data yields no batches")
+    return n
+
+
 def make_train_loader(data: Dataset | DataLoader, batch_size: int | None, info: DistInfo, seed: int) -> DataLoader:
     """A loader with a :class:`ResumableSampler` (shuffled for datasets and shuffling loaders).
 

@@ -43,10 +43,12 @@ CSV_FIELDS = (
     *PENALTIES,
     "grad_norm",
     "lr",
+    "distinct_groups",
     "val_loss",
     "val_accuracy",
     "val_agreement",
     "val_mse",
+    "val_distinct_groups",
 )
 #: TensorBoard charts that put one quantity's train and validation values on one axis
 TENSORBOARD_LAYOUT = {"losses": {"task loss (train, validation)": ["Multiline", ["train/task_loss", "eval/val_loss"]]}}
@@ -192,7 +194,7 @@ def _summary_writer(directory: Path) -> Any:
 def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
     """A PNG of a run's records, one axis per quantity: the task loss (train and validation: the same
     quantity), the loss training optimises (task loss + penalties), each penalty, the validation
-    metric, the gradient norm and the learning rate."""
+    metric, the distinct groups per input (train and validation), the gradient norm and the learning rate."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,6 +209,10 @@ def plot_training_curves(records: list[dict[str, Any]], path: Path) -> Path:
         ("training loss (task loss + penalties)", [("loss", train, "train")]),
         *((name.replace("_", " "), [(name, train, "train")]) for name in PENALTIES if any(name in r for r in train)),
         (metric or "validation metric", [(metric, evals, "validation")] if metric else []),
+        (
+            "distinct groups per input",
+            [("distinct_groups", train, "train"), ("val_distinct_groups", evals, "validation")],
+        ),
         ("gradient norm", [("grad_norm", train, "train")]),
         ("learning rate", [("lr", train, "train")]),
     ]

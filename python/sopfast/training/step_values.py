@@ -14,19 +14,24 @@ class StepValues:
 
     A record holds ``loss`` (what the step optimised: the task loss plus the training penalties),
     ``task_loss`` (cross-entropy, or the scaled MSE: the quantity the validation loss ``val_loss`` is) and
-    one ``<name>_penalty`` per penalty of :meth:`sopfast.model.output.SOPOutput.loss_terms`.
+    one ``<name>_penalty`` per penalty of :meth:`sopfast.model.output.SOPOutput.loss_terms`; the trainer
+    adds ``distinct_groups``, the mean number of different groups per example of the step's batches.
     """
 
     def __init__(self) -> None:
         self._sums: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[dict[str, float], list[str], torch.Tensor]] = []
 
-    def add(self, terms: dict[str, torch.Tensor], scale: int) -> torch.Tensor:
-        """Count one micro-batch's loss ``terms`` (each divided by ``scale``, the micro-batches of its step);
-        returns its loss to back-propagate, their sum over ``scale``."""
+    def add(
+        self, terms: dict[str, torch.Tensor], scale: int, measures: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Count one micro-batch's loss ``terms`` and ``measures`` (values recorded, not optimised), each
+        divided by ``scale``, the micro-batches of its step; returns its loss to back-propagate, the sum of
+        the terms over ``scale``."""
         values = list(terms.values())
         loss = sum(values[1:], values[0]) / scale
-        for name, value in (("loss", loss), *((k, v / scale) for k, v in terms.items())):
+        recorded = {**terms, **(measures or {})}
+        for name, value in (("loss", loss), *((k, v / scale) for k, v in recorded.items())):
             value = value.detach().float()
             self._sums[name] = self._sums[name] + value if name in self._sums else value
         return loss

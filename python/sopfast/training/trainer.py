@@ -34,9 +34,11 @@ from ..model.checkpoint import (
     save_training_state,
     trainable_state_dict,
 )
+from ..model.group_counts import distinct_rows
 from ..model.numerics import flush_denormal
 from ..model.sop import SOP
 from .callbacks import LegacyCallback, TrainerCallback, as_callbacks, emit
+from .collapse import collapsed_groups
 from .config import AMP_DTYPES, METRICS, STATE_FORMAT, TrainConfig, TrainResult, resolve_metric
 from .distributed import (
     ResumableSampler,
@@ -47,6 +49,7 @@ from .distributed import (
     make_eval_loader,
     make_train_loader,
     no_sync,
+    num_train_batches,
     wrap_ddp,
 )
 from .guards import NonFiniteLossError, check_savable, step_error
@@ -174,7 +177,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.train_loader = make_train_loader(self.train_data, cfg.batch_size, info, cfg.seed)
         self.val_loader = None if self.val_data is None else make_eval_loader(self.val_data, cfg.batch_size, info)
-        self.batches_per_epoch = self._num_batches(self.train_loader)
+        self.batches_per_epoch = num_train_batches(self.train_loader)
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.epochs = cfg.planned_epochs(self.steps_per_epoch)
         self.total_steps = self.epochs * self.steps_per_epoch
@@ -216,16 +219,6 @@ class Trainer:
             data = self.val_data if self.val_data is not None else self.train_data
             self.diagnosis = diagnose_run(self.model, data, self.config, self.device, self.log.write)
         self.model.provenance["diagnosis"] = self.diagnosis  # saved with the model: its card shows it
-
-    @staticmethod
-    def _num_batches(loader: DataLoader) -> int:
-        try:
-            n = len(loader)
-        except TypeError as err:
-            raise TypeError("train_data must have a length (a map-style Dataset or a DataLoader over one)") from err
-        if n == 0:
-            raise ValueError("train_data yields no batches")
-        return n
 
     @cached_property
     def _fingerprint(self) -> dict[str, Any]:
@@ -318,7 +311,8 @@ class Trainer:
         with no_sync(self.ddp_model, skip=not last):
             with self._autocast():
                 out, labels = forward_batch(self.ddp_model, to_device(batch, self.device))
-                loss = self.steps.add(out.loss_terms(labels), group_size)
+                distinct = {"distinct_groups": distinct_rows(out.group_masks).float().mean()}
+                loss = self.steps.add(out.loss_terms(labels), group_size, distinct)
             with flush_denormal(self.device.type == "cpu"):  # subnormal gradients: sopfast.model.numerics
                 self.scaler.scale(loss).backward()
         self._flag_non_finite(loss.detach())
@@ -458,6 +452,9 @@ class Trainer:
         best = self.best_metric if self.metric == "accuracy" else None
         if self.info.is_main and (verdict := below_the_bar(self.diagnosis, best, self.model.provenance)):
             logger.warning(verdict)
+        collapse = collapsed_groups(self.log.records, self.model.num_groups, self.model.diversity_weight)
+        if self.info.is_main and collapse:
+            logger.warning(collapse)
         self.log.plot()
         self._emit("end", record)
         barrier(self.info)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..data.batches import FORMATS, parse_batch, to_device
+from ..model.group_counts import distinct_rows
 from ..model.output import SOPOutput
 from .distributed import DistInfo, all_reduce_sum
 from .state import capture_rng, restore_rng
@@ -66,12 +67,13 @@ def validate(
     autocast: Callable[[], AbstractContextManager],
 ) -> dict[str, float]:
     """``val_loss`` and ``val_accuracy`` with ``val_agreement`` (the share of predictions equal to the frozen
-    backbone's on the whole input; classification) or ``val_mse`` (regression) of ``model`` (a
-    :class:`sopfast.SOP`) over ``loader``, summed over all ranks; the RNG states are left as they were."""
+    backbone's on the whole input; classification) or ``val_mse`` (regression), and ``val_distinct_groups``
+    (the mean number of different groups per example), of ``model`` (a :class:`sopfast.SOP`) over ``loader``,
+    summed over all ranks; the RNG states are left as they were."""
     was_training = model.training
     model.eval()
     classification = model.task == "classification"
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
     cuda = [device.index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda, device_type=device.type):
         for batch in loader:
@@ -85,12 +87,14 @@ def validate(
                     _score(model.task, out, labels),
                     torch.tensor(labels.shape[0], device=device, dtype=torch.float64),
                     agreeing.double(),
+                    distinct_rows(out.group_masks).sum().double(),
                 ]
             )
     model.train(was_training)
-    loss, score, count, agreeing = all_reduce_sum(sums, info).tolist()
+    loss, score, count, agreeing, distinct = all_reduce_sum(sums, info).tolist()
     if count == 0:
         raise ValueError("val_data is empty")
+    groups = {"val_distinct_groups": distinct / count}
     if not classification:
-        return {"val_loss": loss / count, "val_mse": score / count}
-    return {"val_loss": loss / count, "val_accuracy": score / count, "val_agreement": agreeing / count}
+        return {"val_loss": loss / count, "val_mse": score / count, **groups}
+    return {"val_loss": loss / count, "val_accuracy": score / count, "val_agreement": agreeing / count, **groups}
