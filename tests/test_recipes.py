@@ -71,20 +71,20 @@ def test_sopfast_is_the_research_winner():
 
 
 def test_sopfast_on_text_has_the_text_research_winner():
-    """Issues #34 and #41 (docs/quality.md): on text an overlap penalty of 2, the agreement prior and sufficiency
+    """Issues #34 and #41 (docs/quality.md): on text an overlap penalty of 4, the agreement prior and sufficiency
     without the teacher (a teacher given explicitly averages 5 levels), no exploration; a regressor keeps the
     2-level teacher and no exploration."""
     assert RECIPES["sopfast"].model_by_modality == {
         "text": {
             "saliency_weight": 0.0,
             "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9),
-            "diversity_weight": 2.0,
+            "diversity_weight": 4.0,
             "explore": 0.0,
         }
     }
     assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
     text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
-    assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (0.0, (0.1, 0.3, 0.5, 0.7, 0.9), 2.0)
+    assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (0.0, (0.1, 0.3, 0.5, 0.7, 0.9), 4.0)
     assert (text.agreement_prior, text.sufficiency_weight, text.explore) == (3.0, 4.0, 0.0)
     assert (image.saliency_weight, image.diversity_weight, image.explore) == (0.0, 8.0, 0.5)
     given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))

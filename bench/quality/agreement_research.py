@@ -16,7 +16,8 @@ patches ranked last and like any other (``agreement_blank.jsonl``); ``--outline`
 those on the garment, other lit ones, blank ones bordering a lit one and other blank ones
 (``agreement_outline.jsonl``). A row may set the training τ (default 0.2).
 The 0.6 default recipe for image classifiers is the row ``prior3-suff4-sal0``; 0.6.1's is
-``prior3-suff4-sal0-explore0.5``.
+``prior3-suff4-sal0-explore0.5``. On text 0.6.1's default is ``prior3-suff4-sal0`` (text rows keep its overlap
+penalty of 2 unless they set one) and 0.6.4's ``prior3-suff4-sal0-div4``.
 
     python bench/quality/agreement_research.py --rows recipe prior3 --seeds 0 1 [--backbone plain]
     python bench/quality/agreement_research.py --table
@@ -87,6 +88,8 @@ METRICS = ["accuracy", "agreement", "bounds", "diversity", "grounding"]
 #: The 0.5.3 default recipe's options that 0.6 changed: every row is written over them, so that a row means
 #: the same with either version's default.
 RECIPE_053 = {"saliency_weight": 1.0, "agreement_prior": 0.0, "sufficiency_weight": 0.0, "explore": 0.0}
+#: The text recipe's option that 0.6.4 changed (the overlap penalty, 2 → 4): text rows are written over it too.
+TEXT_RECIPE_063 = {"diversity_weight": 2.0}
 # name: (what it tests, SOP options over the 0.5.3 recipe, options set only for the evaluation)
 ROWS: dict[str, tuple[str, dict, dict]] = {
     "recipe": ("the default recipe of 0.5.3", {}, {}),
@@ -252,7 +255,8 @@ def trained_model(backbone_name: str, row: str, seed: int) -> tuple[SOP, float]:
     backbone = BACKBONES[backbone_name]()
     text = backbone_name in TEXT_BACKBONES
     torch.manual_seed(seed)
-    model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, **{"tau": 0.2, **RECIPE_053, **options})
+    earlier = {**RECIPE_053, **(TEXT_RECIPE_063 if text else {})}
+    model = SOP(backbone, num_groups=TEXT["groups"] if text else 20, **{"tau": 0.2, **earlier, **options})
     run = os.path.join(CACHE, "agreement", f"{backbone_name}-{train_row}-s{seed}")
     weights = os.path.join(run, "final.pt")
     seconds = 0.0
