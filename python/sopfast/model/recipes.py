@@ -28,11 +28,11 @@ sufficiency term rewards groups near the current ones: at τ = 0.1, below the tr
 On text the agreement prior and the sufficiency term are on and the saliency teacher off since 0.6.1 (on the
 MiniLM classifier, 2 seeds: agreement 94.8–98.6 % against 89.2 % for 0.6's 5-level teacher, 6.7–7.6
 distinct groups of 8, half the training time) and no exploration (unmeasured there); a teacher given
-explicitly averages five levels (0.1 … 0.9). The overlap penalty on text is 4 since 0.6.4: at 2 (issue #34: a
-tweet has too few words for 8 groups kept apart at 8 with the teacher) the groups became one on MiniLM at one
-training seed of three (1.05 distinct of 8, SOP 0.676); at 4 that seed keeps 7.8 distinct groups and scores
-0.840 (docs/quality.md, "Text: when the groups collapse"). A regressor keeps the 2-level teacher (the agreement options compare classes) and no
-exploration (unmeasured).
+explicitly averages five levels (0.1 … 0.9). The overlap penalty on text is 4 since 0.6.4. Issue #34 had set
+2, with the teacher (a tweet has too few words for 8 groups kept apart at 8); without it, at 2, the groups
+became one on MiniLM at one training seed of three (1.05 distinct of 8, SOP 0.676), and at 4 that seed keeps
+7.8 distinct groups and scores 0.840 (docs/quality.md, "Text: when the groups collapse"). A regressor keeps
+the 2-level teacher (the agreement options compare classes) and no exploration (unmeasured).
 
 The execution mode is part of the recipe too (``SOP(mode=None)``, the default, from Python and the
 command line alike): ``"paper"`` runs ``exact``, the authors' algorithm; ``"sopfast"`` runs ``drop``
@@ -144,9 +144,10 @@ RECIPES: dict[str, Recipe] = {
         training_by_modality={"text": {"lr": 5e-4}},
         # issue #34 (docs/quality.md, "Issue #34"): with the teacher an overlap penalty of 8 kept the few words of
         # a tweet from being shared by the groups, so text had 2; 0.6.4 (issue #41): 4, as at 2 MiniLM's groups
-        # collapsed at seed 2; a teacher, if given, averages 5 levels (the 2-level one ranks words worse than IG-F). Issue #41 (0.6.1, docs/quality.md "Text: the agreement options on MiniLM"): the
-        # prior and sufficiency without the teacher agree with MiniLM on 94.8–98.6 % of 500 tweets (the teacher
-        # recipe 89.2 %), 6.7–7.6 distinct groups of 8, half the training time; exploration is unmeasured on text
+        # collapsed at seed 2; a teacher, if given, averages 5 levels (the 2-level one ranks words worse than
+        # IG-F). Issue #41 (0.6.1, docs/quality.md "Text: the agreement options on MiniLM"): the prior and
+        # sufficiency without the teacher agree with MiniLM on 94.8–98.6 % of 500 tweets (the teacher recipe
+        # 89.2 %), 6.7–7.6 distinct groups of 8, half the training time; exploration is unmeasured on text
         model_by_modality={
             "text": {
                 "saliency_weight": 0.0,

@@ -128,7 +128,7 @@ class Trainer:
         return result
 
     def evaluate(self) -> dict[str, float]:
-        """``val_loss`` and ``val_accuracy`` (classification) or ``val_mse`` (regression), over all ranks."""
+        """The validation metrics over all ranks (:func:`sopfast.training.validation.validate`)."""
         if self.val_loader is None:
             raise TypeError("evaluate() needs val_data (and runs inside fit())")
         return validate(self.model, self.val_loader, self.device, self.info, self._autocast)
