@@ -20,25 +20,39 @@ X = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 Y = torch.tensor([0, 1, 2, 0, 1, 2])
 
 
-def trained(tmp_path, caplog, tau: float, val: bool = True) -> tuple[sopfast.SOP, object]:
+class Said(logging.Handler):
+    """The warnings ``sopfast.training`` logs, each once: a handler on that logger itself, as the ``sopfast``
+    logger stops propagating once a CLI test ran (``sopfast.cli.common.configure_logging``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def trained(tmp_path, caplog, tau: float, val: bool = True) -> tuple[sopfast.SOP, object, list[str]]:
+    """SOP with 4 groups trained one epoch at ``tau``; the model, the result and its collapse warnings."""
     torch.manual_seed(0)
     sop = sopfast.SOP(make_hf_vit(), num_groups=4, tau=tau)
-    with caplog.at_level(logging.WARNING, logger="sopfast.training"):
-        result = sopfast.train(
-            sop,
-            TensorDataset(X, Y),
-            TensorDataset(X, Y) if val else None,
-            epochs=1,
-            batch_size=3,
-            output_dir=tmp_path / "run",
-            progress=False,
-            diagnose=False,
-        )
-    return sop, result
-
-
-def collapse_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "groups collapsed" in r.getMessage()]
+    logger, said = logging.getLogger("sopfast.training"), Said()
+    logger.addHandler(said)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sopfast.training"):
+            result = sopfast.train(
+                sop,
+                TensorDataset(X, Y),
+                TensorDataset(X, Y) if val else None,
+                epochs=1,
+                batch_size=3,
+                output_dir=tmp_path / "run",
+                progress=False,
+                diagnose=False,
+            )
+    finally:
+        logger.removeHandler(said)
+    return sop, result, [m for m in said.messages if "groups collapsed" in m]
 
 
 def test_distinct_rows_by_hand():
@@ -51,9 +65,9 @@ def test_distinct_rows_by_hand():
 
 def test_groups_that_are_one_by_construction_are_counted_and_warned_about(tmp_path, caplog):
     # τ = 1: every group holds every patch, so the 4 groups are one
-    _, result = trained(tmp_path, caplog, tau=1.0)
+    _, result, warnings = trained(tmp_path, caplog, tau=1.0)
     assert result.metrics["val_distinct_groups"] == 1.0
-    (warning,) = collapse_warnings(caplog)
+    (warning,) = warnings
     assert "1.0 different groups of 4" in warning and "at the last evaluation" in warning
     assert "diversity_weight (this run: 8)" in warning
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -67,14 +81,13 @@ def test_groups_that_are_one_by_construction_are_counted_and_warned_about(tmp_pa
 
 
 def test_without_validation_data_the_last_training_steps_are_counted(tmp_path, caplog):
-    trained(tmp_path, caplog, tau=1.0, val=False)
-    (warning,) = collapse_warnings(caplog)
+    _, _, (warning,) = trained(tmp_path, caplog, tau=1.0, val=False)
     assert "over the last 2 training steps" in warning
 
 
 def test_distinct_groups_are_not_warned_about_and_match_evaluate(tmp_path, caplog):
-    sop, result = trained(tmp_path, caplog, tau=0.2)
-    assert collapse_warnings(caplog) == []
+    sop, result, warnings = trained(tmp_path, caplog, tau=0.2)
+    assert warnings == []
     evaluated = sopfast.evaluate(sop, [(X, Y)], metrics=["diversity"], progress=False)
     assert result.metrics["val_distinct_groups"] == pytest.approx(evaluated["SOP"]["distinct_groups"])
     assert result.metrics["val_distinct_groups"] > 2.0
