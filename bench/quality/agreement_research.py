@@ -90,6 +90,8 @@ METRICS = ["accuracy", "agreement", "bounds", "diversity", "grounding"]
 RECIPE_053 = {"saliency_weight": 1.0, "agreement_prior": 0.0, "sufficiency_weight": 0.0, "explore": 0.0}
 #: The text recipe's option that 0.6.4 changed (the overlap penalty, 2 → 4): text rows are written over it too.
 TEXT_RECIPE_063 = {"diversity_weight": 2.0}
+#: The options of the 0.6 image default (the row ``prior3-suff4-sal0``), which many rows build on.
+DEFAULT_06 = {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0}
 # name: (what it tests, SOP options over the 0.5.3 recipe, options set only for the evaluation)
 ROWS: dict[str, tuple[str, dict, dict]] = {
     "recipe": ("the default recipe of 0.5.3", {}, {}),
@@ -130,13 +132,13 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     ),
     "prior3-suff4-sal0": (
         "agreement prior 3 + sufficiency 4, no saliency teacher",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        DEFAULT_06,
         {},
     ),
     "prior3-suff4-sal0+prior10-eval": (
         "the 0.6 image default's (0.6.1 text default's) model, its agreement prior raised from 3 to 10 at "
         "inference only",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0},
+        DEFAULT_06,
         {"agreement_prior": 10.0},
     ),
     "prior10-suff4-sal0": (
@@ -151,22 +153,20 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     ),
     "prior3-suff4-sal0-explore0.5": (
         "the 0.6 default + exploration 0.5 (Gumbel noise on the generator's logits when training picks the groups)",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
+        {**DEFAULT_06, "explore": 0.5},
         {},
     ),
     "prior3-suff4-sal0-explore0.5+prior10-eval": (
         "the 0.6.1 default's model, its agreement prior raised from 3 to 10 at inference only (a selector that "
         "leans harder on the groups that agree)",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5},
+        {**DEFAULT_06, "explore": 0.5},
         {"agreement_prior": 10.0},
     ),
     "prior3-suff4-sal0-explore0.5-keepblank": (
         "the 0.6.1 default with blank patches ranked like any other (demote_blank off), as random groups "
         "keep them: can the groups show the backbone the garment's outline",
         {
-            "agreement_prior": 3.0,
-            "sufficiency_weight": 4.0,
-            "saliency_weight": 0.0,
+            **DEFAULT_06,
             "explore": 0.5,
             "demote_blank": False,
         },
@@ -174,15 +174,13 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     ),
     "prior3-suff4-sal0-explore0.5-tau0.4": (
         "the 0.6.1 default trained at τ = 0.4, as the diagnostic advises for a fragile backbone",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 0.5, "tau": 0.4},
+        {**DEFAULT_06, "explore": 0.5, "tau": 0.4},
         {},
     ),
     "prior3-suff4-sal0-explore0.5-keepblank-tau0.4": (
         "the 0.6.1 default trained at τ = 0.4 with blank patches ranked like any other (--no-demote-blank)",
         {
-            "agreement_prior": 3.0,
-            "sufficiency_weight": 4.0,
-            "saliency_weight": 0.0,
+            **DEFAULT_06,
             "explore": 0.5,
             "demote_blank": False,
             "tau": 0.4,
@@ -191,7 +189,7 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     ),
     "prior3-suff4-sal0-explore1": (
         "the 0.6 default + exploration 1 (at 1 each group is a Plackett–Luce draw from the attention)",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "explore": 1.0},
+        {**DEFAULT_06, "explore": 1.0},
         {},
     ),
     "prior3-suff8-sal0-explore0.5": (
@@ -202,9 +200,7 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "prior3-suff4-sal0-div2-explore0.5": (
         "agreement prior 3 + sufficiency 4, no teacher, overlap penalty 2, Gumbel exploration 0.5",
         {
-            "agreement_prior": 3.0,
-            "sufficiency_weight": 4.0,
-            "saliency_weight": 0.0,
+            **DEFAULT_06,
             "diversity_weight": 2.0,
             "explore": 0.5,
         },
@@ -212,12 +208,12 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     ),
     "prior3-suff4-sal0-div4": (
         "the 0.6.1 text default (prior 3, sufficiency 4, no teacher) with an overlap penalty of 4, text's 2 doubled",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "diversity_weight": 4.0},
+        {**DEFAULT_06, "diversity_weight": 4.0},
         {},
     ),
     "prior3-suff4-sal0-div8": (
         "the 0.6.1 text default with an overlap penalty of 8, the image recipe's",
-        {"agreement_prior": 3.0, "sufficiency_weight": 4.0, "saliency_weight": 0.0, "diversity_weight": 8.0},
+        {**DEFAULT_06, "diversity_weight": 8.0},
         {},
     ),
     "prior3-suff1-div32": (
