@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--full",
         action="store_true",
         help="the committed study instead of the default run: 2 SOP seeds, every baseline, longer training "
-        "(image: about 20 minutes on 2 CPU cores; text: about 75 minutes)",
+        "(image: about 20 minutes on 2 CPU cores; text: 75-90 minutes beside other jobs)",
     )
     size.add_argument(
         "--quick", action="store_true", help="the full study's every path on small data (a minute or two)"
