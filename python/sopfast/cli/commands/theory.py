@@ -9,8 +9,7 @@ from ...theory import KINDS, MAX_ENUMERATED_D
 from ..common import check_output_file, needs
 from ..parser import CLIError, int_at_least
 
-#: The largest --max-d: the binomial bound's linear program grows about as d⁴ per dimension (d = 99 took
-#: 1.8 s alone); the default run up to 64 takes about 20 s on a shared 2-core CPU, 100 over a minute.
+#: The largest --max-d: the binomial bound's linear program grows about as d⁴ per dimension.
 MAX_D = 64
 
 
@@ -34,8 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-d",
         type=_at_most(MAX_D, 1),
         default=20,
-        help=f"largest dimension d (default 20, at most {MAX_D}: the programs grow about as d^4; 2..{MAX_D} takes "
-        "about 20 s)",
+        help=f"largest dimension d (default 20, at most {MAX_D}: the programs grow about as d^4)",
     )
     p.add_argument("--kind", choices=[*KINDS, "both"], default="both", help="which bound (default both)")
     p.add_argument("--mse", action="store_true", help="mean-squared-error variants instead of absolute error")
