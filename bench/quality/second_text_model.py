@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import sopfast
 from sopfast.data.datasets import TextDataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,7 +173,8 @@ def _header(quick: bool, size: RobertaSize, n_train: int, accuracy: float, secon
             "",
             f"`OMP_NUM_THREADS=1 python bench/quality/second_text_model.py{' --quick' if quick else ''}` on "
             f"{platform.processor() or platform.machine()} ({os.cpu_count()} shared cores, no GPU), torch "
-            f"{torch.__version__}, one intra-op thread beside other jobs: {total:.0f} s wall in all.",
+            f"{torch.__version__}, sopfast {sopfast.__version__} (its default recipe), one intra-op thread beside "
+            f"other jobs: {total:.0f} s wall in all.",
             f"The backbone: `RobertaForSequenceClassification` ({params}) over the MiniLM WordPiece vocabulary, "
             f"every weight trained from scratch on the text demo's {n_train} training tweets "
             f"(`text_splits(quick={quick}, seed=0)`; {size.epochs} epochs, batch {size.batch_size}, AdamW "
