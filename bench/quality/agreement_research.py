@@ -211,6 +211,11 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
         {**DEFAULT_06, "diversity_weight": 4.0},
         {},
     ),
+    "prior3-suff4-sal0-div4+prior10-eval": (
+        "the 0.6.4 text default's model, its agreement prior raised from 3 to 10 at inference only",
+        {**DEFAULT_06, "diversity_weight": 4.0},
+        {"agreement_prior": 10.0},
+    ),
     "prior3-suff4-sal0-div8": (
         "the 0.6.1 text default with an overlap penalty of 8, the image recipe's",
         {**DEFAULT_06, "diversity_weight": 8.0},
