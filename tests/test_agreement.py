@@ -247,3 +247,40 @@ def test_a_diagnosis_saved_before_selector_misses_reads_without_it():
     own = OwnGroups(**saved)
     assert own.selector_misses is None
     assert not any("the selector loses" in line for line in own.lines("drop"))
+
+
+def test_the_selector_uses_the_training_prior_in_training_and_the_agreement_prior_at_inference():
+    sop = model(agreement_prior=1e4, train_agreement_prior=0.0)
+    inputs = sop.prepare(X)
+    with torch.no_grad():
+        groups = sop.make_groups(inputs)
+        preds = sop.adapter.run_groups(inputs, groups, sop.mode, chunk_size=16)
+        reference = sop.reference_logits(inputs)
+        at_inference = sop.select(preds, reference)
+        trained = sop.train().select(preds, reference)
+    assert sop.selection_prior == 0.0 and sop.eval().selection_prior == 1e4
+    torch.testing.assert_close(trained, sop.selector(preds.keys))  # no prior in training
+    torch.testing.assert_close(at_inference, sop.selector(preds.keys, 1e4 * agreement_scores(preds.logits, reference)))
+    assert (at_inference - trained).abs().max() > 0.1
+
+
+def test_an_agreement_prior_given_alone_is_the_training_prior_too():
+    from sopfast.testing import make_bert
+
+    text = sopfast.SOP(make_bert(), num_groups=4)
+    assert (text.agreement_prior, text.train_agreement_prior) == (10.0, 3.0)  # the text recipe's
+    given = sopfast.SOP(make_bert(), num_groups=4, agreement_prior=5.0)
+    assert (given.agreement_prior, given.train_agreement_prior, given.train().selection_prior) == (5.0, None, 5.0)
+    both = sopfast.SOP(make_bert(), num_groups=4, agreement_prior=5.0, train_agreement_prior=1.0)
+    assert (both.agreement_prior, both.train().selection_prior, both.eval().selection_prior) == (5.0, 1.0, 5.0)
+    image = model()
+    assert (image.agreement_prior, image.train_agreement_prior, image.train().selection_prior) == (3.0, None, 3.0)
+
+
+def test_a_bad_training_prior_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"train_agreement_prior.*-1\.0"):
+        model(train_agreement_prior=-1.0)
+    with pytest.raises(ValueError, match=r"train_agreement_prior=2\.0 compares classes"):
+        sopfast.SOP(make_hf_vit(), num_groups=4, task="regression", train_agreement_prior=2.0)
+    regression = sopfast.SOP(make_hf_vit(), num_groups=4, task="regression", class_weights=torch.randn(3, 32))
+    assert regression.train_agreement_prior is None and regression.train().selection_prior == 0.0

@@ -77,6 +77,7 @@ def test_sop_lists_the_recipe_options_once_and_takes_each_given():
         "demote_blank": False,
         "keep_special_tokens": False,
         "agreement_prior": 1.0,
+        "train_agreement_prior": 2.0,
         "sufficiency_weight": 1.5,
         "distill_weight": 0.5,
         "explore": 0.25,

@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 import sopfast
 from sopfast.cli.app import main
+from sopfast.model.checkpoint import CONFIG_NAME, _config_sha256
 from sopfast.model.recipes import DEFAULT_RECIPE, RECIPE_OPTIONS, RECIPES, REQUIRES, get_recipe, resolve_options
 from sopfast.testing import make_bert, make_hf_vit, text_batch
 from sopfast.training import Trainer
@@ -60,6 +61,7 @@ def test_sopfast_is_the_research_winner():
         "demote_blank": True,
         "keep_special_tokens": True,
         "agreement_prior": 3.0,
+        "train_agreement_prior": None,
         "sufficiency_weight": 4.0,
         "distill_weight": 0.0,
         "explore": 0.5,
@@ -71,21 +73,25 @@ def test_sopfast_is_the_research_winner():
 
 
 def test_sopfast_on_text_has_the_text_research_winner():
-    """Issues #34 and #41 (docs/quality.md): on text an overlap penalty of 4, the agreement prior and sufficiency
-    without the teacher (a teacher given explicitly averages 5 levels), no exploration; a regressor keeps the
+    """Issues #34 and #41 (docs/quality.md): on text an overlap penalty of 4, the agreement prior (3 in training,
+    10 at inference) and sufficiency without the teacher (a teacher given explicitly averages 5 levels), no
+    exploration; a regressor keeps the
     2-level teacher and no exploration."""
     assert RECIPES["sopfast"].model_by_modality == {
         "text": {
             "saliency_weight": 0.0,
             "saliency_levels": (0.1, 0.3, 0.5, 0.7, 0.9),
             "diversity_weight": 4.0,
+            "agreement_prior": 10.0,
+            "train_agreement_prior": 3.0,
             "explore": 0.0,
         }
     }
     assert RECIPES["sopfast"].model_for("image") == RECIPES["sopfast"].model == RECIPES["sopfast"].model_for(None)
     text, image = sopfast.SOP(make_bert()), sopfast.SOP(make_hf_vit())
     assert (text.saliency_weight, text.saliency_levels, text.diversity_weight) == (0.0, (0.1, 0.3, 0.5, 0.7, 0.9), 4.0)
-    assert (text.agreement_prior, text.sufficiency_weight, text.explore) == (3.0, 4.0, 0.0)
+    assert (text.agreement_prior, text.train_agreement_prior) == (10.0, 3.0)
+    assert (text.sufficiency_weight, text.explore) == (4.0, 0.0)
     assert (image.saliency_weight, image.diversity_weight, image.explore) == (0.0, 8.0, 0.5)
     given = sopfast.SOP(make_bert(), diversity_weight=8.0, saliency_levels=(0.2, 0.6))
     assert (given.saliency_levels, given.diversity_weight) == ((0.2, 0.6), 8.0)
@@ -180,3 +186,34 @@ def test_checkpoints_from_before_an_option_existed_load_with_it_off(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, model(x).logits)
+
+
+@pytest.mark.parametrize(
+    ("version", "absent"),
+    [
+        ("0.5.3", ("agreement_prior", "sufficiency_weight", "distill_weight", "explore", "train_agreement_prior")),
+        ("0.6.0", ("explore", "train_agreement_prior")),
+        ("0.6.4", ("train_agreement_prior",)),
+    ],
+)
+def test_checkpoints_from_before_an_option_existed_load_with_it_as_they_ran(tmp_path, version, absent):
+    """sopfast 0.5 wrote no agreement options, 0.6.0 no exploration and 0.6.x no training prior: such a checkpoint
+    loads with them off (the prior in training is then its agreement prior); one of a version that writes them
+    and lacks one is refused."""
+    backbone = make_hf_vit()
+    model = sopfast.SOP(backbone, num_groups=4).eval()
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / CONFIG_NAME
+    saved = json.loads(config_file.read_text())
+    for name in absent:
+        del saved["config"][name]
+    saved["sopfast_version"] = version
+    saved["sha256"][CONFIG_NAME] = _config_sha256(saved)
+    config_file.write_text(json.dumps(saved))
+    loaded = sopfast.SOP.from_pretrained(tmp_path, backbone)
+    assert {name: loaded.config[name] for name in absent} == {name: RECIPES["paper"].model[name] for name in absent}
+    saved["sopfast_version"] = "0.7.0"
+    saved["sha256"][CONFIG_NAME] = _config_sha256(saved)
+    config_file.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"lacks the config entries \[.*'train_agreement_prior'.*\]"):
+        sopfast.SOP.from_pretrained(tmp_path, backbone)

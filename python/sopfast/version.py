@@ -1,3 +1,3 @@
 """The one version string of sopfast (read by setup.py)."""
 
-__version__ = "0.6.4"
+__version__ = "0.7.0"

@@ -163,7 +163,7 @@ class ScoreBaseline(Method[torch.Tensor]):
         scores = state if num_groups is None else state[:, :num_groups]
         masks = top_tau_masks(scores, candidate_mask(model, inputs), tau, largest is not False)
         how = self.combine_mode(model)
-        reference = backbone_logits(model, inputs) if how == "selector" and model.agreement_prior > 0 else None
+        reference = backbone_logits(model, inputs) if how == "selector" and model.selection_prior > 0 else None
         return combine_groups(model, run_masks(model, inputs, masks, mode), masks, how, reference)
 
 

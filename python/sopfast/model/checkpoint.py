@@ -81,6 +81,15 @@ REQUIRED_OPTIONS = (
     "task",
 )
 _REQUIRED_FROM = (0, 3)
+#: Options of :data:`REQUIRED_OPTIONS` that sopfast writes only since the version given (an earlier
+#: checkpoint lacks them and ran with their ``"paper"`` value).
+OPTIONS_SINCE = {
+    "agreement_prior": (0, 6, 0),
+    "sufficiency_weight": (0, 6, 0),
+    "distill_weight": (0, 6, 0),
+    "explore": (0, 6, 1),
+    "train_agreement_prior": (0, 7, 0),
+}
 #: Constructor options saved too, but newer than sopfast 0.4's checkpoints, which lack them: absent, the
 #: default (what those checkpoints ran with).
 LATER_OPTIONS = ("backbone_dtype", "compile")
@@ -381,7 +390,9 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
             )
     if not isinstance(meta.get("provenance") or {}, dict):
         raise ValueError(f"{path}: provenance is {meta['provenance']!r}, not a mapping: the file is corrupted")
-    absent = [key for key in REQUIRED_OPTIONS if key not in meta["config"]]
+    absent = [
+        key for key in REQUIRED_OPTIONS if key not in meta["config"] and version >= OPTIONS_SINCE.get(key, (0, 0, 0))
+    ]
     if absent and version[:2] >= _REQUIRED_FROM:
         raise ValueError(
             f"{path} lacks the config entries {absent} (sopfast {meta['sopfast_version']} writes them all): "

@@ -107,6 +107,9 @@ class SOP(HubMixin, nn.Module):
             ``p_i`` is the backbone's prediction on the group alone and ``ŷ`` its prediction on the whole input
             (one more backbone pass per input), so that the groups that make the backbone say what it says
             carry SOP's prediction (from the recipe; 0 is the paper's selector; classification only).
+        train_agreement_prior: the selector's ``α`` in training, where it differs from ``agreement_prior`` (then
+            the prior at inference only); ``None``: ``agreement_prior`` in both (from the recipe, which sets 3
+            on text, where ``agreement_prior`` is 10; passing ``agreement_prior`` alone makes it ``None``).
         sufficiency_weight: in training, add ``sufficiency_weight ·`` :func:`sopfast.model.losses.sufficiency_loss`:
             each group's ``λ`` is pushed up when the group alone predicts the backbone's full-input class better
             than the input's other groups, down when worse — a signal for every group, used or not (from the
@@ -165,6 +168,7 @@ class SOP(HubMixin, nn.Module):
         demote_blank: bool | None = None,
         keep_special_tokens: bool | None = None,
         agreement_prior: float | None = None,
+        train_agreement_prior: float | None = None,
         sufficiency_weight: float | None = None,
         distill_weight: float | None = None,
         explore: float | None = None,
@@ -205,6 +209,7 @@ class SOP(HubMixin, nn.Module):
         self.saliency_loss, self.saliency_levels = options["saliency_loss"], options["saliency_levels"]
         self.unit_lambda, self.demote_blank = options["unit_lambda"], options["demote_blank"]
         self.agreement_prior, self.explore = options["agreement_prior"], options["explore"]
+        self.train_agreement_prior = options["train_agreement_prior"]
         self.sufficiency_weight, self.distill_weight = options["sufficiency_weight"], options["distill_weight"]
         self.adapter.keep_special_tokens = options["keep_special_tokens"]
         self.mode = self.recipe.default_mode(self.adapter) if mode is None else mode
@@ -432,7 +437,7 @@ class SOP(HubMixin, nn.Module):
                     inputs, groups, mode, lambda tokens: self.group_chunk_size(tokens, inputs.device, mode)
                 )
             check_finite_group_logits(preds.logits)
-            if reference is None and self.agreement_prior > 0:
+            if reference is None and self.selection_prior > 0:
                 reference = self.reference_logits(inputs)
         scores = self.select(preds, reference)
         # unit_lambda: λ = 1 in the prediction, λ's gradient kept for the generator
@@ -450,14 +455,24 @@ class SOP(HubMixin, nn.Module):
             backbone_logits=reference,
         )
 
+    @property
+    def selection_prior(self) -> float:
+        """The agreement prior the selector uses now: ``train_agreement_prior`` in training when set, else
+        ``agreement_prior``."""
+        if self.training and self.train_agreement_prior is not None:
+            return self.train_agreement_prior
+        return self.agreement_prior
+
     def select(self, preds: GroupPredictions, reference: torch.Tensor | None = None) -> torch.Tensor:
         """The selector's weights ``c [B, C, m]`` for group predictions ``preds`` (logits ``[B, m, C]``, keys
-        ``[B, m, H]``); with ``agreement_prior`` the backbone's full-input logits ``reference [B, C]`` are needed."""
-        if self.agreement_prior == 0 or preds.logits.shape[0] == 0:
+        ``[B, m, H]``); with an agreement prior (:attr:`selection_prior`) the backbone's full-input logits
+        ``reference [B, C]`` are needed."""
+        prior = self.selection_prior
+        if prior == 0 or preds.logits.shape[0] == 0:
             return self.selector(preds.keys)
         if reference is None:
             raise ValueError("agreement_prior > 0: the selector needs the backbone's full-input logits (reference)")
-        return self.selector(preds.keys, self.agreement_prior * agreement_scores(preds.logits, reference))
+        return self.selector(preds.keys, prior * agreement_scores(preds.logits, reference))
 
     @classmethod
     def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:
