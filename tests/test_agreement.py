@@ -5,6 +5,8 @@ distillation)."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -284,3 +286,43 @@ def test_a_bad_training_prior_is_refused_naming_it():
         sopfast.SOP(make_hf_vit(), num_groups=4, task="regression", train_agreement_prior=2.0)
     regression = sopfast.SOP(make_hf_vit(), num_groups=4, task="regression", class_weights=torch.randn(3, 32))
     assert regression.train_agreement_prior is None and regression.train().selection_prior == 0.0
+
+
+def test_a_prior_in_training_alone_computes_the_backbones_answer_in_training():
+    sop = model(recipe="paper", train_agreement_prior=3.0).train()  # no prior at inference, no penalties
+    out = sop(X, labels=Y)
+    assert out.backbone_logits is not None  # the training prior selects by it
+    out.loss.backward()
+    with torch.no_grad():
+        assert sop.eval()(X).backbone_logits is None
+
+
+def test_text_checkpoints_keep_their_priors_and_a_prior_given_on_loading_leads_both(tmp_path):
+    from sopfast.model.checkpoint import CONFIG_NAME, _config_sha256
+    from sopfast.testing import make_bert
+
+    backbone = make_bert()
+    sopfast.SOP(backbone, num_groups=4).save_pretrained(tmp_path / "new")
+    new = sopfast.SOP.from_pretrained(tmp_path / "new", backbone)
+    assert (new.agreement_prior, new.train_agreement_prior) == (10.0, 3.0)
+    given = sopfast.SOP.from_pretrained(tmp_path / "new", backbone, agreement_prior=5.0)
+    assert (given.agreement_prior, given.train_agreement_prior) == (5.0, None)
+    both = sopfast.SOP.from_pretrained(tmp_path / "new", backbone, agreement_prior=5.0, train_agreement_prior=1.0)
+    assert (both.agreement_prior, both.train_agreement_prior) == (5.0, 1.0)
+    sopfast.SOP(backbone, num_groups=4, agreement_prior=3.0).save_pretrained(tmp_path / "old")
+    config_file = tmp_path / "old" / CONFIG_NAME
+    saved = json.loads(config_file.read_text())
+    del saved["config"]["train_agreement_prior"]  # as sopfast 0.6.4 wrote its text checkpoints
+    saved["sopfast_version"] = "0.6.4"
+    saved["sha256"][CONFIG_NAME] = _config_sha256(saved)
+    config_file.write_text(json.dumps(saved))
+    old = sopfast.SOP.from_pretrained(tmp_path / "old", backbone)
+    assert (old.eval().selection_prior, old.train().selection_prior) == (3.0, 3.0)
+
+
+def test_priors_and_blank_ranking_set_after_construction_are_saved(tmp_path):
+    sop = model()
+    sop.agreement_prior, sop.train_agreement_prior, sop.demote_blank = 7.0, 2.0, False
+    sop.save_pretrained(tmp_path)
+    loaded = sopfast.SOP.from_pretrained(tmp_path, sop.backbone)
+    assert (loaded.agreement_prior, loaded.train_agreement_prior, loaded.demote_blank) == (7.0, 2.0, False)

@@ -105,7 +105,7 @@ def combine_groups(
     """Turn group predictions into a :class:`Prediction`.
 
     ``"mean"``: average of the group logits (BagNet); ``"selector"``: SOP's trained selector
-    with ``λ = 1`` (with its ``agreement_prior``, which needs the backbone's full-input logits
+    with ``λ = 1`` (with its agreement prior, ``selection_prior``, which needs the backbone's full-input logits
     ``reference [B, C]``); ``"per_output"``: group ``c`` alone predicts output ``c`` (needs ``m = C``).
     """
     y = preds.logits.float()

@@ -60,7 +60,17 @@ WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
 BACKBONE_PREFIX = "backbone."
 # Attributes of SOP that may change after construction; their current values are saved.
-_MUTABLE_CONFIG = ("num_groups", "tau", "mode", "deletion", "group_batch_size", "checkpoint_projection")
+_MUTABLE_CONFIG = (
+    "num_groups",
+    "tau",
+    "mode",
+    "deletion",
+    "group_batch_size",
+    "checkpoint_projection",
+    "demote_blank",
+    "agreement_prior",
+    "train_agreement_prior",
+)
 #: The ``SOP`` options every ``sop_config.json`` of sopfast 0.3 or later holds (0.1 and 0.2 lacked the
 #: recipe's options and, 0.1, ``ties``: they load as the paper's algorithm).
 REQUIRED_OPTIONS = (

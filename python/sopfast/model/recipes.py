@@ -31,7 +31,7 @@ distinct groups of 8, half the training time) and no exploration (unmeasured the
 explicitly averages five levels (0.1 … 0.9). The overlap penalty on text is 4 since 0.6.4. Issue #34 had set
 2, with the teacher (a tweet has too few words for 8 groups kept apart at 8); without it, at 2, the groups
 became one on MiniLM at one training seed of three (1.05 distinct of 8, SOP 0.676), and at 4 that seed keeps
-7.8 distinct groups and scores 0.840 (docs/quality.md, "Text: when the groups collapse"). Since 0.6.5 the text
+7.8 distinct groups and scores 0.840 (docs/quality.md, "Text: when the groups collapse"). Since 0.7.0 the text
 selector's prior is 10 at inference and stays 3 in training (``train_agreement_prior``): on MiniLM over 5 training
 seeds SOP then scores 0.836–0.844 where a prior of 3 at inference scored 0.826–0.844, and on RoBERTa the same
 (trained with 10, 0.6.1's text groups collapsed at one seed of two). A regressor keeps

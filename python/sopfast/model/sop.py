@@ -108,8 +108,9 @@ class SOP(HubMixin, nn.Module):
             (one more backbone pass per input), so that the groups that make the backbone say what it says
             carry SOP's prediction (from the recipe; 0 is the paper's selector; classification only).
         train_agreement_prior: the selector's ``α`` in training, where it differs from ``agreement_prior`` (then
-            the prior at inference only); ``None``: ``agreement_prior`` in both (from the recipe, which sets 3
-            on text, where ``agreement_prior`` is 10; passing ``agreement_prior`` alone makes it ``None``).
+            the prior at inference only). ``None``: from the recipe (3 on text, where ``agreement_prior`` is 10;
+            none on images), and where the recipe sets none or ``agreement_prior`` is given alone,
+            ``agreement_prior`` in training too.
         sufficiency_weight: in training, add ``sufficiency_weight ·`` :func:`sopfast.model.losses.sufficiency_loss`:
             each group's ``λ`` is pushed up when the group alone predicts the backbone's full-input class better
             than the input's other groups, down when worse — a signal for every group, used or not (from the
@@ -404,7 +405,8 @@ class SOP(HubMixin, nn.Module):
     def reference_logits(self, inputs: FeatureInputs) -> torch.Tensor:
         """``[B, C]`` (fp32): the frozen backbone's logits on the whole ``inputs`` (its own function, no
         gradient; ``[0, C]`` for an empty batch): what SOP's prediction is compared with (agreement) and what
-        ``agreement_prior`` selects by; kept for the last inputs (:class:`sopfast.model.agreement.FullInputLogits`)."""
+        the agreement prior (:attr:`selection_prior`) selects by; kept for the last inputs
+        (:class:`sopfast.model.agreement.FullInputLogits`)."""
         return self._reference(inputs) if inputs.batch_size else torch.zeros(0, self.num_classes, device=inputs.device)
 
     def example_chunk_size(self, inputs: FeatureInputs) -> int:
@@ -418,7 +420,7 @@ class SOP(HubMixin, nn.Module):
     ) -> SOPOutput:
         """Run the frozen backbone on given ``groups`` and combine with the selector; ``reference [B, C]``:
         the backbone's full-input logits when already computed (:meth:`reference_logits`; computed here
-        when ``agreement_prior`` needs them).
+        when the agreement prior in use, :attr:`selection_prior`, needs them).
 
         Raises ValueError when the backbone's logits on the groups are not finite (inputs far
         outside what the backbone can represent, e.g. pixels of 1e30).
@@ -471,7 +473,8 @@ class SOP(HubMixin, nn.Module):
         if prior == 0 or preds.logits.shape[0] == 0:
             return self.selector(preds.keys)
         if reference is None:
-            raise ValueError("agreement_prior > 0: the selector needs the backbone's full-input logits (reference)")
+            used = "train_agreement_prior" if self.training and self.train_agreement_prior is not None else ""
+            raise ValueError(f"{used or 'agreement_prior'} > 0: the selector needs the backbone's full-input logits")
         return self.selector(preds.keys, prior * agreement_scores(preds.logits, reference))
 
     @classmethod
