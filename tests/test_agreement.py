@@ -326,3 +326,15 @@ def test_priors_and_blank_ranking_set_after_construction_are_saved(tmp_path):
     sop.save_pretrained(tmp_path)
     loaded = sopfast.SOP.from_pretrained(tmp_path, sop.backbone)
     assert (loaded.agreement_prior, loaded.train_agreement_prior, loaded.demote_blank) == (7.0, 2.0, False)
+
+
+def test_priors_and_blank_ranking_set_after_construction_are_checked():
+    sop = model()
+    with pytest.raises(ValueError, match=r"agreement_prior must be a finite number ≥ 0.0, got -1\.0"):
+        sop.agreement_prior = -1.0
+    with pytest.raises(ValueError, match=r"train_agreement_prior must be a finite number ≥ 0.0 or None, got -2\.0"):
+        sop.train_agreement_prior = -2.0
+    with pytest.raises(TypeError, match="demote_blank"):
+        sop.demote_blank = "yes"
+    sop.train_agreement_prior = None
+    assert (sop.agreement_prior, sop.train().selection_prior) == (3.0, 3.0)

@@ -14,8 +14,6 @@ from safetensors.torch import load_file, save_file
 import sopfast
 from sopfast.model.checkpoint import (
     CONFIG_NAME,
-    LATER_OPTIONS,
-    REQUIRED_OPTIONS,
     WEIGHTS_NAME,
     _config_sha256,
     atomic_save,
@@ -23,6 +21,7 @@ from sopfast.model.checkpoint import (
     save_pretrained,
     save_training_state,
 )
+from sopfast.model.config_entries import LATER_OPTIONS, REQUIRED_OPTIONS
 from sopfast.model.sop import SOP
 from sopfast.testing import make_hf_vit
 

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from ..checks import Checked, check_number
+from ..types import GroupPredictions
+
 
 def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
     """``[B, m]``: ``log p_i(ŷ)``, the log-probability each group's logits ``[B, m, C]`` give to the class
@@ -82,3 +85,39 @@ class FullInputLogits:
         tensors = [t for t in vars(inputs).values() if isinstance(t, torch.Tensor)]
         self._kept = (key, [weakref.ref(t) for t in tensors], logits)
         return logits
+
+
+def _prior(name: str, value: Any) -> float | None:
+    return check_number(name, value, 0.0, optional=name == "train_agreement_prior")
+
+
+class AgreementSelection:
+    """The agreement prior of :class:`sopfast.SOP` (a mixin): the prior in use and the selector's weights
+    with it. Both priors may change after construction (saved with their current values), each set checked."""
+
+    training: bool
+    task: str
+    selector: Any
+    agreement_prior = Checked(_prior, "The selector's prior at inference, and in training unless the next is set.")
+    train_agreement_prior = Checked(_prior, "The selector's prior in training; ``None``: ``agreement_prior``.")
+
+    @property
+    def selection_prior(self) -> float:
+        """The agreement prior the selector uses now: ``train_agreement_prior`` in training when set, else
+        ``agreement_prior``."""
+        if self.training and self.train_agreement_prior is not None:
+            return self.train_agreement_prior
+        return self.agreement_prior
+
+    def select(self, preds: GroupPredictions, reference: torch.Tensor | None = None) -> torch.Tensor:
+        """The selector's weights ``c [B, C, m]`` for group predictions ``preds`` (logits ``[B, m, C]``, keys
+        ``[B, m, H]``); with an agreement prior (:attr:`selection_prior`) the backbone's full-input logits
+        ``reference [B, C]`` are needed (and the task must be classification)."""
+        prior = self.selection_prior
+        if prior == 0 or preds.logits.shape[0] == 0:
+            return self.selector(preds.keys)
+        used = "train_agreement_prior" if self.training and self.train_agreement_prior is not None else ""
+        if reference is None or self.task != "classification":
+            needs = "the backbone's full-input logits" if reference is None else "classes, which a regression lacks"
+            raise ValueError(f"{used or 'agreement_prior'}={prior} > 0: the selector needs {needs}")
+        return self.selector(preds.keys, prior * agreement_scores(preds.logits, reference))

@@ -44,6 +44,7 @@ from ..checks import check_bool, check_path
 from ..devices import module_device
 from ..integrity import CHECKSUMS_FROM, check_version, listed, non_finite, sha256_bytes, update_with_tensor
 from ..version import __version__
+from .config_entries import MUTABLE_CONFIG, absent_options
 from .recipes import RECIPES
 
 # the training-state functions, where they always were
@@ -59,50 +60,6 @@ from .state_files import write_model_folder
 WEIGHTS_NAME = "sop_model.safetensors"
 CONFIG_NAME = "sop_config.json"
 BACKBONE_PREFIX = "backbone."
-# Attributes of SOP that may change after construction; their current values are saved.
-_MUTABLE_CONFIG = (
-    "num_groups",
-    "tau",
-    "mode",
-    "deletion",
-    "group_batch_size",
-    "checkpoint_projection",
-    "demote_blank",
-    "agreement_prior",
-    "train_agreement_prior",
-)
-#: The ``SOP`` options every ``sop_config.json`` of sopfast 0.3 or later holds (0.1 and 0.2 lacked the
-#: recipe's options and, 0.1, ``ties``: they load as the paper's algorithm).
-REQUIRED_OPTIONS = (
-    "num_groups",
-    "tau",
-    "mode",
-    "recipe",
-    "num_heads",
-    "ties",
-    "group_sel_scale",
-    "blur_kernel_size",
-    "blur_sigma",
-    "deletion",
-    *RECIPES["paper"].model,
-    "freeze_projection",
-    "group_batch_size",
-    "checkpoint_projection",
-    "task",
-)
-_REQUIRED_FROM = (0, 3)
-#: Options of :data:`REQUIRED_OPTIONS` that sopfast writes only since the version given (an earlier
-#: checkpoint lacks them and ran with their ``"paper"`` value).
-OPTIONS_SINCE = {
-    "agreement_prior": (0, 6, 0),
-    "sufficiency_weight": (0, 6, 0),
-    "distill_weight": (0, 6, 0),
-    "explore": (0, 6, 1),
-    "train_agreement_prior": (0, 7, 0),
-}
-#: Constructor options saved too, but newer than sopfast 0.4's checkpoints, which lack them: absent, the
-#: default (what those checkpoints ran with).
-LATER_OPTIONS = ("backbone_dtype", "compile")
 _META = ("config", "adapter", "backbone_sha256", "sopfast_version")
 # Config entries and module attributes that say where a model came from or which kernel runs it,
 # not what it computes.
@@ -273,7 +230,7 @@ def model_config(model: Any, backbone_sha256: str | None = None) -> dict[str, An
     """The JSON config saved beside the weights (``model``: a :class:`sopfast.SOP`)."""
     check_provenance(model)
     config = dict(model.config)
-    config.update({key: getattr(model, key) for key in _MUTABLE_CONFIG})
+    config.update({key: getattr(model, key) for key in MUTABLE_CONFIG})
     return {
         "config": config,
         "adapter": type(model.adapter).__name__,
@@ -368,9 +325,9 @@ def pretrained_directory(path: str | os.PathLike) -> Path:
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     """The saved ``sop_config.json`` of a pretrained directory, checked: valid JSON with every entry
-    (:data:`REQUIRED_OPTIONS` too, for sopfast 0.3 and later), a ``sopfast_version`` no newer than the
-    installed one (major, minor) and, where recorded, the config's own SHA-256 (a ValueError naming the
-    file and what is wrong)."""
+    (the options its version writes too, :func:`sopfast.model.config_entries.absent_options`), a
+    ``sopfast_version`` no newer than the installed one (major, minor) and, where recorded, the config's own
+    SHA-256 (a ValueError naming the file and what is wrong)."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no SOP checkpoint in {directory!s}: {CONFIG_NAME} is missing")
@@ -400,10 +357,7 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
             )
     if not isinstance(meta.get("provenance") or {}, dict):
         raise ValueError(f"{path}: provenance is {meta['provenance']!r}, not a mapping: the file is corrupted")
-    absent = [
-        key for key in REQUIRED_OPTIONS if key not in meta["config"] and version >= OPTIONS_SINCE.get(key, (0, 0, 0))
-    ]
-    if absent and version[:2] >= _REQUIRED_FROM:
+    if absent := absent_options(meta["config"], version):
         raise ValueError(
             f"{path} lacks the config entries {absent} (sopfast {meta['sopfast_version']} writes them all): "
             "the file is incomplete"

@@ -26,7 +26,7 @@ from ..checks import (
 )
 from ..ops import aggregate, num_kept
 from ..types import FeatureInputs, GroupPredictions, Groups
-from .agreement import FullInputLogits, agreement_scores
+from .agreement import AgreementSelection, FullInputLogits
 from .authors import AuthorsCheckpoint
 from .checkpoint import hash_backbone
 from .generator import GroupGenerator, check_candidates, check_finite_lam, no_groups
@@ -41,7 +41,7 @@ from .selector import GroupSelector, check_class_weights
 TASKS = ("classification", "regression")
 
 
-class SOP(HubMixin, nn.Module):
+class SOP(HubMixin, AgreementSelection, nn.Module):
     """Sum-of-Parts wrapper around a frozen ``backbone`` (docs/method.md); saved, loaded and shared like a
     Hugging Face model (:class:`sopfast.model.hub.HubMixin`: ``save_pretrained``, ``from_pretrained``,
     ``push_to_hub``, a model card, and ``preprocess`` of raw inputs as in training).
@@ -291,6 +291,7 @@ class SOP(HubMixin, nn.Module):
     num_groups = Checked(lambda name, v: check_int(name, v, 1), "``m``, groups per input.")
     group_batch_size = Checked(lambda name, v: check_int(name, v, 1, optional=True), "Groups per backbone call.")
     deletion = Checked(check_bool, "Whether groups keep the lowest-attention features.")
+    demote_blank = Checked(check_bool, "Whether the features the adapter finds blank are ranked last.")
     epoch = Checked(lambda name, v: check_int(name, v, 0), "The training epoch (head ``epoch mod H`` trains).")
 
     @property
@@ -456,26 +457,6 @@ class SOP(HubMixin, nn.Module):
             task=self.task,
             backbone_logits=reference,
         )
-
-    @property
-    def selection_prior(self) -> float:
-        """The agreement prior the selector uses now: ``train_agreement_prior`` in training when set, else
-        ``agreement_prior``."""
-        if self.training and self.train_agreement_prior is not None:
-            return self.train_agreement_prior
-        return self.agreement_prior
-
-    def select(self, preds: GroupPredictions, reference: torch.Tensor | None = None) -> torch.Tensor:
-        """The selector's weights ``c [B, C, m]`` for group predictions ``preds`` (logits ``[B, m, C]``, keys
-        ``[B, m, H]``); with an agreement prior (:attr:`selection_prior`) the backbone's full-input logits
-        ``reference [B, C]`` are needed."""
-        prior = self.selection_prior
-        if prior == 0 or preds.logits.shape[0] == 0:
-            return self.selector(preds.keys)
-        if reference is None:
-            used = "train_agreement_prior" if self.training and self.train_agreement_prior is not None else ""
-            raise ValueError(f"{used or 'agreement_prior'} > 0: the selector needs the backbone's full-input logits")
-        return self.selector(preds.keys, prior * agreement_scores(preds.logits, reference))
 
     @classmethod
     def from_authors(cls, directory: str | os.PathLike, backbone: nn.Module, **overrides) -> SOP:
