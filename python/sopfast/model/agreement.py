@@ -12,6 +12,7 @@ import torch
 
 from ..checks import Checked, check_number
 from ..types import GroupPredictions
+from .recipes import FOLLOWS
 
 
 def agreement_scores(group_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
@@ -88,7 +89,7 @@ class FullInputLogits:
 
 
 def _prior(name: str, value: Any) -> float | None:
-    return check_number(name, value, 0.0, optional=name == "train_agreement_prior")
+    return check_number(name, value, 0.0, optional=name in FOLLOWS)
 
 
 class AgreementSelection:
@@ -103,21 +104,24 @@ class AgreementSelection:
 
     @property
     def selection_prior(self) -> float:
-        """The agreement prior the selector uses now: ``train_agreement_prior`` in training when set, else
-        ``agreement_prior``."""
+        """The agreement prior the selector uses now (:meth:`prior_in_use`)."""
+        return self.prior_in_use()[1]
+
+    def prior_in_use(self) -> tuple[str, float]:
+        """The option the selector's prior comes from now and its value: ``train_agreement_prior`` in training
+        when set, else ``agreement_prior``."""
         if self.training and self.train_agreement_prior is not None:
-            return self.train_agreement_prior
-        return self.agreement_prior
+            return "train_agreement_prior", self.train_agreement_prior
+        return "agreement_prior", self.agreement_prior
 
     def select(self, preds: GroupPredictions, reference: torch.Tensor | None = None) -> torch.Tensor:
         """The selector's weights ``c [B, C, m]`` for group predictions ``preds`` (logits ``[B, m, C]``, keys
         ``[B, m, H]``); with an agreement prior (:attr:`selection_prior`) the backbone's full-input logits
         ``reference [B, C]`` are needed (and the task must be classification)."""
-        prior = self.selection_prior
+        name, prior = self.prior_in_use()
         if prior == 0 or preds.logits.shape[0] == 0:
             return self.selector(preds.keys)
-        used = "train_agreement_prior" if self.training and self.train_agreement_prior is not None else ""
         if reference is None or self.task != "classification":
             needs = "the backbone's full-input logits" if reference is None else "classes, which a regression lacks"
-            raise ValueError(f"{used or 'agreement_prior'}={prior} > 0: the selector needs {needs}")
+            raise ValueError(f"{name}={prior} > 0: the selector needs {needs}")
         return self.selector(preds.keys, prior * agreement_scores(preds.logits, reference))

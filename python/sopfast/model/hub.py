@@ -32,7 +32,7 @@ from ..checks import check_bool
 from ..version import __version__
 from .checkpoint import CARD_NAME as CARD_NAME
 from .checkpoint import check_provenance, pretrained_directory, read_config, read_pretrained, save_pretrained
-from .recipes import FOLLOWS
+from .recipes import followers_of_given
 
 DIAGNOSIS_FILE = "diagnosis.json"  # what a run folder of sopfast.train holds beside best/ and last/
 PIPELINES = {"image": "image-classification", "text": "text-classification"}
@@ -169,10 +169,7 @@ class HubMixin:
             recorded = (read_config(path).get("provenance") or {}).get("backbone") or {}
             backbone = load_recorded(recorded, f"the checkpoint {path}")
         saved = read_pretrained(path, backbone_module(backbone), strict_backbone=strict_backbone)
-        options = {**saved.options, **overrides}
-        for follower, leader in FOLLOWS.items():  # as in the constructor: a leader given alone leads both
-            if overrides.get(leader) is not None and follower not in overrides:
-                options[follower] = None
+        options = followers_of_given({**saved.options, **overrides}, overrides)
         model: Any = cls(backbone, **options)  # type: ignore[call-arg]  # SOP's constructor
         saved.load_into(model, adapter_given="adapter" in overrides)
         loaded = {k: v for k, v in model.provenance.items() if v is not None}

@@ -196,8 +196,8 @@ def resolve_options(
 ) -> dict[str, Any]:
     """The recipe-governed options: those ``given`` (not ``None``), the rest from ``recipe`` (the
     ``"paper"`` value for an option that needs a capability ``adapter`` lacks, see :data:`REQUIRES`, or that
-    compares classes in a regression ``task``, see :data:`CLASSIFICATION_ONLY`); an option of :data:`FOLLOWS`
-    not given whose leader is given is ``None`` (it follows the leader)."""
+    compares classes in a regression ``task``, see :data:`CLASSIFICATION_ONLY`), then
+    :func:`followers_of_given`."""
     out = {}
     for name, value in recipe.model_for(getattr(adapter, "modality", None), task).items():
         if given.get(name) is not None:
@@ -208,10 +208,16 @@ def resolve_options(
             out[name] = RECIPES["paper"].model[name]
         else:
             out[name] = value
-    for name, leader in FOLLOWS.items():
-        if given.get(leader) is not None and given.get(name) is None:
-            out[name] = None  # e.g. an agreement prior given alone is the prior of training too
-    return out
+    return followers_of_given(out, given)
+
+
+def followers_of_given(options: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each :data:`FOLLOWS` option ``None`` whose leader is ``given`` (not ``None``) without
+    it: an agreement prior given alone is the prior of training too (the constructor, ``from_pretrained``)."""
+    return {
+        **options,
+        **{name: None for name, leader in FOLLOWS.items() if given.get(leader) is not None and given.get(name) is None},
+    }
 
 
 def check_options(options: dict[str, Any], adapter: Any, task: str = "classification") -> dict[str, Any]:
